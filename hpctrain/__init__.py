@@ -1,0 +1,3 @@
+"""hpctrain: train large models on Slurm GPU clusters."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,84 @@
+"""The `hpctrain` command line: a thin layer over the Python API.
+
+Only click is imported at start-up; each command imports what it needs, so `--help`,
+`submit` and `status` never load torch or other compute-node libraries.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+site_option = click.option(
+    "--site", "-s", metavar="NAME|PATH", default=None,
+    help="site config: a name in site_configs/ (or $HPCTRAIN_SITE_DIR) or a file; default $HPCTRAIN_SITE or 'dev'",
+)
+
+
+class _Group(click.Group):
+    """Prints user errors (bad config, Slurm down, ...) as one line each, no traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except HpctrainError as exc:
+            for line in str(exc).splitlines():
+                click.echo(f"hpctrain: error: {line}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="hpctrain")
+def cli() -> None:
+    """Train large models on Slurm GPU clusters."""
+
+
+@cli.command()
+def version() -> None:
+    """Print hpctrain's version."""
+    click.echo(f"hpctrain {__version__}")
+
+
+@cli.command()
+@site_option
+@click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
+def doctor(site: str | None, as_json: bool) -> None:
+    """Check a site config against the live cluster (controller, partitions, GPUs, accounts, QOS, preemption, ledger)."""
+    from hpctrain.config import load_site
+    from hpctrain.doctor import run_doctor
+
+    cfg = load_site(site)
+    checks = run_doctor(cfg)
+    failed = [c for c in checks if c.verdict == "FAIL"]
+    if as_json:
+        click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+        table = Table(title=f"hpctrain doctor: site {cfg.name}", title_justify="left")
+        for col in ("check", "verdict", "detail"):
+            table.add_column(col, overflow="fold")
+        for c in checks:
+            table.add_row(c.name, f"[{colour[c.verdict]}]{c.verdict}[/]", c.detail)
+        console = Console(soft_wrap=False, width=max(Console().width, 120))
+        console.print(table)
+        if failed:
+            console.print(f"[bold red]doctor: {len(failed)} of {len(checks)} checks failed[/]")
+        else:
+            console.print(f"[green]doctor: site {cfg.name!r} is ready ({len(checks)} checks)[/]")
+    sys.exit(1 if failed else 0)
+
+
+def main() -> None:
+    cli(prog_name="hpctrain")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Read TOML/YAML files into pydantic models; turn every validation problem into one line."""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Iterable, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hpctrain.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+Loc = tuple[str | int, ...]
+
+
+class StrictModel(BaseModel):
+    """Base for config sections: unknown keys are errors, not silently ignored."""
+
+    # strict: TOML and YAML carry types, so '2' for an integer or "yes" for a bool is a mistake.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """Parse a TOML (.toml) or YAML (.yaml/.yml) file into a dict."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        data = {} if data is None else data
+    else:
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a table of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def format_loc(loc: Loc) -> str:
+    """('partitions', 'gpu', 'nodes', 0) -> 'partitions.gpu.nodes[0]'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "int_parsing": "expected an integer",
+    "int_from_float": "expected an integer",
+    "float_type": "expected a number",
+    "float_parsing": "expected a number",
+    "bool_type": "expected true or false",
+    "bool_parsing": "expected true or false",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a table",
+    "model_type": "expected a table",
+    "model_attributes_type": "expected a table",
+    "tuple_type": "expected a list",
+}
+
+
+def describe_error(err: dict[str, Any]) -> str:
+    """One pydantic error -> 'what was expected, got what'."""
+    kind = err["type"]
+    if kind == "missing":
+        return "missing required key"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    got = f", got {_show(err.get('input'))}"
+    if kind in _EXPECTED:
+        return _EXPECTED[kind] + got
+    ctx = err.get("ctx") or {}
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
+        op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
+        limit = next(iter(ctx.values()), "?")
+        return f"expected a number {op} {limit}{got}"
+    if kind == "literal_error":
+        return f"expected one of {ctx.get('expected', '?')}{got}"
+    if kind == "string_pattern_mismatch":
+        return f"expected a string matching {ctx.get('pattern')}{got}"
+    if kind == "value_error":
+        return str(ctx.get("error", err["msg"])) + got
+    msg = err["msg"]
+    return msg[0].lower() + msg[1:] + got
+
+
+def format_problems(path: Path | str, problems: Iterable[tuple[Loc, str]]) -> str:
+    """Lines of '<file>: <key.path>: <message>'."""
+    return "\n".join(f"{path}: {format_loc(loc)}: {msg}" for loc, msg in problems)
+
+
+def validate(model: type[M], data: dict[str, Any], path: Path | str) -> M:
+    """Validate ``data`` as ``model``; raise ConfigError with one line per problem."""
+    try:
+        obj = model.model_validate(data)
+    except ValidationError as exc:
+        problems = [(tuple(e["loc"]), describe_error(e)) for e in exc.errors(include_url=False)]
+        raise ConfigError(format_problems(path, problems)) from None
+    cross = getattr(obj, "problems", None)
+    found = list(cross()) if cross else []
+    if found:
+        raise ConfigError(format_problems(path, found))
+    return obj
+
+
+def load_model(model: type[M], path: Path) -> M:
+    """Read and validate one config file."""
+    return validate(model, read_mapping(path), path)
+
+
+_VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
+
+
+def expand_vars(text: str) -> str:
+    """Expand $VAR, ${VAR} and ${VAR:-default}; unknown variables without a default stay as written."""
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(3)
+        value = os.environ.get(name)
+        if value:
+            return value
+        return m.group(2) if m.group(2) is not None else m.group(0)
+
+    return _VAR.sub(sub, text)
+
+
+def expand_path(value: Any) -> Any:
+    """Expand ~ and environment variables in path-like strings."""
+    if isinstance(value, (str, os.PathLike)):
+        return Path(expand_vars(str(value))).expanduser()
+    return value

@@ -1,0 +1,150 @@
+"""The site config: what one cluster offers and how hpctrain should use it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, Literal
+
+from pydantic import Field
+
+from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.config.types import ExpandedPath, MiB, Seconds
+from hpctrain.errors import ConfigError
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class SlurmAccess(StrictModel):
+    """How to reach the cluster's Slurm commands."""
+
+    conf: ExpandedPath | None = Field(None, description="SLURM_CONF for every Slurm command (None: inherit)")
+    bin_dir: ExpandedPath | None = Field(None, description="where sbatch, squeue, ... live (None: PATH)")
+    timeout_s: float = Field(60.0, gt=0)
+    max_array_size: int | None = Field(None, ge=1, description="None: read MaxArraySize from scontrol")
+
+
+class Partition(StrictModel):
+    gpus_per_node: int = Field(ge=0)
+    gpu_type: str | None = None
+    cpus_per_node: int = Field(gt=0)
+    mem_per_node: MiB
+    nodes: int | None = Field(None, ge=1)
+    max_time: Seconds | None = None
+    gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+
+
+class Qos(StrictModel):
+    preemptible: bool = False
+    preempts: list[str] = Field(default_factory=list)
+    description: str = ""
+
+
+class Defaults(StrictModel):
+    account: str = Field("auto", pattern=NAME)
+    partition: str = Field(pattern=NAME)
+    qos: str = Field("normal", pattern=NAME)
+    preemptible_qos: str | None = Field(None, pattern=NAME)
+    time: Seconds = 3600
+    signal_lead_s: int = Field(120, ge=10, description="seconds of notice before the time limit")
+
+
+class Paths(StrictModel):
+    data: ExpandedPath
+    checkpoints: ExpandedPath
+    scratch: ExpandedPath
+    logs: ExpandedPath
+
+
+class LedgerConfig(StrictModel):
+    path: ExpandedPath = Path("~/.local/share/hpctrain/ledger.db").expanduser()
+
+
+class Launch(StrictModel):
+    master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
+    cpu_slots_per_node: int | None = Field(
+        None, ge=1, description="ranks per node when the partition has no GPUs (CPU dev cluster)"
+    )
+
+
+class SiteConfig(StrictModel):
+    name: str = Field(pattern=NAME)
+    description: str = ""
+    slurm: SlurmAccess = Field(default_factory=SlurmAccess)
+    defaults: Defaults
+    partitions: dict[str, Partition] = Field(min_length=1)
+    accounts: list[str] = Field(min_length=1)
+    qos: dict[str, Qos] = Field(min_length=1)
+    paths: Paths
+    ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    network_env: dict[str, str] = Field(default_factory=dict, description="NCCL/InfiniBand settings")
+    setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
+    gpu_hour_price: dict[str, float] = Field(default_factory=dict, description="per partition")
+    launch: Launch = Field(default_factory=Launch)
+    templates_dir: ExpandedPath | None = None
+
+    def problems(self) -> Iterator[tuple[Loc, str]]:
+        """Cross-references between sections that the field types cannot express."""
+        d = self.defaults
+        if d.partition not in self.partitions:
+            yield ("defaults", "partition"), _unknown("partition", d.partition, self.partitions)
+        if d.qos not in self.qos:
+            yield ("defaults", "qos"), _unknown("QOS", d.qos, self.qos)
+        if d.account != "auto" and d.account not in self.accounts:
+            yield ("defaults", "account"), _unknown("account", d.account, self.accounts)
+        if d.preemptible_qos is not None:
+            if d.preemptible_qos not in self.qos:
+                yield ("defaults", "preemptible_qos"), _unknown("QOS", d.preemptible_qos, self.qos)
+            elif not self.qos[d.preemptible_qos].preemptible:
+                yield ("defaults", "preemptible_qos"), f"QOS {d.preemptible_qos!r} is not marked preemptible"
+        for name, q in self.qos.items():
+            for i, other in enumerate(q.preempts):
+                if other not in self.qos:
+                    yield ("qos", name, "preempts", i), _unknown("QOS", other, self.qos)
+        for name in self.gpu_hour_price:
+            if name not in self.partitions:
+                yield ("gpu_hour_price", name), _unknown("partition", name, self.partitions)
+        lo, hi = self.launch.master_port_range
+        if not 1024 <= lo < hi <= 65535:
+            yield ("launch", "master_port_range"), f"expected [low, high] with 1024 <= low < high <= 65535, got [{lo}, {hi}]"
+
+
+def _unknown(kind: str, value: str, known: object) -> str:
+    return f"{kind} {value!r} is not defined in this site config (defined: {', '.join(sorted(known))})"
+
+
+def site_search_path() -> list[Path]:
+    """Where site names are looked up: $HPCTRAIN_SITE_DIR, ~/.config/hpctrain/sites, the repo's site_configs/."""
+    dirs = []
+    if env := os.environ.get("HPCTRAIN_SITE_DIR"):
+        dirs.append(Path(env))
+    dirs.append(Path("~/.config/hpctrain/sites").expanduser())
+    dirs.append(Path(__file__).resolve().parents[2] / "site_configs")
+    return dirs
+
+
+def find_site_file(site: str) -> Path:
+    """A path to an existing file, or a site name looked up on the search path."""
+    as_path = Path(site).expanduser()
+    if as_path.suffix in (".toml", ".yaml", ".yml") or os.sep in site:
+        if not as_path.is_file():
+            raise ConfigError(f"{site}: site config file not found")
+        return as_path
+    for d in site_search_path():
+        for ext in (".toml", ".yaml", ".yml"):
+            if (candidate := d / f"{site}{ext}").is_file():
+                return candidate
+    searched = ", ".join(str(d) for d in site_search_path())
+    raise ConfigError(f"site {site!r} not found (searched {searched})")
+
+
+def default_site_name() -> str:
+    return os.environ.get("HPCTRAIN_SITE", "dev")
+
+
+def load_site(site: str | None = None) -> SiteConfig:
+    """Load a site config by name or path; $HPCTRAIN_LEDGER overrides the ledger path."""
+    cfg = load_model(SiteConfig, find_site_file(site or default_site_name()))
+    if env := os.environ.get("HPCTRAIN_LEDGER"):
+        cfg.ledger.path = Path(env).expanduser()
+    return cfg

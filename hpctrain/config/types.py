@@ -1,0 +1,73 @@
+"""Field types shared by the site config and the job spec."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
+
+from hpctrain.config.loading import expand_path
+
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def parse_slurm_time(value: Any) -> int:
+    """Slurm time string (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) or minutes -> seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError("expected a Slurm time such as '04:00:00' or '1-12:00:00'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("expected a positive number of minutes")
+        return value * 60
+    m = _TIME.match(value.strip())
+    if not m:
+        raise ValueError("expected a Slurm time such as '04:00:00' or '1-12:00:00'")
+    days, a, b, c = m.groups()
+    nums = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-HH[:MM[:SS]]
+        h, mi, s = (nums + [0, 0])[:3]
+        total = int(days) * 86400 + h * 3600 + mi * 60 + s
+    elif len(nums) == 1:  # MM
+        total = nums[0] * 60
+    elif len(nums) == 2:  # MM:SS
+        total = nums[0] * 60 + nums[1]
+    else:  # HH:MM:SS
+        total = nums[0] * 3600 + nums[1] * 60 + nums[2]
+    if total <= 0:
+        raise ValueError("expected a positive duration")
+    return total
+
+
+def format_slurm_time(seconds: int) -> str:
+    """Seconds -> D-HH:MM:SS (or HH:MM:SS under a day), the form sbatch --time takes."""
+    days, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    hms = f"{h:02d}:{m:02d}:{s:02d}"
+    return f"{days}-{hms}" if days else hms
+
+
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def parse_memory(value: Any) -> int:
+    """'16G', '512M', '1T' or an integer number of MiB -> MiB."""
+    if isinstance(value, bool):
+        raise ValueError("expected a memory size such as '16G'")
+    if isinstance(value, int):
+        mb = value
+    elif isinstance(value, str) and (m := _MEM.match(value.strip())):
+        mb = int(int(m.group(1)) * _MEM_FACTOR[m.group(2).upper()])
+    else:
+        raise ValueError("expected a memory size such as '16G' or '512M'")
+    if mb <= 0:
+        raise ValueError("expected a positive memory size")
+    return mb
+
+
+Seconds = Annotated[int, BeforeValidator(parse_slurm_time)]
+MiB = Annotated[int, BeforeValidator(parse_memory)]
+ExpandedPath = Annotated[Path, BeforeValidator(expand_path)]

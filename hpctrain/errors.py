@@ -1,0 +1,17 @@
+"""Errors a user can act on: the CLI prints them as one line, without a traceback."""
+
+
+class HpctrainError(Exception):
+    """Base for every error caused by input, configuration or the cluster's state."""
+
+
+class ConfigError(HpctrainError):
+    """A site config or job spec is missing, unreadable or invalid."""
+
+
+class SlurmError(HpctrainError):
+    """A Slurm command is missing, failed, or the controller is unreachable."""
+
+
+class LedgerError(HpctrainError):
+    """The ledger file cannot be opened or migrated."""

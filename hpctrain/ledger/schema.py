@@ -1,0 +1,106 @@
+"""Versioned ledger schema: migration N brings a database from user_version N-1 to N.
+
+Append new migrations; never edit one that has shipped.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: list[list[str]] = [
+    # 1: the core tables.
+    [
+        """CREATE TABLE jobs (
+            id INTEGER PRIMARY KEY,
+            name TEXT NOT NULL,
+            site TEXT NOT NULL,
+            user TEXT,
+            account TEXT,
+            partition TEXT,
+            qos TEXT,
+            slurm_job_id TEXT,
+            is_array INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'NEW',
+            submitted_at REAL,
+            started_at REAL,
+            ended_at REAL,
+            spec_json TEXT,
+            script_sha256 TEXT,
+            script_path TEXT,
+            choice_reason TEXT,
+            sweep_id TEXT REFERENCES sweeps(id),
+            lineage_json TEXT,
+            updated_at REAL
+        )""",
+        "CREATE UNIQUE INDEX jobs_slurm_id ON jobs(site, slurm_job_id) WHERE slurm_job_id IS NOT NULL",
+        "CREATE INDEX jobs_state ON jobs(state)",
+        """CREATE TABLE array_tasks (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            param_index INTEGER NOT NULL,
+            params_json TEXT,
+            state TEXT NOT NULL DEFAULT 'PENDING',
+            restarts INTEGER NOT NULL DEFAULT 0,
+            updated_at REAL,
+            PRIMARY KEY (job_id, task_index)
+        )""",
+        """CREATE TABLE attempts (
+            id INTEGER PRIMARY KEY,
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL DEFAULT -1,
+            attempt INTEGER NOT NULL,
+            slurm_job_id TEXT,
+            state TEXT,
+            node_list TEXT,
+            started_at REAL,
+            ended_at REAL,
+            exit_code TEXT,
+            alloc_gpus INTEGER,
+            reason TEXT,
+            UNIQUE (job_id, task_index, attempt)
+        )""",
+        """CREATE TABLE checkpoints (
+            id INTEGER PRIMARY KEY,
+            job_id INTEGER REFERENCES jobs(id),
+            task_index INTEGER NOT NULL DEFAULT -1,
+            step INTEGER NOT NULL,
+            path TEXT NOT NULL UNIQUE,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            bytes INTEGER,
+            duration_s REAL,
+            manifest_sha256 TEXT,
+            metric_name TEXT,
+            metric_value REAL,
+            note TEXT
+        )""",
+        """CREATE TABLE metrics (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL DEFAULT -1,
+            name TEXT NOT NULL,
+            step INTEGER NOT NULL,
+            value REAL,
+            attempt INTEGER,
+            time REAL,
+            PRIMARY KEY (job_id, task_index, name, step)
+        )""",
+        """CREATE TABLE sweeps (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            method TEXT NOT NULL,
+            state TEXT NOT NULL DEFAULT 'ACTIVE',
+            spec_json TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL
+        )""",
+        """CREATE TABLE events (
+            id INTEGER PRIMARY KEY,
+            time REAL NOT NULL,
+            kind TEXT NOT NULL,
+            job_id INTEGER,
+            message TEXT,
+            data_json TEXT
+        )""",
+        "CREATE INDEX events_job ON events(job_id, time)",
+    ],
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,92 @@
+"""The one door to Slurm: every command hpctrain runs against the cluster goes through here.
+
+Slurm 22.05 has no usable Python binding here (pyslurm has no release for it), so this drives
+the CLI tools with machine-readable output. Calls are counted per command so tests and the
+benchmarks can prove hpctrain spares the controller.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpctrain.errors import SlurmError
+from hpctrain.slurm.parse import parse_kv_lines, parse_parsable
+
+if TYPE_CHECKING:
+    from hpctrain.config.site import SiteConfig
+
+CLIENT_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr", "sshare", "scancel")
+
+
+class SlurmClient:
+    def __init__(self, conf: Path | None = None, bin_dir: Path | None = None, timeout_s: float = 60.0):
+        self.conf = conf
+        self.bin_dir = bin_dir
+        self.timeout_s = timeout_s
+        self.calls: Counter[str] = Counter()
+
+    @classmethod
+    def for_site(cls, site: "SiteConfig") -> "SlurmClient":
+        return cls(site.slurm.conf, site.slurm.bin_dir, site.slurm.timeout_s)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.conf is not None:
+            env["SLURM_CONF"] = str(self.conf)
+        return env
+
+    def executable(self, command: str) -> str:
+        return str(self.bin_dir / command) if self.bin_dir else command
+
+    def run(self, command: str, *args: str, input: str | None = None) -> str:
+        """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint."""
+        self.calls[command] += 1
+        argv = [self.executable(command), *args]
+        try:
+            proc = subprocess.run(
+                argv, input=input, capture_output=True, text=True, env=self.env(), timeout=self.timeout_s
+            )
+        except FileNotFoundError:
+            raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
+        if proc.returncode != 0:
+            raise SlurmError(f"{command} {' '.join(args[:3])}: {_first_error_line(proc.stderr or proc.stdout)}")
+        return proc.stdout
+
+    # Queries used across hpctrain. Each is exactly one command run.
+
+    def ping(self) -> str:
+        """The 'UP' line of `scontrol ping`; SlurmError when the controller is down."""
+        return self.run("scontrol", "ping").strip()
+
+    def config(self) -> dict[str, str]:
+        """`scontrol show config` as a dict."""
+        conf: dict[str, str] = {}
+        for line in self.run("scontrol", "show", "config").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and not line.startswith(" "):
+                conf[key.strip()] = value.strip()
+        return conf
+
+    def show(self, entity: str) -> list[dict[str, str]]:
+        """`scontrol -o show <entity>` (partition, node, job, ...) as one dict per record."""
+        return parse_kv_lines(self.run("scontrol", "-o", "show", entity))
+
+    def sacctmgr(self, entity: str, *conditions: str, fields: str) -> list[dict[str, str]]:
+        """`sacctmgr -n -P show <entity> ... format=<fields>` as dicts keyed by the field names."""
+        out = self.run("sacctmgr", "-n", "-P", "show", entity, *conditions, f"format={fields}")
+        return parse_parsable(out, fields.split(","))
+
+
+def _first_error_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # Prefer the line that says what went wrong over generic prefixes.
+    for ln in lines:
+        if "error" in ln.lower():
+            return ln
+    return lines[0] if lines else "failed with no message"

@@ -1,0 +1,46 @@
+"""Shared fixtures: the live dev cluster, an isolated ledger per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["OMP_NUM_THREADS"] = "1"
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
+HPCTRAIN = [sys.executable, "-m", "hpctrain"]
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> dict[str, str]:
+    """The dev cluster, started if it is not running (and then stopped at the end of the session)."""
+    started = subprocess.run([DEV_CLUSTER, "status"], capture_output=True).returncode != 0
+    if started:
+        up = subprocess.run([DEV_CLUSTER, "up"], capture_output=True, text=True)
+        assert up.returncode == 0, f"scripts/dev-cluster up failed:\n{up.stdout}\n{up.stderr}"
+    conf = subprocess.run([DEV_CLUSTER, "env"], capture_output=True, text=True, check=True).stdout
+    slurm_conf = conf.strip().split("=", 1)[1]
+    os.environ["SLURM_CONF"] = slurm_conf
+    yield {"SLURM_CONF": slurm_conf}
+    if started and not os.environ.get("HPCTRAIN_KEEP_CLUSTER"):
+        subprocess.run([DEV_CLUSTER, "down"], capture_output=True)
+
+
+@pytest.fixture(autouse=True)
+def isolated_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test writes its own ledger file, never the user's."""
+    path = tmp_path / "ledger.db"
+    monkeypatch.setenv("HPCTRAIN_LEDGER", str(path))
+    return path
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `hpctrain ARGS` in a fresh process, as a user would."""
+    return subprocess.run(
+        [*HPCTRAIN, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )

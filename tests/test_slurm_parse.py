@@ -1,0 +1,35 @@
+"""Parsers of Slurm's text output, on output recorded from the dev cluster and a real site."""
+
+from hpctrain.slurm.parse import gpus_in_gres, parse_kv_line, parse_parsable
+
+NODE = (
+    "NodeName=n1 Arch=x86_64 CoresPerSocket=16 CPUAlloc=0 CPUTot=16 CPULoad=0.41 AvailableFeatures=(null) "
+    "ActiveFeatures=(null) Gres=gpu:4 NodeAddr=127.0.0.1 NodeHostName=vm Version=22.05.8 "
+    "OS=Linux 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016 RealMemory=65536 AllocMem=0 FreeMem=21000 "
+    "Partitions=gpu,debug State=IDLE ThreadsPerCore=1 CfgTRES=cpu=16,mem=64G,billing=16,gres/gpu=4 "
+    "AllocTRES= Reason=maintenance window [root@2026-11-22T03:00:00]"
+)
+
+
+def test_kv_line_keeps_spaces_and_equals_in_values():
+    rec = parse_kv_line(NODE)
+    assert rec["NodeName"] == "n1"
+    assert rec["OS"] == "Linux 4.4.0 #1 SMP Sun Jan 10 15:06:54 PST 2016"
+    assert rec["CfgTRES"] == "cpu=16,mem=64G,billing=16,gres/gpu=4"
+    assert rec["AllocTRES"] == ""
+    assert rec["Partitions"] == "gpu,debug"
+    assert rec["Reason"] == "maintenance window [root@2026-11-22T03:00:00]"
+
+
+def test_parsable_rows_by_requested_names():
+    out = "normal|||cluster\nlow|0||requeue\nhigh|1000|low|cluster\n"
+    rows = parse_parsable(out, ["Name", "Priority", "Preempt", "PreemptMode"])
+    assert rows[2] == {"name": "high", "priority": "1000", "preempt": "low", "preemptmode": "cluster"}
+
+
+def test_gpus_in_gres_forms():
+    assert gpus_in_gres("gpu:4") == 4
+    assert gpus_in_gres("gpu:h100:8(S:0-1)") == 8
+    assert gpus_in_gres("gpu:a100:2,gpu:v100:2") == 4
+    assert gpus_in_gres("(null)") == 0
+    assert gpus_in_gres("") == 0
