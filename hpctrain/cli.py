@@ -1,7 +1,8 @@
 """The `hpctrain` command line: a thin layer over the Python API.
 
-Only click is imported at start-up; each command imports what it needs, so `--help`,
-`submit` and `status` never load torch or other compute-node libraries.
+Only click is imported at start-up. Command groups of other parts live next to their code
+(e.g. `hpctrain/checkpoint/cli.py`) and are imported only when named or listed; those modules
+import click alone at the top, so `--help`, `submit` and `status` never load torch.
 """
 
 from __future__ import annotations
@@ -20,8 +21,23 @@ site_option = click.option(
 )
 
 
+# name -> "module:attribute" of a click command or group, imported on first use.
+LAZY_COMMANDS: dict[str, str] = {}
+
+
 class _Group(click.Group):
-    """Prints user errors (bad config, Slurm down, ...) as one line each, no traceback."""
+    """Loads LAZY_COMMANDS on demand; prints user errors (bad config, Slurm down, ...) as one line each."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY_COMMANDS and name not in self.commands:
+            import importlib
+
+            module, attr = LAZY_COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:

@@ -15,3 +15,11 @@ class SlurmError(HpctrainError):
 
 class LedgerError(HpctrainError):
     """The ledger file cannot be opened or migrated."""
+
+
+class CheckpointError(HpctrainError):
+    """A checkpoint is missing, incomplete, corrupt or cannot be written."""
+
+
+class DataError(HpctrainError):
+    """A dataset index, shard or loader state is missing, corrupt or incompatible."""

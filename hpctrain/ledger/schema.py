@@ -101,6 +101,16 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX events_job ON events(job_id, time)",
     ],
+    # 2: journal records (written by compute nodes) already folded in, so ingest is idempotent.
+    [
+        """CREATE TABLE journal_ingested (
+            journal TEXT NOT NULL,
+            name TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            ingested_at REAL NOT NULL,
+            PRIMARY KEY (journal, name)
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

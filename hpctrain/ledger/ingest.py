@@ -1,0 +1,70 @@
+"""Fold journal records written by compute nodes into the ledger, each exactly once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from hpctrain.ledger.db import Ledger
+from hpctrain.ledger.journal import Journal
+
+Handler = Callable[[Ledger, dict[str, Any]], None]
+
+_CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "host", "rank")
+
+
+def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
+    row = {k: rec.get(k) for k in ("job_id", "step", "path", "state", "bytes", "duration_s",
+                                    "manifest_sha256", "metric_name", "metric_value", "note")}
+    row.update(task_index=rec.get("task_index", -1), created_at=rec["time"])
+    existing = ledger.rows("checkpoints", "path = ?", [rec["path"]])
+    if existing:
+        ledger.update("checkpoints", existing[0]["id"], {k: v for k, v in row.items() if v is not None})
+    else:
+        ledger.insert("checkpoints", row)
+
+
+def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
+    if rec.get("job_id") is None:
+        raise ValueError("metrics record without a ledger job id")
+    for name, value in rec["values"].items():
+        ledger.upsert(
+            "metrics",
+            {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1), "name": name, "step": rec["step"],
+             "value": value, "attempt": rec.get("restart", 0), "time": rec["time"]},
+            pk=("job_id", "task_index", "name", "step"),
+        )
+
+
+def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
+    data = {k: v for k, v in rec.items() if k not in _CONTEXT and k != "message"}
+    data.update(host=rec.get("host"), rank=rec.get("rank"), slurm_job_id=rec.get("slurm_job_id"))
+    ledger.insert("events", {"time": rec["time"], "kind": rec["kind"], "job_id": rec.get("job_id"),
+                             "message": rec.get("message", ""), "data_json": data})
+
+
+# Kinds with a table of their own; every other kind (quarantine, requeue, ...) lands in events.
+HANDLERS: dict[str, Handler] = {"checkpoint": _checkpoint, "metrics": _metrics}
+
+
+def ingest_journal(ledger: Ledger, journal: Journal) -> int:
+    """Fold every record not yet ingested; returns how many were new. Safe to run concurrently."""
+    key = str(journal.dir.resolve())
+    done = {r["name"] for r in ledger.rows("journal_ingested", "journal = ?", [key])}
+    new = 0
+    for name, rec in journal.records():
+        if name in done:
+            continue
+        with ledger.transaction():
+            if ledger.rows("journal_ingested", "journal = ? AND name = ?", [key, name]):
+                continue  # another reconcile got there first
+            rec.setdefault("time", time.time())
+            try:
+                HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
+            except (KeyError, TypeError, ValueError) as exc:
+                _event(ledger, {"kind": "journal_error", "time": time.time(), "job_id": rec.get("job_id"),
+                                "message": f"{journal.dir / name}: {exc!r}"})
+            ledger.insert("journal_ingested", {"journal": key, "name": name, "kind": rec.get("kind", "?"),
+                                               "ingested_at": time.time()})
+        new += 1
+    return new

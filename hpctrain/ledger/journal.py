@@ -1,0 +1,85 @@
+"""The compute-node side of the ledger: atomic JSON records on the shared filesystem.
+
+Compute nodes never open the SQLite ledger (SQLite over Lustre/NFS from many nodes corrupts
+or deadlocks). They append records here instead, each one file written to a temporary name,
+fsynced and renamed, so a reader sees whole records or nothing. `ingest_journal` on the login
+node folds them into the ledger exactly once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
+JOB_ID_ENV = "HPCTRAIN_JOB_ID"
+_seq = itertools.count()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON to ``path`` so that readers see the old file, or the whole new one: never a part."""
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, sort_keys=True, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def job_context() -> dict[str, Any]:
+    """Who writes: the ledger job id (exported by the sbatch script) and the Slurm ids of this task."""
+    env = os.environ
+    return {
+        "job_id": int(env[JOB_ID_ENV]) if env.get(JOB_ID_ENV, "").isdigit() else None,
+        "slurm_job_id": env.get("SLURM_JOB_ID"),
+        "task_index": int(env.get("SLURM_ARRAY_TASK_ID", -1)),
+        "restart": int(env.get("SLURM_RESTART_COUNT", 0)),
+        "host": env.get("SLURMD_NODENAME") or socket.gethostname(),
+        "rank": int(env.get("RANK", env.get("SLURM_PROCID", 0))),
+    }
+
+
+class Journal:
+    """A directory of records; one per job (``<site paths.logs>/journal/<ledger job id>``)."""
+
+    def __init__(self, directory: str | Path):
+        self.dir = Path(directory)
+
+    @classmethod
+    def from_env(cls) -> "Journal | None":
+        """The job's journal when running under hpctrain's sbatch script, else None."""
+        path = os.environ.get(JOURNAL_ENV)
+        return cls(path) if path else None
+
+    def write(self, kind: str, **payload: Any) -> Path:
+        """Append one record of ``kind`` (checkpoint, metrics, event, ...); returns its file."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        ctx = job_context()
+        name = f"{time.time_ns():020d}-{ctx['host']}-{os.getpid()}-{next(_seq)}-{kind}.json"
+        path = self.dir / name
+        write_json_atomic(path, {"kind": kind, "time": time.time(), **ctx, **payload})
+        return path
+
+    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(file name, record) in write order; an unreadable file becomes a record of kind 'unreadable'."""
+        if not self.dir.is_dir():
+            return
+        for path in sorted(self.dir.glob("[0-9]*.json")):
+            try:
+                yield path.name, json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                yield path.name, {"kind": "unreadable", "file": str(path), "error": str(exc)}

@@ -1,0 +1,84 @@
+"""Compute-node journal records and their idempotent ingest into the ledger."""
+
+import multiprocessing as mp
+
+import pytest
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.journal import Journal
+
+
+@pytest.fixture
+def job_env(monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_JOB_ID", "1")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.insert("jobs", {"name": "a", "site": "dev"})
+        yield ledger
+
+
+def test_record_carries_job_context_and_no_temp_files_remain(tmp_path, job_env):
+    journal = Journal(tmp_path / "j")
+    journal.write("event", message="hello")
+    (name, rec), = list(journal.records())
+    assert rec["kind"] == "event" and rec["message"] == "hello"
+    assert (rec["job_id"], rec["slurm_job_id"], rec["task_index"], rec["restart"]) == (1, "4242", 3, 2)
+    assert [p.name for p in (tmp_path / "j").iterdir()] == [name]
+
+
+def test_ingest_is_exactly_once(tmp_path, job_env, ledger):
+    journal = Journal(tmp_path / "j")
+    journal.write("checkpoint", step=10, path="/ck/step_10", state="committed", bytes=123)
+    journal.write("metrics", step=10, values={"loss": 2.5, "lr": 1e-3})
+    journal.write("shard_quarantined", message="truncated tar", shard="shard-0003.tar")
+    assert ingest_journal(ledger, journal) == 3
+    assert ingest_journal(ledger, journal) == 0
+    (ck,) = ledger.rows("checkpoints")
+    assert (ck["job_id"], ck["task_index"], ck["step"], ck["state"]) == (1, 3, 10, "committed")
+    assert {(m["name"], m["value"], m["attempt"]) for m in ledger.rows("metrics")} == {("loss", 2.5, 2), ("lr", 1e-3, 2)}
+    (ev,) = ledger.rows("events")
+    assert ev["kind"] == "shard_quarantined" and '"shard": "shard-0003.tar"' in ev["data_json"]
+
+
+def test_checkpoint_state_change_updates_the_same_row(tmp_path, job_env, ledger):
+    journal = Journal(tmp_path / "j")
+    journal.write("checkpoint", step=10, path="/ck/step_10", state="committed")
+    journal.write("checkpoint", step=10, path="/ck/step_10", state="corrupt", note="chunk checksum mismatch")
+    ingest_journal(ledger, journal)
+    (ck,) = ledger.rows("checkpoints")
+    assert (ck["state"], ck["note"]) == ("corrupt", "chunk checksum mismatch")
+
+
+def test_unreadable_and_malformed_records_become_events(tmp_path, job_env, ledger):
+    journal = Journal(tmp_path / "j")
+    journal.write("metrics", step=1)  # no values
+    (tmp_path / "j" / "99999999999999999999-x-1-0-event.json").write_text("{not json")
+    assert ingest_journal(ledger, journal) == 2
+    kinds = sorted(e["kind"] for e in ledger.rows("events"))
+    assert kinds == ["journal_error", "unreadable"]
+
+
+def _ingest(db: str, jdir: str) -> None:
+    with Ledger(db) as ledger:
+        ingest_journal(ledger, Journal(jdir))
+
+
+def test_concurrent_ingests_fold_each_record_once(tmp_path, job_env, ledger):
+    journal = Journal(tmp_path / "j")
+    for i in range(60):
+        journal.write("progress", message=f"m{i}")
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_ingest, args=(str(ledger.path), str(journal.dir))) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert sorted(e["message"] for e in ledger.rows("events")) == sorted(f"m{i}" for i in range(60))
