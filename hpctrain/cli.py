@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from hpctrain import __version__
 from hpctrain.errors import HpctrainError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 site_option = click.option(
     "--site", "-s", metavar="NAME|PATH", default=None,
@@ -22,7 +26,12 @@ site_option = click.option(
 
 
 # name -> "module:attribute" of a click command or group, imported on first use.
-LAZY_COMMANDS: dict[str, str] = {}
+LAZY_COMMANDS: dict[str, str] = {
+    "submit": "hpctrain.jobs_cli:submit",
+    "status": "hpctrain.jobs_cli:status",
+    "show": "hpctrain.jobs_cli:show",
+    "cancel": "hpctrain.jobs_cli:cancel",
+}
 
 
 class _Group(click.Group):
@@ -74,7 +83,6 @@ def doctor(site: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))
     else:
-        from rich.console import Console
         from rich.table import Table
 
         colour = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
@@ -83,13 +91,21 @@ def doctor(site: str | None, as_json: bool) -> None:
             table.add_column(col, overflow="fold")
         for c in checks:
             table.add_row(c.name, f"[{colour[c.verdict]}]{c.verdict}[/]", c.detail)
-        console = Console(soft_wrap=False, width=max(Console().width, 120))
+        console = make_console()
         console.print(table)
         if failed:
             console.print(f"[bold red]doctor: {len(failed)} of {len(checks)} checks failed[/]")
         else:
             console.print(f"[green]doctor: site {cfg.name!r} is ready ({len(checks)} checks)[/]")
     sys.exit(1 if failed else 0)
+
+
+def make_console() -> "Console":
+    """A rich console; wide when output is not a terminal, so piped tables are not squeezed to 80 columns."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
 
 
 def main() -> None:

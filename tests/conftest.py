@@ -44,3 +44,41 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
     return subprocess.run(
         [*HPCTRAIN, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
     )
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    import time
+
+    end = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > end:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+SHIMMED = ("sbatch", "sacct", "squeue", "sacctmgr", "sshare", "scontrol", "scancel", "sinfo")
+
+
+@pytest.fixture
+def slurm_calls(tmp_path: Path):
+    """PATH wrappers that log every Slurm command run by hpctrain; returns (env, counts())."""
+    import shutil
+    from collections import Counter
+
+    bin_dir, log = tmp_path / "shim-bin", tmp_path / "slurm-calls.log"
+    bin_dir.mkdir()
+    for cmd in SHIMMED:
+        real = shutil.which(cmd)
+        wrapper = bin_dir / cmd
+        wrapper.write_text(f'#!/bin/bash\necho "{cmd}" >> {log}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+    def counts() -> Counter:
+        return Counter(log.read_text().split()) if log.exists() else Counter()
+
+    return env, counts

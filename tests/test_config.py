@@ -160,13 +160,13 @@ def test_shipped_site_configs_load():
 
 def test_site_default_qos_must_be_defined(tmp_path):
     assert site_error(tmp_path, DEV.replace('qos = "normal"', 'qos = "bogus"', 1)) == (
-        "site.toml: defaults.qos: QOS 'bogus' is not defined in this site config (defined: high, low, normal)"
+        "site.toml: defaults.qos: QOS 'bogus' is not defined in this site config (defined: deadline, high, low, normal)"
     )
 
 
 def test_site_preempts_reference_checked(tmp_path):
     assert site_error(tmp_path, DEV.replace('preempts = ["low"]', 'preempts = ["lowest"]')) == (
-        "site.toml: qos.high.preempts[0]: QOS 'lowest' is not defined in this site config (defined: high, low, normal)"
+        "site.toml: qos.high.preempts[0]: QOS 'lowest' is not defined in this site config (defined: deadline, high, low, normal)"
     )
 
 
@@ -197,7 +197,7 @@ def test_cli_prints_config_errors_one_per_line(tmp_path):
     out = run_cli("doctor", "--site", str(path))
     assert out.returncode == 2
     assert out.stderr == (
-        f"hpctrain: error: {path}: defaults.qos: QOS 'bogus' is not defined in this site config (defined: high, low, normal)\n"
+        f"hpctrain: error: {path}: defaults.qos: QOS 'bogus' is not defined in this site config (defined: deadline, high, low, normal)\n"
     )
 
 

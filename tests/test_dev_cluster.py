@@ -45,7 +45,7 @@ def test_gpus_are_allocated_per_node(dev_cluster):
 def test_qos_preemption_relation(dev_cluster):
     rows = sh("sacctmgr", "-n", "-P", "show", "qos", "format=name,priority,preempt,preemptmode").splitlines()
     qos = {r.split("|")[0]: r.split("|")[1:] for r in rows}
-    assert set(qos) == {"low", "normal", "high"}
+    assert set(qos) == {"low", "normal", "high", "deadline"}
     assert qos["high"][1] == "low"
     assert qos["low"][2] == "requeue"
     assert int(qos["high"][0]) > int(qos["normal"][0]) > int(qos["low"][0])

@@ -45,7 +45,7 @@ def test_missing_qos_fails_precisely(dev_cluster, tmp_path):
     assert checks["qos"] == {
         "name": "qos",
         "verdict": "FAIL",
-        "detail": "QOS 'bogus' named in the site config (qos.bogus) does not exist on the cluster (has: high, low, normal)",
+        "detail": "QOS 'bogus' named in the site config (qos.bogus) does not exist on the cluster (has: deadline, high, low, normal)",
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from pathlib import Path
@@ -64,6 +65,29 @@ class CheckpointPolicy(StrictModel):
     async_save: bool = Field(True, alias="async")
 
 
+class ArraySpec(StrictModel):
+    """Run the job once per parameter set, as a Slurm job array (split past MaxArraySize)."""
+
+    params: list[dict[str, Any]] = Field(default_factory=list, description="explicit parameter sets")
+    grid: dict[str, list[Any]] = Field(default_factory=dict, description="cartesian product of these lists")
+    count: int | None = Field(None, ge=1, description="plain copies, when there are no parameters")
+    throttle: int | None = Field(None, ge=1, description="at most this many tasks at once (%N)")
+
+    def parameter_sets(self) -> list[dict[str, Any]]:
+        if self.grid:
+            keys = list(self.grid)
+            return [dict(zip(keys, values)) for values in itertools.product(*self.grid.values())]
+        if self.params:
+            return list(self.params)
+        return [{} for _ in range(self.count or 0)]
+
+
+class Dependency(StrictModel):
+    after: list[str] = Field(default_factory=list, description="Slurm job ids this job waits for")
+    kind: Literal["afterok", "afterany", "afternotok"] = "afterok"
+    singleton: bool = False
+
+
 class EnvVar(StrictModel):
     """An environment entry; a secret one is read from the submitter's environment, never written down."""
 
@@ -94,11 +118,21 @@ class JobSpec(StrictModel):
     seed: int = 0
     env: dict[str, EnvVar] = Field(default_factory=dict)
     launcher: Literal["srun", "none"] = Field("srun", description="srun: one task per GPU; none: run once")
+    requeue: bool = Field(True, description="let Slurm requeue the job after preemption or node failure")
+    array: ArraySpec | None = None
+    dependency: Dependency = Field(default_factory=Dependency)
 
     def problems(self) -> Iterator[tuple[Loc, str]]:
         for key in self.env:
             if not re.match(ENV_NAME, key):
                 yield ("env", key), "expected an environment variable name (letters, digits, _)"
+        for i, job in enumerate(self.dependency.after):
+            if not re.fullmatch(r"\d+(_\d+)?", job):
+                yield ("dependency", "after", i), f"expected a Slurm job id such as '1234' or '1234_5', got {job!r}"
+        if self.array is not None:
+            a = self.array
+            if sum(map(bool, (a.params, a.grid, a.count))) != 1:
+                yield ("array",), "expected exactly one of params, grid or count"
         r, p = self.resources, self.parallel
         total = r.nodes * r.ntasks_per_node
         if p.world_size > 1 and p.world_size != total:
@@ -109,6 +143,13 @@ class JobSpec(StrictModel):
 
     def secret_names(self) -> list[str]:
         return [k for k, v in self.env.items() if v.secret]
+
+    def redacted(self) -> dict[str, Any]:
+        """The spec as JSON-ready data with every secret value replaced: safe for the ledger and logs."""
+        data = self.model_dump(mode="json", by_alias=True)
+        for name in self.secret_names():
+            data["env"][name]["value"] = "<secret>" if data["env"][name]["value"] is not None else None
+        return data
 
 
 def load_job_spec(path: str | os.PathLike[str]) -> JobSpec:

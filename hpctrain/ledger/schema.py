@@ -111,6 +111,21 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (journal, name)
         )""",
     ],
+    # 3: submission groups (array chunks), job directories, cached cluster limits.
+    [
+        "ALTER TABLE jobs ADD COLUMN group_id INTEGER REFERENCES jobs(id)",
+        "ALTER TABLE jobs ADD COLUMN job_dir TEXT",
+        "ALTER TABLE jobs ADD COLUMN param_offset INTEGER",
+        "ALTER TABLE jobs ADD COLUMN error TEXT",
+        "CREATE INDEX jobs_group ON jobs(group_id)",
+        """CREATE TABLE site_cache (
+            site TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value_json TEXT,
+            fetched_at REAL NOT NULL,
+            PRIMARY KEY (site, key)
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError
-from hpctrain.slurm.parse import parse_kv_lines, parse_parsable
+from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
 
 if TYPE_CHECKING:
     from hpctrain.config.site import SiteConfig
@@ -42,13 +42,14 @@ class SlurmClient:
     def executable(self, command: str) -> str:
         return str(self.bin_dir / command) if self.bin_dir else command
 
-    def run(self, command: str, *args: str, input: str | None = None) -> str:
+    def run(self, command: str, *args: str, input: str | None = None, extra_env: dict[str, str] | None = None) -> str:
         """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint."""
         self.calls[command] += 1
         argv = [self.executable(command), *args]
         try:
             proc = subprocess.run(
-                argv, input=input, capture_output=True, text=True, env=self.env(), timeout=self.timeout_s
+                argv, input=input, capture_output=True, text=True, env={**self.env(), **(extra_env or {})},
+                timeout=self.timeout_s,
             )
         except FileNotFoundError:
             raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
@@ -81,6 +82,30 @@ class SlurmClient:
         """`sacctmgr -n -P show <entity> ... format=<fields>` as dicts keyed by the field names."""
         out = self.run("sacctmgr", "-n", "-P", "show", entity, *conditions, f"format={fields}")
         return parse_parsable(out, fields.split(","))
+
+    def sshare(self, user: str) -> list[dict[str, str]]:
+        """Fairshare standing of every account and of ``user``'s associations, by column name."""
+        out = self.run("sshare", "--parsable2", "-a", "-u", user,
+                       "-o", "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare,LevelFS")
+        return parse_parsable_with_header(out)
+
+    def sbatch(self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
+        """Submit ``script`` (sent on stdin); returns the job id. ``env`` adds to the submitting environment."""
+        out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env)
+        return out.strip().split(";")[0]
+
+    def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> list[dict[str, str]]:
+        """One `sacct -X -D` call for all ``job_ids``: one row per allocation attempt, array tasks expanded."""
+        if not job_ids:
+            return []
+        out = self.run("sacct", "-X", "-D", "--parsable2", "--format=" + ",".join(fields), "-j", ",".join(job_ids))
+        return parse_parsable_with_header(out)
+
+    def scancel(self, job_ids: list[str], signal: str | None = None, batch_only: bool = False) -> None:
+        if not job_ids:
+            return
+        args = ([f"--signal={signal}"] if signal else []) + (["--batch"] if batch_only else [])
+        self.run("scancel", *args, *job_ids)
 
 
 def _first_error_line(text: str) -> str:

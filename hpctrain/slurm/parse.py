@@ -33,6 +33,15 @@ def parse_parsable(text: str, fields: Iterable[str]) -> list[dict[str, str]]:
     return rows
 
 
+def parse_parsable_with_header(text: str) -> list[dict[str, str]]:
+    """`--parsable2` output whose first line names the columns: look columns up by name, never position."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = [h.strip() for h in lines[0].split("|")]
+    return [{k: v.strip() for k, v in zip(header, ln.split("|"))} for ln in lines[1:]]
+
+
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 
 

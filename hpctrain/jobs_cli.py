@@ -1,0 +1,178 @@
+"""CLI commands for the job lifecycle on the login node: submit, status, show, cancel."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import click
+
+from hpctrain.cli import make_console, site_option
+
+
+def _open(site: str | None) -> tuple[Any, Any, Any]:
+    from hpctrain.config import load_site
+    from hpctrain.ledger import Ledger
+    from hpctrain.slurm import SlurmClient
+
+    cfg = load_site(site)
+    return cfg, Ledger(cfg.ledger.path), SlurmClient.for_site(cfg)
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@site_option
+@click.option("--dry-run", is_flag=True, help="print the rendered script(s); submit and record nothing")
+@click.option("--array", "array", metavar="N[%T]", help="run N copies as an array, at most T at once")
+@click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
+def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool) -> None:
+    """Render SPEC for the site and submit it (a job, or arrays split past MaxArraySize)."""
+    from hpctrain.config import load_job_spec
+    from hpctrain.config.job import ArraySpec
+    from hpctrain.submit import Submitter
+
+    spec = load_job_spec(spec_path)
+    if array:
+        count, _, throttle = array.partition("%")
+        if not count.isdigit() or int(count) < 1 or (throttle and not throttle.isdigit()):
+            raise click.BadParameter(f"expected N or N%T with whole numbers, got {array!r}", param_hint="--array")
+        spec.array = ArraySpec(count=int(count), throttle=int(throttle) if throttle else None)
+    cfg, ledger, client = _open(site)
+    with ledger:
+        sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
+    if dry_run:
+        click.echo("\n".join(sub.scripts), nl=False)
+        return
+    if as_json:
+        click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids, "account": sub.placement.account,
+                               "partition": sub.placement.partition, "qos": sub.placement.qos,
+                               "reason": sub.placement.reason}))
+        return
+    for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
+        click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
+    p = sub.placement
+    click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
+
+
+def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ("id", "name", "slurm id", "state", "tasks", "restarts", "preempted", "account/qos", "submitted"):
+        table.add_column(col)
+    for r in rows:
+        tasks = r["task_states"].replace(",", " ") if r["task_states"] else "-"
+        table.add_row(str(r["id"]), r["name"], r["slurm_job_id"] or "-", r["state"], tasks, str(r["restarts"]),
+                      str(r["preemptions"]), f"{r['account']}/{r['qos']}", _when(r["submitted_at"]))
+    return table
+
+
+@click.command()
+@site_option
+@click.option("--all", "show_all", is_flag=True, help="include finished jobs")
+@click.option("--json", "as_json", is_flag=True, help="print rows as JSON")
+@click.option("--watch", is_flag=True, help="keep polling, backing off while nothing changes")
+@click.option("--interval", default=5.0, show_default=True, help="first poll interval (s) with --watch")
+@click.option("--max-interval", default=300.0, show_default=True, help="longest poll interval (s) with --watch")
+@click.option("--count", type=int, default=None, help="stop --watch after this many polls")
+@click.option("--no-refresh", is_flag=True, help="show the ledger as it is, without asking Slurm")
+@click.option("--limit", default=200, show_default=True, help="rows shown")
+def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interval: float, max_interval: float,
+           count: int | None, no_refresh: bool, limit: int) -> None:
+    """Tracked jobs: one sacct call per poll for all of them, cached in the ledger."""
+    from hpctrain.status import Poller, job_summaries, next_interval
+
+    cfg, ledger, client = _open(site)
+    console = make_console()
+    poller = Poller(ledger, client, cfg.name)
+    wait, polls = interval, 0
+    with ledger:
+        while True:
+            changed = 0 if no_refresh else poller.refresh()
+            polls += 1
+            rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
+            if as_json:
+                click.echo(json.dumps(rows))
+            else:
+                console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
+            if not watch or (count is not None and polls >= count):
+                return
+            wait = next_interval(wait, interval, max_interval, changed > 0)
+            click.echo(f"next poll in {wait:g}s ({changed} changed)", err=True)
+            time.sleep(wait)
+
+
+def _find_job(ledger: Any, job: str) -> dict[str, Any]:
+    from hpctrain.errors import HpctrainError
+
+    row = ledger.get("jobs", int(job)) if job.isdigit() else None
+    if row is None:
+        raise HpctrainError(f"job {job!r}: no such ledger id (see `hpctrain status --all`)")
+    return row
+
+
+@click.command()
+@click.argument("job")
+@site_option
+@click.option("--json", "as_json", is_flag=True)
+def show(job: str, site: str | None, as_json: bool) -> None:
+    """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
+    _, ledger, _ = _open(site)
+    with ledger:
+        row = _find_job(ledger, job)
+        detail = {
+            "job": row,
+            "array_tasks": ledger.rows("array_tasks", "job_id = ?", [row["id"]], order_by="task_index"),
+            "attempts": ledger.rows("attempts", "job_id = ?", [row["id"]], order_by="task_index, attempt"),
+            "events": ledger.rows("events", "job_id = ?", [row["id"]], order_by="time"),
+        }
+    if as_json:
+        click.echo(json.dumps(detail, default=str))
+        return
+    from rich.table import Table
+
+    console = make_console()
+    console.print(f"[bold]{row['name']}[/] ledger id {row['id']}, slurm job {row['slurm_job_id']}: [bold]{row['state']}[/]")
+    console.print(f"  {row['partition']}/{row['qos']} as {row['account']}: {row['choice_reason']}")
+    console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
+    attempts = Table(title="attempts", title_justify="left")
+    for col in ("task", "attempt", "state", "nodes", "start", "end", "gpus", "exit"):
+        attempts.add_column(col)
+    for a in detail["attempts"]:
+        attempts.add_row(str(a["task_index"]), str(a["attempt"]), a["state"], a["node_list"], _when(a["started_at"]),
+                         _when(a["ended_at"]), str(a["alloc_gpus"]), a["exit_code"])
+    console.print(attempts)
+    for e in detail["events"]:
+        console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
+
+
+@click.command()
+@click.argument("job", required=False)
+@site_option
+@click.option("--sweep", "sweep", help="cancel every job of this sweep")
+def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
+    """Cancel a job (all chunks of its submission) or every job of a sweep, in one scancel call."""
+    from hpctrain.errors import HpctrainError
+    from hpctrain.status import TERMINAL
+
+    if bool(job) == bool(sweep):
+        raise click.UsageError("give a JOB or --sweep, not both")
+    cfg, ledger, client = _open(site)
+    with ledger:
+        if job:
+            group = _find_job(ledger, job)["group_id"]
+            rows = ledger.rows("jobs", "group_id = ?", [group])
+        else:
+            rows = ledger.rows("jobs", "sweep_id = ?", [sweep])
+            if not rows:
+                raise HpctrainError(f"sweep {sweep!r}: no jobs in the ledger")
+        live = [r for r in rows if r["slurm_job_id"] and r["state"] not in TERMINAL]
+        client.scancel([r["slurm_job_id"] for r in live])
+        for r in live:
+            ledger.event("cancel_requested", f"scancel {r['slurm_job_id']}", job_id=r["id"])
+    click.echo(f"cancelled {len(live)} job(s): {' '.join(r['slurm_job_id'] for r in live) or '-'}")

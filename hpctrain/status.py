@@ -1,0 +1,190 @@
+"""Job state from Slurm into the ledger: one batched sacct call per poll, whatever the job count.
+
+`sacct -X -D` lists one row per allocation attempt (a requeued or preempted run keeps its row),
+with array tasks expanded and a still-pending task range in one row. Restart and preemption
+counts come from those rows (sacct in 22.05 has no restart-count field).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from hpctrain.ledger import Ledger
+from hpctrain.slurm.client import SlurmClient
+
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "AllocTRES", "Reason")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
+            "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"}
+_JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
+_GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
+
+
+def expand_task_range(text: str) -> list[int]:
+    """'[2-4,7%2]' -> [2, 3, 4, 7]."""
+    tasks: list[int] = []
+    for part in text.strip("[]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        tasks.extend(range(int(lo), int(hi or lo) + 1))
+    return tasks
+
+
+def parse_time(text: str) -> float | None:
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def normal_state(text: str) -> str:
+    """'CANCELLED by 0' -> 'CANCELLED'."""
+    return text.split()[0] if text else "UNKNOWN"
+
+
+@dataclass
+class Attempt:
+    state: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    node_list: str
+    exit_code: str
+    gpus: int
+    reason: str
+
+
+@dataclass
+class TaskHistory:
+    """All attempts of one job or array task, oldest first."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def state(self) -> str:
+        return self.attempts[-1].state
+
+    @property
+    def restarts(self) -> int:
+        return len(self.attempts) - 1
+
+
+def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
+    """sacct rows -> {base job id: {task index (-1: not an array): history}}."""
+    out: dict[str, dict[int, TaskHistory]] = {}
+    for row in rows:
+        m = _JOBID.match(row["JobID"])
+        if not m:
+            continue  # a step such as 12.batch
+        base, task = m.groups()
+        tasks = [-1] if task is None else (expand_task_range(task) if task.startswith("[") else [int(task)])
+        gpus = _GPUS.search(row.get("AllocTRES", ""))
+        attempt = Attempt(
+            normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
+            parse_time(row.get("End", "")), row.get("NodeList", ""), row.get("ExitCode", ""),
+            int(gpus.group(1)) if gpus else 0, row.get("Reason", ""),
+        )
+        for t in tasks:
+            out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
+    for tasks in out.values():
+        for h in tasks.values():
+            h.attempts.sort(key=lambda a: (a.submit or 0, a.start or float("inf")))
+    return out
+
+
+def array_state(states: list[str]) -> str:
+    if any(s == "RUNNING" for s in states):
+        return "RUNNING"
+    if any(s not in TERMINAL for s in states):
+        return "PENDING"
+    if all(s == "COMPLETED" for s in states):
+        return "COMPLETED"
+    return "CANCELLED" if any(s == "CANCELLED" for s in states) else "FAILED"
+
+
+class Poller:
+    """Refreshes every active tracked job of a site with one sacct call."""
+
+    def __init__(self, ledger: Ledger, client: SlurmClient, site: str):
+        self.ledger, self.client, self.site = ledger, client, site
+
+    def active_jobs(self) -> list[dict[str, Any]]:
+        placeholders = ",".join("?" * len(TERMINAL))
+        return self.ledger.rows("jobs", f"site = ? AND slurm_job_id IS NOT NULL AND state NOT IN ({placeholders})",
+                                [self.site, *sorted(TERMINAL)])
+
+    def refresh(self) -> int:
+        """Poll once; returns how many jobs changed state (0 when nothing is active: no call then)."""
+        jobs = self.active_jobs()
+        if not jobs:
+            return 0
+        found = histories(self.client.sacct([j["slurm_job_id"] for j in jobs], SACCT_FIELDS))
+        changed = 0
+        with self.ledger.transaction():
+            for job in jobs:
+                tasks = found.get(job["slurm_job_id"])
+                if tasks and self._apply(job, tasks):
+                    changed += 1
+        return changed
+
+    def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory]) -> bool:
+        db, now = self.ledger.db, time.time()
+        for index, history in tasks.items():
+            for n, a in enumerate(history.attempts):
+                db.table("attempts").upsert(
+                    {"job_id": job["id"], "task_index": index, "attempt": n, "slurm_job_id": job["slurm_job_id"]
+                     + (f"_{index}" if index >= 0 else ""), "state": a.state, "node_list": a.node_list,
+                     "started_at": a.start, "ended_at": a.end, "exit_code": a.exit_code, "alloc_gpus": a.gpus,
+                     "reason": a.reason},
+                    pk=("job_id", "task_index", "attempt"),
+                )
+            if index >= 0:
+                db.execute("UPDATE array_tasks SET state = ?, restarts = ?, updated_at = ? WHERE job_id = ? AND task_index = ?",
+                           [history.state, history.restarts, now, job["id"], index])
+        if job["is_array"]:
+            known = {r["task_index"]: r["state"] for r in self.ledger.rows("array_tasks", "job_id = ?", [job["id"]])}
+            state = array_state(list(known.values()))
+        else:
+            state = tasks[-1].state if -1 in tasks else job["state"]
+        starts = [a.start for h in tasks.values() for a in h.attempts if a.start]
+        ends = [a.end for h in tasks.values() for a in h.attempts if a.end]
+        fields = {"state": state, "started_at": min(starts, default=None),
+                  "ended_at": max(ends, default=None) if state in TERMINAL else None}
+        if any(job.get(k) != v for k, v in fields.items()):
+            self.ledger.update("jobs", job["id"], {**fields, "updated_at": now})
+            return True
+        return False
+
+
+def next_interval(current: float, start: float, maximum: float, changed: bool) -> float:
+    """Back to ``start`` after a change; doubling up to ``maximum`` while nothing changes."""
+    return start if changed else min(current * 2, maximum)
+
+
+SUMMARY_SQL = """
+SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id,
+       j.sweep_id, j.submitted_at, j.started_at, j.ended_at,
+       (SELECT count(*) FROM array_tasks t WHERE t.job_id = j.id) AS tasks,
+       (SELECT group_concat(state || ':' || n) FROM (SELECT state, count(*) AS n FROM array_tasks t
+            WHERE t.job_id = j.id GROUP BY state)) AS task_states,
+       (SELECT count(*) - count(DISTINCT a.task_index) FROM attempts a WHERE a.job_id = j.id) AS restarts,
+       (SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND a.state = 'PREEMPTED') AS preemptions
+FROM jobs j
+WHERE j.site = ? {where}
+ORDER BY j.id DESC
+LIMIT ?
+"""
+
+
+def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: int = 200) -> list[dict[str, Any]]:
+    """One row per tracked job with array task counts, restarts and preemptions (one SQL query)."""
+    where = ""
+    args: list[Any] = [site]
+    if active_only:
+        where = f"AND j.state NOT IN ({','.join('?' * len(TERMINAL))})"
+        args += sorted(TERMINAL)
+    return [dict(r) for r in ledger.db.query(SUMMARY_SQL.format(where=where), [*args, limit])]

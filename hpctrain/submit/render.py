@@ -1,0 +1,163 @@
+"""Render sbatch scripts from Jinja2 templates.
+
+Every value that reaches the script is validated or shell-quoted here, in Python; templates
+only lay the pieces out. After rendering, the #SBATCH lines are checked against the list
+built here, so no spec value can ever add a directive.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from hpctrain import __version__
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteConfig
+from hpctrain.config.types import format_slurm_time
+from hpctrain.errors import ConfigError
+from hpctrain.submit.arrays import ArrayChunk
+from hpctrain.submit.placement import Placement
+
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
+# Values on #SBATCH lines cannot be quoted reliably: allow only what needs no quoting.
+_SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_@%:,./+=\-\[\]]+$")
+NOTICE_SIGNAL = "USR2"  # never USR1: NCCL uses it
+
+
+@dataclass(frozen=True)
+class JobFiles:
+    """Where one submission keeps its files on the shared filesystem."""
+
+    job_dir: Path
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.job_dir / "journal"
+
+    @property
+    def params_file(self) -> Path:
+        return self.job_dir / "params.jsonl"
+
+    def script(self, chunk: ArrayChunk | None) -> Path:
+        return self.job_dir / (f"job-{chunk.index}.sh" if chunk and chunk.index else "job.sh")
+
+
+def sbatch_option(option: str) -> str:
+    """'--name=value', refused unless the value needs no quoting."""
+    name, _, value = option.partition("=")
+    if value and not _SBATCH_SAFE.match(value):
+        raise ConfigError(f"#SBATCH {name}: {value!r} cannot go on an #SBATCH line (letters, digits and _@%:,./+=-[] only)")
+    return option
+
+
+def gpu_directive(spec: JobSpec, site: SiteConfig, partition: str) -> str | None:
+    gpus = spec.resources.gpus_per_node
+    if not gpus:
+        return None
+    part = site.partitions[partition]
+    if part.gpu_request == "gres":
+        return f"--gres=gpu:{part.gpu_type + ':' if part.gpu_type else ''}{gpus}"
+    return f"--gpus-per-node={gpus}"
+
+
+def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles,
+               chunk: ArrayChunk | None, after: list[str]) -> list[str]:
+    """The #SBATCH options, each validated to be a single safe token."""
+    r = spec.resources
+    out_name = "slurm-%A_%a.out" if chunk else "slurm-%j.out"
+    opts = [
+        f"--job-name={spec.name}",
+        f"--partition={placement.partition}",
+        f"--account={placement.account}",
+        f"--qos={placement.qos}",
+        f"--nodes={r.nodes}",
+        f"--ntasks-per-node={r.ntasks_per_node}",
+        f"--cpus-per-task={r.cpus_per_task}",
+        gpu_directive(spec, site, placement.partition),
+        f"--mem={r.mem}M" if r.mem else None,
+        f"--time={format_slurm_time(r.time or site.defaults.time)}",
+        f"--output={files.job_dir / out_name}",
+        "--open-mode=append",  # a requeued run appends to the log instead of truncating it
+        "--requeue" if spec.requeue else "--no-requeue",
+        f"--signal=B:{NOTICE_SIGNAL}@{site.defaults.signal_lead_s}",
+        "--export=ALL",  # secrets travel in the submitting environment, never in the script
+        f"--array={chunk.array_spec}" if chunk else None,
+    ]
+    deps = [f"{spec.dependency.kind}:{':'.join(spec.dependency.after)}"] if spec.dependency.after else []
+    deps += [f"afterany:{':'.join(after)}"] if after else []
+    deps += ["singleton"] if spec.dependency.singleton else []
+    if deps:
+        opts += [f"--dependency={','.join(deps)}", "--kill-on-invalid-dep=yes"]
+    return [sbatch_option(o) for o in opts if o]
+
+
+def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles) -> list[tuple[str, str]]:
+    """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
+    pairs = [
+        ("HPCTRAIN_JOB_ID", job_id),
+        ("HPCTRAIN_SITE", site.name),
+        ("HPCTRAIN_JOB_DIR", str(files.job_dir)),
+        ("HPCTRAIN_JOURNAL_DIR", str(files.journal_dir)),
+        ("HPCTRAIN_SEED", str(spec.seed)),
+        *site.network_env.items(),
+        *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
+    ]
+    return [(name, shlex.quote(value)) for name, value in pairs]
+
+
+def header_directives(script: str) -> list[str]:
+    """The #SBATCH options sbatch reads: those before the first command line."""
+    found = []
+    for line in script.splitlines()[1:]:
+        if line.startswith("#SBATCH"):
+            found.append(line[len("#SBATCH"):].strip())
+        elif line.strip() and not line.startswith("#"):
+            break
+    return found
+
+
+def template_environment(site: SiteConfig) -> jinja2.Environment:
+    dirs = ([str(site.templates_dir)] if site.templates_dir else []) + [str(TEMPLATE_DIR)]
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(dirs), undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+    )
+
+
+def template_name(spec: JobSpec) -> str:
+    distributed = spec.launcher == "srun" and spec.resources.nodes * spec.resources.ntasks_per_node > 1
+    return "distributed.sh.j2" if distributed else "base.sh.j2"
+
+
+def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles, job_id: str,
+                  chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
+    """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
+    sbatch = directives(spec, site, placement, files, chunk, after or [])
+    port_lo, port_hi = site.launch.master_port_range
+    context = {
+        "version": __version__,
+        "name": spec.name,
+        "job_id": job_id,
+        "directives": sbatch,
+        "setup": site.setup,
+        "exports": exports(spec, site, job_id, files),
+        "secret_names": spec.secret_names(),
+        "chunk": chunk,
+        "params_file": shlex.quote(str(files.params_file)),
+        "command": shlex.join(spec.command),
+        "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
+        "launcher": spec.launcher,
+        "port_lo": port_lo,
+        "port_span": port_hi - port_lo + 1,
+    }
+    try:
+        text = template_environment(site).get_template(template_name(spec)).render(context)
+    except jinja2.TemplateError as exc:
+        raise ConfigError(f"sbatch template {template_name(spec)}: {exc}") from None
+    if header_directives(text) != sbatch:
+        raise ConfigError(f"sbatch template {template_name(spec)}: #SBATCH lines differ from the ones hpctrain built")
+    return text

@@ -1,0 +1,147 @@
+"""Submit a job spec: place it, render it, record it in the ledger, sbatch it."""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config.job import JobSpec
+from hpctrain.config.loading import format_problems
+from hpctrain.config.site import SiteConfig
+from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import write_json_atomic
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.slurm.limits import max_array_size
+from hpctrain.submit.arrays import ArrayChunk, plan_chunks
+from hpctrain.submit.placement import Placement, choose_placement
+from hpctrain.submit.render import JobFiles, render_script
+
+
+@dataclass
+class Submission:
+    """What one `submit` did (or, for a dry run, would do)."""
+
+    placement: Placement
+    scripts: list[str]
+    ledger_ids: list[int] = field(default_factory=list)
+    slurm_ids: list[str] = field(default_factory=list)
+    param_sets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def group_id(self) -> int | None:
+        return self.ledger_ids[0] if self.ledger_ids else None
+
+
+def secret_env(spec: JobSpec, where: Path | str) -> dict[str, str]:
+    """Values of the spec's secret entries, from the submitting environment."""
+    env, missing = {}, []
+    for name, var in spec.env.items():
+        if var.secret:
+            value = os.environ.get(name) or var.value
+            if value is None:
+                missing.append((("env", name), "marked secret but not set in the submitting environment"))
+            else:
+                env[name] = value
+    if missing:
+        raise ConfigError(format_problems(where, missing))
+    return env
+
+
+class Submitter:
+    def __init__(self, site: SiteConfig, ledger: Ledger, client: SlurmClient | None = None,
+                 user: str | None = None):
+        self.site = site
+        self.ledger = ledger
+        self.client = client or SlurmClient.for_site(site)
+        self.user = user or getpass.getuser()
+
+    def _chunks(self, spec: JobSpec, params: list[dict[str, Any]]) -> list[ArrayChunk | None]:
+        if spec.array is None:
+            return [None]
+        limit = max_array_size(self.site, self.ledger, self.client)
+        return list(plan_chunks(len(params), limit, spec.array.throttle))
+
+    def submit(self, spec: JobSpec, where: Path | str, dry_run: bool = False,
+               sweep_id: str | None = None, lineage: dict[str, Any] | None = None) -> Submission:
+        """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
+        after another (afterany) so the throttle holds across chunks. A dry run writes nothing."""
+        placement = choose_placement(spec, self.site, self.client, self.user, where)
+        secret_values = secret_env(spec, where)
+        params = spec.array.parameter_sets() if spec.array else []
+        chunks = self._chunks(spec, params)
+        sub = Submission(placement, [], param_sets=params)
+        files = JobFiles(self.site.paths.logs / f"{spec.name}-DRYRUN")
+        previous: list[str] = []
+        for chunk in chunks:
+            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, sub.group_id, sweep_id, lineage))
+            if not dry_run and sub.group_id is None:
+                # The ledger id alone is unique only within one ledger; the logs directory is shared.
+                files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
+                self._prepare_dir(files.job_dir, params)
+            after = previous if chunk and chunk.throttle else []
+            script = render_script(spec, self.site, placement, files, job_id, chunk, after)
+            sub.scripts.append(script)
+            if dry_run:
+                previous = ["DRYRUN"]
+                continue
+            path = files.script(chunk)
+            path.write_text(script)
+            self.ledger.update("jobs", int(job_id), {
+                "script_path": str(path), "job_dir": str(files.job_dir),
+                "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+            })
+            previous = [self._sbatch(int(job_id), script, secret_values)]
+            sub.ledger_ids.append(int(job_id))
+            sub.slurm_ids.extend(previous)
+        return sub
+
+    def _prepare_dir(self, job_dir: Path, params: list[dict[str, Any]]) -> None:
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "journal").mkdir(exist_ok=True)
+        if params:
+            tmp = job_dir / ".params.jsonl.tmp"
+            tmp.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in params))
+            tmp.replace(job_dir / "params.jsonl")
+
+    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, group_id: int | None,
+                    sweep_id: str | None, lineage: dict[str, Any] | None) -> int:
+        params = spec.array.parameter_sets() if spec.array else []
+        with self.ledger.transaction():
+            job_id = self.ledger.insert("jobs", {
+                "name": spec.name, "site": self.site.name, "user": self.user, "account": placement.account,
+                "partition": placement.partition, "qos": placement.qos, "is_array": int(chunk is not None),
+                "state": "SUBMITTING", "spec_json": spec.redacted(),
+                "choice_reason": placement.reason, "sweep_id": sweep_id, "lineage_json": lineage,
+                "group_id": group_id, "param_offset": chunk.offset if chunk else None, "updated_at": time.time(),
+            })
+            if group_id is None:
+                self.ledger.update("jobs", job_id, {"group_id": job_id})
+            if chunk is not None:
+                self.ledger.db.table("array_tasks").insert_all(
+                    {"job_id": job_id, "task_index": t, "param_index": chunk.offset + t,
+                     "params_json": json.dumps(params[chunk.offset + t], sort_keys=True), "updated_at": time.time()}
+                    for t in range(chunk.count)
+                )
+            self.ledger.event("placement", placement.reason, job_id=job_id, account=placement.account,
+                              partition=placement.partition, qos=placement.qos)
+        return job_id
+
+    def _sbatch(self, job_id: int, script: str, secret_values: dict[str, str]) -> str:
+        try:
+            slurm_id = self.client.sbatch(script, env=secret_values)
+        except HpctrainError as exc:
+            self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": str(exc), "updated_at": time.time()})
+            self.ledger.event("submit_failed", str(exc), job_id=job_id)
+            raise
+        now = time.time()
+        self.ledger.update("jobs", job_id, {"slurm_job_id": slurm_id, "state": "PENDING", "submitted_at": now, "updated_at": now})
+        self.ledger.event("submitted", f"slurm job {slurm_id}", job_id=job_id, slurm_job_id=slurm_id)
+        return slurm_id

@@ -1,0 +1,55 @@
+#!/bin/bash
+# Rendered by hpctrain 0.1.0 for job dist (ledger id 42). Do not edit: resubmit instead.
+#SBATCH --job-name=dist
+#SBATCH --partition=gpu
+#SBATCH --account=teama
+#SBATCH --qos=normal
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --gpus-per-node=2
+#SBATCH --mem=1024M
+#SBATCH --time=00:05:00
+#SBATCH --output=/shared/logs/job-42/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@60
+#SBATCH --export=ALL
+
+set -eo pipefail
+export HPCTRAIN_JOB_ID=42
+export HPCTRAIN_SITE=dev
+export HPCTRAIN_JOB_DIR=/shared/logs/job-42
+export HPCTRAIN_JOURNAL_DIR=/shared/logs/job-42/journal
+export HPCTRAIN_SEED=0
+export GLOO_SOCKET_IFNAME=lo
+export OMP_NUM_THREADS=1
+# Rendezvous: the first node hosts the store; the port is derived from the job (and array task)
+# id so jobs sharing a node never collide.
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_PORT=$(( 21000 + (SLURM_JOB_ID + ${SLURM_ARRAY_TASK_ID:-0}) % 9000 ))
+export MASTER_ADDR MASTER_PORT
+export WORLD_SIZE=$SLURM_NTASKS
+set +e
+
+# The --signal notice (USR2) reaches only this shell, and sites without preempt_send_user_signal
+# send SIGTERM alone: forward both (and HUP) to the job step so training can checkpoint.
+step_pid=
+forward() {
+  echo "hpctrain: batch shell got SIG$1 at $(date +%s); forwarding to the job step" >&2
+  [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null
+}
+trap 'forward USR2' USR2
+trap 'forward TERM' TERM
+trap 'forward HUP' HUP
+
+# One task per GPU; each sets its torch.distributed rank from Slurm's task ids.
+srun --kill-on-bad-exit=1 bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"' hpctrain-task python -c 'import os; print('"'"'rank'"'"', os.environ['"'"'RANK'"'"'], '"'"'of'"'"', os.environ['"'"'WORLD_SIZE'"'"'], os.environ['"'"'MASTER_ADDR'"'"'])' &
+step_pid=$!
+# wait returns early whenever a trapped signal arrives: keep waiting until the step has exited.
+while :; do
+  wait "$step_pid"
+  rc=$?
+  kill -0 "$step_pid" 2>/dev/null || break
+done
+exit $rc

@@ -1,0 +1,50 @@
+#!/bin/bash
+# Rendered by hpctrain 0.1.0 for job single (ledger id 42). Do not edit: resubmit instead.
+#SBATCH --job-name=single
+#SBATCH --partition=gpu
+#SBATCH --account=teama
+#SBATCH --qos=normal
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=1
+#SBATCH --gpus-per-node=1
+#SBATCH --mem=1024M
+#SBATCH --time=00:05:00
+#SBATCH --output=/shared/logs/job-42/slurm-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@60
+#SBATCH --export=ALL
+
+set -eo pipefail
+export HPCTRAIN_JOB_ID=42
+export HPCTRAIN_SITE=dev
+export HPCTRAIN_JOB_DIR=/shared/logs/job-42
+export HPCTRAIN_JOURNAL_DIR=/shared/logs/job-42/journal
+export HPCTRAIN_SEED=3
+export GLOO_SOCKET_IFNAME=lo
+export OMP_NUM_THREADS=1
+export GREETING='it'"'"'s $(not) a `command`'
+# From the submitting environment (secret, not written here): API_TOKEN
+set +e
+
+# The --signal notice (USR2) reaches only this shell, and sites without preempt_send_user_signal
+# send SIGTERM alone: forward both (and HUP) to the job step so training can checkpoint.
+step_pid=
+forward() {
+  echo "hpctrain: batch shell got SIG$1 at $(date +%s); forwarding to the job step" >&2
+  [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null
+}
+trap 'forward USR2' USR2
+trap 'forward TERM' TERM
+trap 'forward HUP' HUP
+
+python -c 'import os; e = os.environ; print('"'"'hello from'"'"', e['"'"'SLURMD_NODENAME'"'"'], e['"'"'GREETING'"'"'], len(e['"'"'API_TOKEN'"'"']))' &
+step_pid=$!
+# wait returns early whenever a trapped signal arrives: keep waiting until the step has exited.
+while :; do
+  wait "$step_pid"
+  rc=$?
+  kill -0 "$step_pid" 2>/dev/null || break
+done
+exit $rc
