@@ -7,6 +7,7 @@ counts come from those rows (sacct in 22.05 has no restart-count field).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -58,15 +59,22 @@ class Attempt:
     reason: str
 
 
+# A run that ended like this is requeued by Slurm when the job allows requeue; the next run's
+# record may not be in slurmdbd yet, so the job is not finished.
+REQUEUE_STATES = {"PREEMPTED", "NODE_FAIL", "REQUEUED"}
+
+
 @dataclass
 class TaskHistory:
     """All attempts of one job or array task, oldest first."""
 
     attempts: list[Attempt] = field(default_factory=list)
+    requeue: bool = True
 
     @property
     def state(self) -> str:
-        return self.attempts[-1].state
+        last = self.attempts[-1].state
+        return "REQUEUED" if self.requeue and last in REQUEUE_STATES else last
 
     @property
     def restarts(self) -> int:
@@ -133,7 +141,9 @@ class Poller:
 
     def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory]) -> bool:
         db, now = self.ledger.db, time.time()
+        requeue = json.loads(job["spec_json"] or "{}").get("requeue", True)
         for index, history in tasks.items():
+            history.requeue = requeue
             for n, a in enumerate(history.attempts):
                 db.table("attempts").upsert(
                     {"job_id": job["id"], "task_index": index, "attempt": n, "slurm_job_id": job["slurm_job_id"]

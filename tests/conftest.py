@@ -33,10 +33,16 @@ def dev_cluster() -> dict[str, str]:
 
 @pytest.fixture(autouse=True)
 def isolated_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test writes its own ledger file, never the user's."""
+    """Every test writes its own ledger file, never the user's; jobs it leaves behind are cancelled."""
     path = tmp_path / "ledger.db"
     monkeypatch.setenv("HPCTRAIN_LEDGER", str(path))
-    return path
+    yield path
+    if path.exists():
+        import sqlite3
+
+        ids = [r[0] for r in sqlite3.connect(path).execute("SELECT slurm_job_id FROM jobs WHERE slurm_job_id IS NOT NULL")]
+        if ids and "SLURM_CONF" in os.environ:
+            subprocess.run(["scancel", *ids], capture_output=True)
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

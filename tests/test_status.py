@@ -1,0 +1,51 @@
+"""Status bookkeeping on recorded sacct output: attempts, requeues, array ranges, back-off."""
+
+from hpctrain.slurm.parse import parse_parsable_with_header
+from hpctrain.status import array_state, expand_task_range, histories, next_interval
+
+# `sacct -X -D --parsable2` recorded on the dev cluster: a requeued job, an array mid-run, a preempted one.
+RECORDED = """\
+JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason
+3|REQUEUED|0:0|2026-11-22T03:33:36|2026-11-22T03:33:36|2026-11-22T03:33:38|n1|billing=1,cpu=1,mem=1G,node=1|None
+2_0|RUNNING|0:0|2026-11-22T03:33:36|2026-11-22T03:33:36|Unknown|n1|billing=1,cpu=1,gres/gpu=2,mem=1G,node=1|None
+2_1|COMPLETED|0:0|2026-11-22T03:33:36|2026-11-22T03:33:36|2026-11-22T03:33:39|n1|billing=1,cpu=1,mem=1G,node=1|None
+2_[2-4%2]|PENDING|0:0|2026-11-22T03:33:36|Unknown|Unknown|None assigned||JobArrayTaskLimit
+3|PENDING|0:0|2026-11-22T03:33:39|Unknown|Unknown|None assigned||BeginTime
+7|PREEMPTED|0:15|2026-11-22T03:50:20|2026-11-22T03:50:20|2026-11-22T03:50:42|n[1-3]|billing=48,cpu=48,gres/gpu=12,mem=3G,node=3|None
+9|CANCELLED by 0|0:0|2026-11-22T03:50:53|2026-11-22T03:50:53|2026-11-22T03:52:23|n1|billing=1,cpu=1,mem=1G,node=1|None
+"""
+
+
+def test_histories_group_attempts_and_expand_pending_ranges():
+    h = histories(parse_parsable_with_header(RECORDED))
+    assert set(h) == {"2", "3", "7", "9"}
+    assert [a.state for a in h["3"][-1].attempts] == ["REQUEUED", "PENDING"]
+    assert h["3"][-1].restarts == 1 and h["3"][-1].state == "PENDING"
+    assert sorted(h["2"]) == [0, 1, 2, 3, 4]
+    assert h["2"][0].attempts[0].gpus == 2 and h["2"][0].state == "RUNNING"
+    assert h["2"][3].state == "PENDING"
+    assert h["9"][-1].state == "CANCELLED"
+
+
+def test_preempted_is_requeued_only_for_requeueable_jobs():
+    h = histories(parse_parsable_with_header(RECORDED))["7"][-1]
+    assert h.state == "REQUEUED" and h.attempts[0].gpus == 12
+    h.requeue = False
+    assert h.state == "PREEMPTED"
+
+
+def test_task_ranges_and_array_state():
+    assert expand_task_range("[2-4,7%2]") == [2, 3, 4, 7]
+    assert array_state(["COMPLETED", "RUNNING", "PENDING"]) == "RUNNING"
+    assert array_state(["COMPLETED", "REQUEUED"]) == "PENDING"
+    assert array_state(["COMPLETED", "COMPLETED"]) == "COMPLETED"
+    assert array_state(["COMPLETED", "FAILED"]) == "FAILED"
+    assert array_state(["CANCELLED", "FAILED"]) == "CANCELLED"
+
+
+def test_backoff_doubles_to_the_cap_and_resets_on_change():
+    waits, wait = [], 5.0
+    for changed in [False] * 8 + [True, False]:
+        wait = next_interval(wait, 5.0, 300.0, changed)
+        waits.append(wait)
+    assert waits == [10, 20, 40, 80, 160, 300, 300, 300, 5, 10]
