@@ -219,3 +219,52 @@ def test_slurm_time_format_round_trip():
 @pytest.mark.parametrize("text, mb", [("16G", 16384), ("512M", 512), ("1T", 1048576), (2048, 2048), ("4gb", 4096)])
 def test_memory(text, mb):
     assert parse_memory(text) == mb
+
+
+# Parallel layout rules, checked when the spec is loaded (so at submit time).
+
+LAYOUT = """\
+name = "gpt"
+command = ["python", "-m", "hpctrain.train"]
+
+[resources]
+nodes = 2
+gpus_per_node = 4
+
+[parallel]
+dp = 2
+tp = 2
+pp = 2
+micro_batch = 2
+grad_accum = 4
+
+[model]
+layers = 8
+heads = 8
+hidden = 512
+"""
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("dp = 2", "dp = 1", "parallel: dp*tp*pp = 1*2*2 = 4 must equal nodes*tasks_per_node = 2*4 = 8"),
+    ("gpus_per_node = 4", "gpus_per_node = 4\ntasks_per_node = 3",
+     "parallel: dp*tp*pp = 2*2*2 = 8 must equal nodes*tasks_per_node = 2*3 = 6\n"
+     "spec.toml: parallel.tp: tp = 2 must divide the 3 tasks per node (tensor-parallel peers share a node)"),
+    ("layers = 8", "layers = 7", "model.layers: layers = 7 must be divisible by pp = 2"),
+    ("heads = 8", "heads = 7", "model.heads: heads = 7 must be divisible by tp = 2\n"
+     "spec.toml: model.hidden: hidden = 512 must be divisible by heads = 7"),
+    ("hidden = 512", "hidden = 511", "model.hidden: hidden = 511 must be divisible by tp = 2\n"
+     "spec.toml: model.hidden: hidden = 511 must be divisible by heads = 8"),
+    ("grad_accum = 4", "grad_accum = 4\nglobal_batch = 32",
+     "parallel.global_batch: global_batch = 32 must equal micro_batch*grad_accum*dp = 2*4*2 = 16"),
+])
+def test_layout_rules_name_the_numbers(tmp_path, old, new, expected):
+    assert load_job_spec(write(tmp_path, LAYOUT)).parallel.samples_per_step == 16
+    assert spec_error(tmp_path, LAYOUT.replace(old, new)) == f"spec.toml: {expected}"
+
+
+def test_tp_must_stay_within_a_node(tmp_path):
+    text = LAYOUT.replace("nodes = 2\ngpus_per_node = 4", "nodes = 4\ngpus_per_node = 2").replace("tp = 2", "tp = 4").replace("dp = 2", "dp = 1")
+    assert spec_error(tmp_path, text) == (
+        "spec.toml: parallel.tp: tp = 4 must divide the 2 tasks per node (tensor-parallel peers share a node)"
+    )

@@ -34,6 +34,7 @@ def site(monkeypatch):
     ("array", ArrayChunk(1, 1000, 6, 2), ["4242"]),
 ])
 def test_golden_scripts(site, name, chunk, after):
+    site.launch.python = Path("/opt/hpctrain/bin/python")
     script = render_script(load_job_spec(SPECS / f"{name}.toml"), site, PLACEMENT, FILES, "42", chunk, after)
     golden = GOLDEN / f"{name}.sh"
     if os.environ.get("UPDATE_GOLDEN"):

@@ -40,14 +40,27 @@ class Parallel(StrictModel):
     pp: int = Field(1, ge=1)
     micro_batch: int = Field(1, ge=1)
     grad_accum: int = Field(1, ge=1)
+    global_batch: int | None = Field(None, ge=1, description="checked against micro_batch * grad_accum * dp")
+    zero_stage: int = Field(0, ge=0, le=3)
+    precision: Literal["fp32", "bf16"] = "fp32"
 
     @property
     def world_size(self) -> int:
         return self.dp * self.tp * self.pp
 
     @property
-    def global_batch(self) -> int:
+    def samples_per_step(self) -> int:
         return self.micro_batch * self.grad_accum * self.dp
+
+
+class Model(StrictModel):
+    """Shape of the model, for layout checks (and the reference GPT)."""
+
+    layers: int = Field(4, ge=1)
+    heads: int = Field(4, ge=1)
+    hidden: int = Field(64, ge=1)
+    vocab: int = Field(256, ge=2)
+    seq_len: int = Field(64, ge=2)
 
 
 class Data(StrictModel):
@@ -112,6 +125,7 @@ class JobSpec(StrictModel):
     workdir: ExpandedPath | None = None
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)
+    model: Model | None = None
     data: Data = Field(default_factory=Data)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
@@ -133,13 +147,35 @@ class JobSpec(StrictModel):
             a = self.array
             if sum(map(bool, (a.params, a.grid, a.count))) != 1:
                 yield ("array",), "expected exactly one of params, grid or count"
-        r, p = self.resources, self.parallel
+        yield from self._layout_problems()
+
+    def _layout_problems(self) -> Iterator[tuple[Loc, str]]:
+        """The dp x tp x pp layout must fill the allocation, keep TP on a node and divide the model."""
+        r, p, m = self.resources, self.parallel, self.model
         total = r.nodes * r.ntasks_per_node
         if p.world_size > 1 and p.world_size != total:
             yield ("parallel",), (
                 f"dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.world_size} must equal "
                 f"nodes*tasks_per_node = {r.nodes}*{r.ntasks_per_node} = {total}"
             )
+        if r.ntasks_per_node % p.tp:
+            yield ("parallel", "tp"), (
+                f"tp = {p.tp} must divide the {r.ntasks_per_node} tasks per node (tensor-parallel peers share a node)"
+            )
+        if p.global_batch is not None and p.global_batch != p.samples_per_step:
+            yield ("parallel", "global_batch"), (
+                f"global_batch = {p.global_batch} must equal micro_batch*grad_accum*dp = "
+                f"{p.micro_batch}*{p.grad_accum}*{p.dp} = {p.samples_per_step}"
+            )
+        if m is not None:
+            if m.layers % p.pp:
+                yield ("model", "layers"), f"layers = {m.layers} must be divisible by pp = {p.pp}"
+            if m.heads % p.tp:
+                yield ("model", "heads"), f"heads = {m.heads} must be divisible by tp = {p.tp}"
+            if m.hidden % p.tp:
+                yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by tp = {p.tp}"
+            if m.hidden % m.heads:
+                yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by heads = {m.heads}"
 
     def secret_names(self) -> list[str]:
         return [k for k, v in self.env.items() if v.secret]

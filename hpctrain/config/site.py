@@ -61,10 +61,8 @@ class LedgerConfig(StrictModel):
 
 
 class Launch(StrictModel):
+    python: ExpandedPath | None = Field(None, description="Python with hpctrain on the compute nodes (default: the submitting one)")
     master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
-    cpu_slots_per_node: int | None = Field(
-        None, ge=1, description="ranks per node when the partition has no GPUs (CPU dev cluster)"
-    )
 
 
 class SiteConfig(StrictModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,7 +138,6 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
                   chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [])
-    port_lo, port_hi = site.launch.master_port_range
     context = {
         "version": __version__,
         "name": spec.name,
@@ -151,8 +151,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "command": shlex.join(spec.command),
         "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
         "launcher": spec.launcher,
-        "port_lo": port_lo,
-        "port_span": port_hi - port_lo + 1,
+        "hpctrain": shlex.join([str(site.launch.python or sys.executable), "-m", "hpctrain"]),
     }
     try:
         text = template_environment(site).get_template(template_name(spec)).render(context)

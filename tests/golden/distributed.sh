@@ -24,12 +24,6 @@ export HPCTRAIN_JOURNAL_DIR=/shared/logs/job-42/journal
 export HPCTRAIN_SEED=0
 export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
-# Rendezvous: the first node hosts the store; the port is derived from the job (and array task)
-# id so jobs sharing a node never collide.
-MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_PORT=$(( 21000 + (SLURM_JOB_ID + ${SLURM_ARRAY_TASK_ID:-0}) % 9000 ))
-export MASTER_ADDR MASTER_PORT
-export WORLD_SIZE=$SLURM_NTASKS
 set +e
 
 # The --signal notice (USR2) reaches only this shell, and sites without preempt_send_user_signal
@@ -43,8 +37,10 @@ trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 trap 'forward HUP' HUP
 
-# One task per GPU; each sets its torch.distributed rank from Slurm's task ids.
-srun --kill-on-bad-exit=1 bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; exec "$@"' hpctrain-task python -c 'import os; print('"'"'rank'"'"', os.environ['"'"'RANK'"'"'], '"'"'of'"'"', os.environ['"'"'WORLD_SIZE'"'"'], os.environ['"'"'MASTER_ADDR'"'"'])' &
+# One task per GPU (per slot on CPU nodes): `hpctrain launch` sets MASTER_ADDR (first node),
+# a MASTER_PORT derived from the job id, the site's NCCL/InfiniBand settings, and each task's
+# RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE from Slurm's ids, then execs srun.
+/opt/hpctrain/bin/python -m hpctrain launch -- python -c 'import os; print('"'"'rank'"'"', os.environ['"'"'RANK'"'"'], '"'"'of'"'"', os.environ['"'"'WORLD_SIZE'"'"'], os.environ['"'"'MASTER_ADDR'"'"'])' &
 step_pid=$!
 # wait returns early whenever a trapped signal arrives: keep waiting until the step has exited.
 while :; do

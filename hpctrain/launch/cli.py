@@ -1,0 +1,24 @@
+"""`hpctrain launch` command (imports only click at module load)."""
+
+from __future__ import annotations
+
+import click
+
+from hpctrain.cli import site_option
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@site_option
+@click.option("--dry-run", is_flag=True, help="print the environment and the srun command; start nothing")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(site: str | None, dry_run: bool, command: tuple[str, ...]) -> None:
+    """Start COMMAND once per task of this allocation with torch.distributed's rendezvous set.
+
+    Use inside a batch script: hpctrain launch -- python train.py --lr 3e-4
+    """
+    import os
+
+    from hpctrain.config import load_site
+    from hpctrain.launch.launcher import launch as run_launch
+
+    run_launch(load_site(site or os.environ.get("HPCTRAIN_SITE")), list(command), dry_run=dry_run)

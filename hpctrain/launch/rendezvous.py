@@ -1,0 +1,86 @@
+"""torch.distributed rendezvous from Slurm's environment (stdlib only: runs in every task)."""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Callable, Mapping
+
+from hpctrain.errors import HpctrainError
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """'n[1-3,7],gpu[01-02]' -> ['n1', 'n2', 'n3', 'n7', 'gpu01', 'gpu02'] (zero padding kept)."""
+    hosts: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
+    return hosts
+
+
+def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
+    """Slurm's '4(x2),3' (tasks per node, run-length coded) -> tasks on node ``node_index``."""
+    counts: list[int] = []
+    for item in tasks_per_node.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
+        if not m:
+            raise HpctrainError(f"cannot parse SLURM_TASKS_PER_NODE={tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts[node_index]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def master_port(env: Mapping[str, str], port_range: tuple[int, int],
+                is_free: Callable[[int], bool] = port_is_free) -> int:
+    """A port derived from the job (and array task) id, moved on to the next free one in the range.
+
+    Jobs sharing a node have different ids, hence different starting ports."""
+    lo, hi = port_range
+    span = hi - lo + 1
+    job = int(env.get("SLURM_ARRAY_JOB_ID") or env["SLURM_JOB_ID"])
+    task = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
+    start = (job * 131 + task) % span  # spread consecutive job ids, keep array tasks apart
+    for k in range(span):
+        port = lo + (start + k) % span
+        if is_free(port):
+            return port
+    raise HpctrainError(f"no free port in launch.master_port_range {lo}-{hi}")
+
+
+def rendezvous_env(env: Mapping[str, str], port_range: tuple[int, int],
+                   is_free: Callable[[int], bool] = port_is_free) -> dict[str, str]:
+    """MASTER_ADDR (first node of the allocation) and MASTER_PORT, computed once per job step."""
+    nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    if not nodes:
+        raise HpctrainError("SLURM_JOB_NODELIST is not set: `hpctrain launch` runs inside a Slurm allocation")
+    return {"MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port(env, port_range, is_free))}
+
+
+def task_env(env: Mapping[str, str]) -> dict[str, str]:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE of one srun task."""
+    try:
+        out = {
+            "RANK": env["SLURM_PROCID"],
+            "LOCAL_RANK": env["SLURM_LOCALID"],
+            "WORLD_SIZE": env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"],
+        }
+        per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"]
+        out["LOCAL_WORLD_SIZE"] = str(tasks_on_node(per_node, int(env.get("SLURM_NODEID", "0"))))
+        return out
+    except KeyError as exc:
+        raise HpctrainError(f"{exc.args[0]} is not set: run this inside an srun task") from None

@@ -1,0 +1,5 @@
+"""Parallel layouts (dp x tp x pp) and their process groups."""
+
+from hpctrain.parallel.topology import Coord, Layout
+
+__all__ = ["Coord", "Layout"]

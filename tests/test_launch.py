@@ -1,0 +1,59 @@
+"""hpctrain launch: rendezvous and task variables from Slurm's environment."""
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.errors import HpctrainError
+from hpctrain.launch.launcher import launch_env, srun_argv
+from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
+
+
+def test_hostlist_expansion():
+    assert expand_hostlist("n[1-3,7],gpu[08-10],login1") == ["n1", "n2", "n3", "n7", "gpu08", "gpu09", "gpu10", "login1"]
+    assert expand_hostlist("a1-ib[2-3]x") == ["a1-ib2x", "a1-ib3x"]
+
+
+def test_tasks_per_node_run_length_form():
+    assert [tasks_on_node("4(x2),3", i) for i in range(3)] == [4, 4, 3]
+
+
+def test_ports_differ_between_jobs_and_array_tasks():
+    rng = (21000, 29999)
+    ports = {master_port({"SLURM_JOB_ID": str(j)}, rng, lambda p: True) for j in range(1000, 1100)}
+    assert len(ports) == 100 and all(21000 <= p <= 29999 for p in ports)
+    a = master_port({"SLURM_JOB_ID": "77", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "1"}, rng, lambda p: True)
+    b = master_port({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "2"}, rng, lambda p: True)
+    assert a != b
+
+
+def test_busy_port_moves_to_the_next_free_one():
+    first = master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: True)
+    busy = {first, first + 1 if first < 30009 else 30000}
+    assert master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: p not in busy) not in busy
+    with pytest.raises(HpctrainError, match="no free port in launch.master_port_range 30000-30009"):
+        master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: False)
+
+
+def test_task_env_from_slurm_ids():
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "4(x2)",
+           "SLURM_NODEID": "1"}
+    assert task_env(env) == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    with pytest.raises(HpctrainError, match="SLURM_PROCID is not set: run this inside an srun task"):
+        task_env({})
+
+
+def test_launch_env_takes_site_network_settings_and_respects_overrides():
+    site = load_site("example-ib-cluster")
+    env = {"SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_JOB_ID": "123", "NCCL_DEBUG": "INFO"}
+    out = launch_env(site, env)
+    assert out["MASTER_ADDR"] == "gpu017"
+    assert 29500 <= int(out["MASTER_PORT"]) <= 39499
+    assert out["NCCL_IB_HCA"] == "mlx5_0,mlx5_1,mlx5_2,mlx5_3" and out["NCCL_DEBUG"] == "INFO"
+    with pytest.raises(HpctrainError, match="SLURM_JOB_NODELIST is not set"):
+        launch_env(site, {"SLURM_JOB_ID": "1"})
+
+
+def test_srun_runs_the_task_shim():
+    argv = srun_argv(["python", "train.py", "--lr", "1e-3"], python="/venv/bin/python")
+    assert argv == ["srun", "--kill-on-bad-exit=1", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
+                    "python", "train.py", "--lr", "1e-3"]

@@ -1,0 +1,60 @@
+"""hpctrain launch under real sbatch/srun on the dev cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm import SlurmClient
+from hpctrain.status import TERMINAL, Poller, job_summaries
+from hpctrain.submit import Submitter
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.slurm
+
+PRINT_ENV = ("import json, os; print(json.dumps({k: os.environ.get(k) for k in "
+             "('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', "
+             "'GLOO_SOCKET_IFNAME', 'SLURMD_NODENAME')}))")
+
+
+def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluster, isolated_ledger):
+    site = load_site("dev")
+    spec = JobSpec.model_validate({"name": "rdzv", "command": ["python", "-c", PRINT_ENV],
+                                   "resources": {"nodes": 2, "gpus_per_node": 2, "mem": "200M", "time": "5"},
+                                   "parallel": {"dp": 4}})
+    with Ledger(isolated_ledger) as ledger:
+        subs = [Submitter(site, ledger).submit(spec, "<test>") for _ in range(2)]
+        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
+
+        def finished():
+            poller.refresh()
+            rows = job_summaries(ledger, "dev")
+            return rows if len(rows) == 2 and all(r["state"] in TERMINAL for r in rows) else None
+
+        rows = wait_until(finished, 120, 1.0, "both jobs to finish")
+        assert {r["state"] for r in rows} == {"COMPLETED"}
+        ports, spans = set(), []
+        for sub in subs:
+            job = ledger.get("jobs", sub.ledger_ids[0])
+            out = (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()
+            tasks = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
+            assert sorted(int(t["RANK"]) for t in tasks) == [0, 1, 2, 3]
+            assert {t["WORLD_SIZE"] for t in tasks} == {"4"} and {t["LOCAL_WORLD_SIZE"] for t in tasks} == {"2"}
+            assert {t["MASTER_ADDR"] for t in tasks} == {"n1"} and {t["GLOO_SOCKET_IFNAME"] for t in tasks} == {"lo"}
+            assert sorted(t["SLURMD_NODENAME"] for t in tasks) == ["n1", "n1", "n2", "n2"]
+            ports |= {t["MASTER_PORT"] for t in tasks}
+            # The launch environment reaches the ledger through the job's journal.
+            ingest_journal(ledger, Journal(Path(job["job_dir"]) / "journal"))
+            (event,) = ledger.rows("events", "kind = 'launch' AND job_id = ?", [job["id"]])
+            data = json.loads(event["data_json"])
+            assert data["network_env"] == {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+            spans.append(data["master_port"])
+        assert len(ports) == 2 and set(spans) == ports
