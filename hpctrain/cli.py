@@ -32,6 +32,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "show": "hpctrain.jobs_cli:show",
     "cancel": "hpctrain.jobs_cli:cancel",
     "launch": "hpctrain.launch.cli:launch",
+    "data": "hpctrain.data.cli:data",
 }
 
 

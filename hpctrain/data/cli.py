@@ -1,0 +1,55 @@
+"""`hpctrain data`: pack shards, verify them. Imports only click at load: `hpctrain --help` loads this module."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def data() -> None:
+    """Pack WebDataset shards and check them against their index."""
+
+
+@data.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--shard-size", default="256M", show_default=True, help="target size of a shard, e.g. 64M or 1G")
+@click.option("--prefix", default="shard", show_default=True, help="shard file names: PREFIX-000000.tar, ...")
+def pack(src: Path, out: Path, shard_size: str, prefix: str) -> None:
+    """Pack the .npy files under SRC into shards in OUT.
+
+    Each file becomes one sample, stored byte for byte; OUT/index.json lists the shards.
+    """
+    from hpctrain.config.types import parse_memory
+    from hpctrain.data.packing import pack_npy_dir
+
+    try:
+        shard_bytes = parse_memory(shard_size) * 2**20
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard-size") from None
+    index = pack_npy_dir(src, out, shard_bytes=shard_bytes, prefix=prefix)
+    size = sum(s.bytes for s in index.shards)
+    click.echo(f"packed {index.total_samples} samples into {len(index.shards)} shards "
+               f"({size / 2**20:.1f} MiB): {index.path}")
+
+
+@data.command()
+@click.argument("index", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--jobs", "-j", default=4, show_default=True, type=click.IntRange(min=1), help="shards checked at once")
+def verify(index: Path, jobs: int) -> None:
+    """Check the shards of INDEX against it.
+
+    Size, tar headers, sample count and sha256: one line per bad shard, exit status 1 if any.
+    """
+    from hpctrain.data.index import load_index
+    from hpctrain.data.verify import verify_index
+
+    shards = load_index(index)
+    problems = verify_index(shards, jobs=jobs)
+    for line in problems:
+        click.echo(line)
+    click.echo(f"{len(shards.shards) - len(problems)} of {len(shards.shards)} shards ok")
+    sys.exit(1 if problems else 0)

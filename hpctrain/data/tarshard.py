@@ -1,0 +1,98 @@
+"""Reading one WebDataset tar shard front to back, skipping the data of samples not wanted.
+
+webdataset's tariterators stream every byte of a shard, so resuming mid-shard, or starting a
+shard split between two readers at sample k, would read the whole prefix. Here the tar is opened
+seekable: the samples before the wanted ones cost their headers only, and the rest is one
+sequential read. Samples are grouped by key as webdataset does (`base_plus_ext`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import tarfile
+from typing import Iterator, Sequence
+
+from webdataset.tariterators import base_plus_ext
+
+from hpctrain.data.index import ShardIndex, ShardInfo
+
+
+class ShardCorrupt(Exception):
+    """The shard cannot be read as its index describes it (the message is the reason)."""
+
+
+RawSample = dict[str, bytes | str]
+_READ_ERRORS = (OSError, tarfile.TarError, EOFError)
+
+
+class Shard:
+    """An open shard, checked against its index's size. Use as a context manager."""
+
+    def __init__(self, index: ShardIndex, info: ShardInfo):
+        self.info = info
+        path = index.shard_path(info)
+        try:
+            size = path.stat().st_size
+            if size != info.bytes:
+                raise ShardCorrupt(f"size {size} bytes, index says {info.bytes}")
+            self._tar = tarfile.open(path, mode="r:")
+        except _READ_ERRORS as exc:
+            raise ShardCorrupt(f"unreadable tar: {exc}") from None
+
+    def __enter__(self) -> "Shard":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._tar.close()
+
+    def samples(self, wanted: Sequence[int]) -> Iterator[tuple[int, RawSample]]:
+        """(i, sample) for the ascending sample numbers ``wanted``, as {"__key__": key, extension: bytes}."""
+        targets = iter(wanted)
+        target = next(targets, None)
+        i, key, sample = -1, None, {}
+        try:
+            for member, member_key, extension in self._members():
+                if member_key != key:
+                    if i == target:
+                        yield i, sample
+                        target = next(targets, None)
+                    if target is None:
+                        return
+                    i, key, sample = i + 1, member_key, {"__key__": member_key}
+                if i == target:
+                    fh = self._tar.extractfile(member)
+                    assert fh is not None  # a regular file
+                    sample[extension.lower()] = fh.read()
+        except _READ_ERRORS as exc:
+            raise ShardCorrupt(f"unreadable tar after {i} samples: {exc}") from None
+        if i == target:
+            yield i, sample
+            target = next(targets, None)
+        if target is not None:
+            raise ShardCorrupt(f"{i + 1} samples, index says {self.info.samples}")
+
+    def read_in_order(self, order: Sequence[int]) -> Iterator[tuple[int, RawSample]]:
+        """(i, sample) for i in ``order``, reading the file front to back and holding only samples read ahead."""
+        ahead = self.samples(sorted(order))
+        held: dict[int, RawSample] = {}
+        for i in order:
+            while i not in held:
+                j, sample = next(ahead)
+                held[j] = sample
+            yield i, held.pop(i)
+
+    def count(self) -> int:
+        """Samples in the file, from its headers alone."""
+        try:
+            return sum(1 for _ in itertools.groupby(key for _, key, _ in self._members()))
+        except _READ_ERRORS as exc:
+            raise ShardCorrupt(f"unreadable tar: {exc}") from None
+
+    def _members(self) -> Iterator[tuple[tarfile.TarInfo, str, str]]:
+        """(member, sample key, extension) of the regular files, read lazily: each member's data is read
+        or seeked over before the next header."""
+        for member in self._tar:
+            key, extension = base_plus_ext(member.name)
+            self._tar.members = []  # tarfile keeps every header it reads; a shard may hold 100k samples
+            if member.isreg() and key is not None:
+                yield member, key, extension
