@@ -74,13 +74,19 @@ def version() -> None:
 @cli.command()
 @site_option
 @click.option("--json", "as_json", is_flag=True, help="print the checks as JSON")
-def doctor(site: str | None, as_json: bool) -> None:
+@click.option("--nccl", is_flag=True, help="also run a short job checking interfaces, HCAs and an all-reduce")
+@click.option("--partition", "-p", default=None, help="partition for --nccl (default: the site's)")
+@click.option("--nodes", "-N", default=2, show_default=True, help="nodes for --nccl")
+def doctor(site: str | None, as_json: bool, nccl: bool, partition: str | None, nodes: int) -> None:
     """Check a site config against the live cluster (controller, partitions, GPUs, accounts, QOS, preemption, ledger)."""
     from hpctrain.config import load_site
-    from hpctrain.doctor import run_doctor
+    from hpctrain.doctor import Doctor, network_checks
 
     cfg = load_site(site)
-    checks = run_doctor(cfg)
+    doc = Doctor(cfg)
+    checks = doc.run()
+    if nccl:
+        checks += network_checks(cfg, doc.client, partition or cfg.defaults.partition, nodes)
     failed = [c for c in checks if c.verdict == "FAIL"]
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))

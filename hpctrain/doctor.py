@@ -199,6 +199,60 @@ class Doctor:
                 yield Check(f"paths.{key}", "PASS", str(path))
 
 
+PREFLIGHT_SCRIPT = """#!/bin/bash
+#SBATCH --job-name=hpctrain-preflight
+#SBATCH --partition={partition}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node=1
+{gpus}#SBATCH --time=00:05:00
+#SBATCH --output={output}
+export HPCTRAIN_SITE={site}
+exec {python} -m hpctrain launch -- {python} -m hpctrain.preflight
+"""
+
+
+def network_checks(site: SiteConfig, client: SlurmClient, partition: str, nodes: int) -> list[Check]:
+    """Run hpctrain.preflight as one task per node on ``partition`` (sbatch --wait) and judge its report."""
+    import json
+    import shlex
+    import sys
+    import tempfile
+
+    part = site.partitions.get(partition)
+    if part is None:
+        return [Check("network", "FAIL", f"partition {partition!r} is not in the site config")]
+    site.paths.logs.mkdir(parents=True, exist_ok=True)
+    output = Path(tempfile.mkstemp(prefix="preflight-", suffix=".out", dir=site.paths.logs)[1])
+    script = PREFLIGHT_SCRIPT.format(
+        partition=partition, nodes=nodes, output=output, site=shlex.quote(site.ref),
+        gpus="#SBATCH --gpus-per-node=1\n" if part.gpus_per_node else "",
+        python=shlex.quote(str(site.launch.python or sys.executable)),
+    )
+    try:
+        client.sbatch(script, args=("--wait",))
+    except HpctrainError as exc:
+        return [Check("network", "FAIL", f"preflight job failed: {exc} (log: {output})")]
+    reports = [json.loads(line.split(" ", 1)[1]) for line in output.read_text().splitlines() if line.startswith("PREFLIGHT ")]
+    if len(reports) != nodes:
+        return [Check("network", "FAIL", f"{len(reports)} of {nodes} nodes reported (log: {output})")]
+    checks = []
+    ib_configured = bool(site.network_env.get("NCCL_IB_HCA"))
+    for r in sorted(reports, key=lambda r: r["rank"]):
+        name = f"network {r['node']}"
+        if r.get("error"):
+            checks.append(Check(name, "FAIL", f"all-reduce failed: {r['error']}"))
+        elif r["missing"]:
+            checks.append(Check(name, "FAIL", "; ".join(r["missing"])))
+        elif r["backend"] == "nccl" and ib_configured and r.get("transport") != "ib":
+            checks.append(Check(name, "FAIL", f"NCCL used {r.get('transport')}, not InfiniBand, although NCCL_IB_HCA is set"))
+        elif r["backend"] == "nccl":
+            checks.append(Check(name, "PASS", f"NCCL all-reduce over {r.get('transport')} across {nodes} nodes"))
+        else:
+            checks.append(Check(name, "PASS", f"no CUDA here: gloo all-reduce ok across {nodes} nodes (sum {r['sum']}); "
+                                              "NCCL transport not checked"))
+    return checks
+
+
 def filesystem_type(path: Path) -> str:
     """The type of the mount holding ``path`` (longest matching mount point in /proc/mounts)."""
     target = os.path.realpath(path if path.exists() else path.parent)
@@ -215,7 +269,3 @@ def filesystem_type(path: Path) -> str:
     except OSError:
         pass
     return fstype
-
-
-def run_doctor(site: SiteConfig, client: SlurmClient | None = None) -> list[Check]:
-    return Doctor(site, client).run()

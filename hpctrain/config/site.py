@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Iterator, Literal
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.config.types import ExpandedPath, MiB, Seconds
@@ -80,6 +80,12 @@ class SiteConfig(StrictModel):
     gpu_hour_price: dict[str, float] = Field(default_factory=dict, description="per partition")
     launch: Launch = Field(default_factory=Launch)
     templates_dir: ExpandedPath | None = None
+    _source: Path | None = PrivateAttr(None)
+
+    @property
+    def ref(self) -> str:
+        """How a job finds this config again: the file it was loaded from, else its name."""
+        return str(self._source) if self._source else self.name
 
     def problems(self) -> Iterator[tuple[Loc, str]]:
         """Cross-references between sections that the field types cannot express."""
@@ -142,7 +148,9 @@ def default_site_name() -> str:
 
 def load_site(site: str | None = None) -> SiteConfig:
     """Load a site config by name or path; $HPCTRAIN_LEDGER overrides the ledger path."""
-    cfg = load_model(SiteConfig, find_site_file(site or default_site_name()))
+    path = find_site_file(site or default_site_name())
+    cfg = load_model(SiteConfig, path)
+    cfg._source = path.resolve()
     if env := os.environ.get("HPCTRAIN_LEDGER"):
         cfg.ledger.path = Path(env).expanduser()
     return cfg

@@ -100,7 +100,7 @@ def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles) -> li
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
     pairs = [
         ("HPCTRAIN_JOB_ID", job_id),
-        ("HPCTRAIN_SITE", site.name),
+        ("HPCTRAIN_SITE", site.ref),
         ("HPCTRAIN_JOB_DIR", str(files.job_dir)),
         ("HPCTRAIN_JOURNAL_DIR", str(files.journal_dir)),
         ("HPCTRAIN_SEED", str(spec.seed)),

@@ -18,7 +18,7 @@
 
 set -eo pipefail
 export HPCTRAIN_JOB_ID=42
-export HPCTRAIN_SITE=dev
+export HPCTRAIN_SITE=/etc/hpctrain/sites/dev.toml
 export HPCTRAIN_JOB_DIR=/shared/logs/job-42
 export HPCTRAIN_JOURNAL_DIR=/shared/logs/job-42/journal
 export HPCTRAIN_SEED=3
