@@ -31,6 +31,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "status": "hpctrain.jobs_cli:status",
     "show": "hpctrain.jobs_cli:show",
     "cancel": "hpctrain.jobs_cli:cancel",
+    "reconcile": "hpctrain.jobs_cli:reconcile",
     "launch": "hpctrain.launch.cli:launch",
     "data": "hpctrain.data.cli:data",
 }

@@ -176,3 +176,16 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
         for r in live:
             ledger.event("cancel_requested", f"scancel {r['slurm_job_id']}", job_id=r["id"])
     click.echo(f"cancelled {len(live)} job(s): {' '.join(r['slurm_job_id'] for r in live) or '-'}")
+
+
+@click.command()
+@site_option
+def reconcile(site: str | None) -> None:
+    """Fold job states (one sacct call) and compute-node journals (checkpoints, metrics, events) into the ledger."""
+    from hpctrain.reconcile import reconcile as run_reconcile
+
+    cfg, ledger, client = _open(site)
+    with ledger:
+        result = run_reconcile(ledger, client, cfg.name)
+    click.echo(f"reconciled: {result.changed_jobs} job(s) changed state, "
+               f"{result.records} new record(s) from {result.journals} journal(s)")

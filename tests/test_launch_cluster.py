@@ -10,13 +10,11 @@ import pytest
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.ingest import ingest_journal
-from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
 from hpctrain.status import TERMINAL, Poller, job_summaries
 from hpctrain.submit import Submitter
 
-from conftest import wait_until
+from conftest import run_cli, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -41,6 +39,10 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
 
         rows = wait_until(finished, 120, 1.0, "both jobs to finish")
         assert {r["state"] for r in rows} == {"COMPLETED"}
+        # The launch environment reaches the ledger through each job's journal.
+        out = run_cli("reconcile")
+        assert out.returncode == 0 and "2 new record(s) from 2 journal(s)" in out.stdout
+        assert "0 new record(s)" in run_cli("reconcile").stdout
         ports, spans = set(), []
         for sub in subs:
             job = ledger.get("jobs", sub.ledger_ids[0])
@@ -51,8 +53,6 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
             assert {t["MASTER_ADDR"] for t in tasks} == {"n1"} and {t["GLOO_SOCKET_IFNAME"] for t in tasks} == {"lo"}
             assert sorted(t["SLURMD_NODENAME"] for t in tasks) == ["n1", "n1", "n2", "n2"]
             ports |= {t["MASTER_PORT"] for t in tasks}
-            # The launch environment reaches the ledger through the job's journal.
-            ingest_journal(ledger, Journal(Path(job["job_dir"]) / "journal"))
             (event,) = ledger.rows("events", "kind = 'launch' AND job_id = ?", [job["id"]])
             data = json.loads(event["data_json"])
             assert data["network_env"] == {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}

@@ -1,0 +1,40 @@
+"""`hpctrain reconcile`: fold what compute nodes wrote (journals) and what Slurm knows (sacct) into the ledger.
+
+Run by hand or from cron on the login node; safe to run concurrently and repeatedly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.status import TERMINAL, Poller
+
+RECENT_S = 7 * 86400  # journals of jobs that ended within this window are still read
+
+
+@dataclass
+class ReconcileResult:
+    changed_jobs: int
+    journals: int
+    records: int
+
+
+def reconcile(ledger: Ledger, client: SlurmClient, site: str) -> ReconcileResult:
+    """One sacct call for every active job, then every journal of active or recently ended jobs."""
+    changed = Poller(ledger, client, site).refresh()
+    cutoff = time.time() - RECENT_S
+    placeholders = ",".join("?" * len(TERMINAL))
+    rows = ledger.db.query(
+        f"SELECT DISTINCT job_dir FROM jobs WHERE site = ? AND job_dir IS NOT NULL "
+        f"AND (state NOT IN ({placeholders}) OR coalesce(ended_at, updated_at, 0) >= ?)",
+        [site, *sorted(TERMINAL), cutoff],
+    )
+    journals = [Journal(Path(r["job_dir"]) / "journal") for r in rows]
+    records = sum(ingest_journal(ledger, j) for j in journals)
+    return ReconcileResult(changed, len(journals), records)
