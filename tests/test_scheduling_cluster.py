@@ -28,14 +28,19 @@ def submit(ledger_path, data: dict):
 
 def test_auto_account_moves_to_the_account_with_better_fairshare(dev_cluster, isolated_ledger):
     client = SlurmClient()
-    before = fairshare_standings(client, "root")
+
+    def teama_usage() -> int:
+        return next(int(r["RawUsage"]) for r in client.sshare("root") if r["Account"] == "teama" and not r["User"])
+
+    before = teama_usage()
     # Usage on teama far above anything teamb has: 48 CPUs for 12 s.
     submit(isolated_ledger, {"name": "burn", "command": ["sleep", "12"], "launcher": "none",
                              "resources": {**WHOLE_CLUSTER, "account": "teama"}})
 
     def teamb_ahead():
+        # Usage is folded into sshare every PriorityCalcPeriod (1 min here).
         s = fairshare_standings(client, "root")
-        return s["teamb"].key() > s["teama"].key() and s["teama"].account_levelfs < before["teama"].account_levelfs
+        return teama_usage() >= before + 400 and s["teamb"].key() > s["teama"].key()
 
     wait_until(teamb_ahead, 150, 3.0, "sshare to rank teamb above teama after usage on teama")
     spec = JobSpec.model_validate({"name": "auto", "command": ["true"], "resources": {"account": "auto"}})
