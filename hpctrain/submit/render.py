@@ -138,6 +138,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
                   chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [])
+    python = Path(site.launch.python or sys.executable)
     context = {
         "version": __version__,
         "name": spec.name,
@@ -151,7 +152,8 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "command": shlex.join(spec.command),
         "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
         "launcher": spec.launcher,
-        "hpctrain": shlex.join([str(site.launch.python or sys.executable), "-m", "hpctrain"]),
+        "hpctrain": shlex.join([str(python), "-m", "hpctrain"]),
+        "python_bin": shlex.quote(str(python.parent)),
     }
     try:
         text = template_environment(site).get_template(template_name(spec)).render(context)

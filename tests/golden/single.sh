@@ -17,6 +17,8 @@
 #SBATCH --export=ALL
 
 set -eo pipefail
+# The Python environment hpctrain runs in (site launch.python, else the one that submitted) comes first.
+export PATH=/opt/hpctrain/bin:"$PATH"
 export HPCTRAIN_JOB_ID=42
 export HPCTRAIN_SITE=/etc/hpctrain/sites/dev.toml
 export HPCTRAIN_JOB_DIR=/shared/logs/job-42
