@@ -34,6 +34,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "reconcile": "hpctrain.jobs_cli:reconcile",
     "launch": "hpctrain.launch.cli:launch",
     "data": "hpctrain.data.cli:data",
+    "ckpt": "hpctrain.checkpoint.cli:ckpt",
 }
 
 

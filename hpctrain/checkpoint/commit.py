@@ -1,0 +1,111 @@
+"""The atomic commit: per-rank fragments as a file barrier, manifest last, one rename, fsyncs.
+
+Files, not collectives: the commit runs on a background thread while the main thread may be in a
+training collective, and two threads issuing collectives on one process group can deadlock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from hpctrain.checkpoint.manifest import merge
+from hpctrain.checkpoint.naming import MANIFEST, committed_name, list_dirs, trash_name
+from hpctrain.checkpoint.reader import quick_check
+from hpctrain.errors import CheckpointError
+from hpctrain.ledger.journal import fsync_dir, write_json_atomic
+
+log = logging.getLogger("hpctrain.checkpoint")
+
+
+def write_fragment(tmp: Path, rank: int, fragment: dict[str, Any]) -> None:
+    """Announce that this rank's writes into ``tmp`` are durable (call after they are)."""
+    write_json_atomic(tmp / f"rank-{rank}.json", {"rank": rank, **fragment})
+
+
+def write_skip(tmp: Path, rank: int) -> None:
+    """Announce that this rank skips this save, so the committing rank abandons it instead of waiting."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(tmp / f"rank-{rank}.skip", {"rank": rank, "time": time.time()})
+
+
+def write_failure(tmp: Path, rank: int, error: BaseException) -> None:
+    """Announce that this rank failed to write, so the committing rank fails now rather than at its timeout."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(tmp / f"rank-{rank}.failed", {"rank": rank, "error": str(error)})
+
+
+def await_fragments(tmp: Path, world_size: int, timeout_s: float) -> list[dict[str, Any]] | None:
+    """Every rank's fragment once all are there; None if a rank skipped; CheckpointError if one failed
+    or on timeout."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        names = set(os.listdir(tmp))
+        failed = sorted(n for n in names if n.endswith(".failed"))
+        if failed:
+            error = json.loads((tmp / failed[0]).read_text(encoding="utf-8"))["error"]
+            raise CheckpointError(f"{tmp}: {failed[0].removesuffix('.failed')} failed: {error}; not committed")
+        if any(n.endswith(".skip") for n in names):
+            return None
+        missing = [r for r in range(world_size) if f"rank-{r}.json" not in names]
+        if not missing:
+            return [json.loads((tmp / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(world_size)]
+        if time.monotonic() > deadline:
+            raise CheckpointError(f"{tmp}: rank(s) {missing} did not finish writing within {timeout_s:g} s "
+                                  "(crashed, or not calling save() for this step); not committed")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
+def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], tag: str) -> Path:
+    """Merge the fragments into manifest.json (written last), rename ``tmp`` to ``step_<N>``, fsync.
+
+    A valid checkpoint already committed for this step wins over this one; an invalid one is discarded.
+    """
+    manifest = merge(fragments, header)
+    write_json_atomic(tmp / MANIFEST, manifest)
+    step = header["step"]
+    for old in (d for d in list_dirs(tmp.parent) if d.step == step):
+        try:
+            quick_check(old.path)
+        except CheckpointError as exc:
+            log.warning("replacing invalid checkpoint: %s", exc)
+            discard(old.path, step, tag)
+        else:
+            log.warning("%s is already committed; discarding this save of step %d", old.path, step)
+            discard(tmp, step, tag)
+            return old.path
+    final = tmp.with_name(committed_name(step))
+    try:
+        os.rename(tmp, final)
+    except OSError as exc:
+        raise CheckpointError(f"cannot commit {tmp} as {final.name}: {exc}") from exc
+    fsync_dir(final.parent)
+    return final
+
+
+def discard(path: Path, step: int, tag: str) -> None:
+    """Take ``path`` out of sight atomically (rename to trash), then delete it."""
+    trash = path.with_name(trash_name(step, tag))
+    os.rename(path, trash)
+    fsync_dir(path.parent)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def clean_stale(directory: Path, attempt: str, committed_step: int) -> None:
+    """Remove trash, and the tmp directories of other attempts or of steps up to ``committed_step``.
+
+    Tags are ``<attempt>.<save number>``; tmp directories of this attempt beyond the committed step
+    may still be receiving writes from other ranks and are left alone.
+    """
+    for d in list_dirs(directory, kind=None):
+        stale = d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt
+                                                            or d.step <= committed_step))
+        if stale:
+            shutil.rmtree(d.path, ignore_errors=True)

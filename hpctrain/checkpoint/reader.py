@@ -1,0 +1,180 @@
+"""Read checkpoints back, bit-exact, verifying every chunk read against the manifest's CRC32C."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import tensorstore as ts
+
+from hpctrain.checkpoint.format import (Box, array_spec, as_numpy, box_slices, checksum, chunk_key, dtype_name, empty,
+                                        is_host, is_tensor, numpy_dtype, to_storage, to_torch, ts_context, ts_message)
+from hpctrain.checkpoint.manifest import Manifest, TensorEntry
+from hpctrain.checkpoint.naming import TENSORS
+from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, unflatten
+from hpctrain.errors import CheckpointError
+
+_VERIFY_BATCH = 512 << 20  # bytes read at once by verify()
+
+
+@dataclass(frozen=True)
+class _Request:
+    entry: TensorEntry
+    box: Box
+    out: np.ndarray | None = None  # read into this array (same shape and dtype) instead of a new one
+
+
+def _array_dir(m: Manifest, entry: TensorEntry) -> Path:
+    return m.path / TENSORS / entry.name
+
+
+@contextmanager
+def _naming(m: Manifest, entry: TensorEntry) -> Iterator[None]:
+    """Turn tensorstore's errors into a CheckpointError naming the checkpoint and the tensor."""
+    try:
+        yield
+    except (ValueError, OSError) as exc:
+        raise CheckpointError(f"{m.path}: tensor {entry.name!r}: {ts_message(exc)}") from exc
+
+
+def check_files(m: Manifest, entry: TensorEntry, box: Box | None = None) -> None:
+    """Cheap check that the chunk files under ``box`` (default: all) exist with the right size."""
+    indices = entry.chunks if box is None else entry.meta.chunks_in(box)
+    for index in indices:
+        path = _array_dir(m, entry) / chunk_key(index)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: file missing") from None
+        if size != entry.meta.chunk_file_bytes:
+            raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: {size} bytes, "
+                                  f"expected {entry.meta.chunk_file_bytes} (truncated or overwritten)")
+
+
+def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = False) -> list[np.ndarray]:
+    """Each request's box of its tensor; every chunk touched is read whole and checked against its CRC32C.
+
+    New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``)."""
+    stores: dict[str, Any] = {}
+    for r in requests:
+        check_files(m, r.entry, r.box)
+        if r.entry.name not in stores:
+            stores[r.entry.name] = ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True,
+                                           context=ts_context())
+    targets, reads = [], []
+    for r in requests:
+        aligned = r.entry.meta.aligned_box(r.box)
+        direct = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
+        target = r.out if direct else empty(aligned[1], numpy_dtype(r.entry.meta.dtype), torch_memory=torch_memory)
+        with _naming(m, r.entry):
+            source = stores[r.entry.name].result()[box_slices(aligned)]
+            reads.append(ts.array(to_storage(target), copy=False, write=True).write(source) if target.size else None)
+        targets.append((aligned, target))
+    results = []
+    for r, (aligned, target), read in zip(requests, targets, reads):
+        if read is not None:
+            with _naming(m, r.entry):
+                read.result()
+        for index in r.entry.meta.chunks_in(r.box):
+            box = r.entry.meta.chunk_box(index)
+            if checksum(target[box_slices(box, aligned[0])]) != r.entry.chunks[index].crc32c:
+                raise CheckpointError(f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: "
+                                      "checksum mismatch (data corrupt)")
+        if target is r.out:
+            results.append(target)
+        elif r.out is not None:
+            np.copyto(r.out, target[box_slices(r.box, aligned[0])])
+            results.append(r.out)
+        else:
+            results.append(target if aligned == r.box else target[box_slices(r.box, aligned[0])].copy())
+    return results
+
+
+def _convert(a: np.ndarray, to: str) -> Any:
+    if to not in ("torch", "numpy"):
+        raise ValueError(f"to must be 'torch' or 'numpy', not {to!r}")
+    return to_torch(a) if to == "torch" else a
+
+
+def load(ckpt: str | Path, like: Any = None, *, rank: int = 0, to: str = "torch") -> Any:
+    """The state saved in ``ckpt``, every chunk read verified.
+
+    Without ``like``: the tree that ``rank`` saved, each shard as that rank wrote it, as torch
+    tensors (or numpy arrays with ``to="numpy"``). With ``like``: a tree of the caller's layout, its
+    tensors and Shards filled in place (full tensors read whole, Shards their slice of the global
+    tensor, so the layout may differ from the saved one); values come from ``rank``'s saved tree.
+    """
+    m = Manifest.read(Path(ckpt))
+    if like is None:
+        skeleton = m.rank_state(rank)["tree"]
+        nodes = [n for n in leaf_nodes(skeleton).values() if n["leaf"] != "value"]
+        requests = [_Request(m.tensor(n["path"]), _node_box(m, n)) for n in nodes]
+        arrays = dict(zip((n["path"] for n in nodes), read_boxes(m, requests, torch_memory=to == "torch")))
+        return unflatten(skeleton, lambda n: n["value"] if n["leaf"] == "value" else _convert(arrays[n["path"]], to))
+    leaves, skeleton = flatten(like)
+    saved = leaf_nodes(m.ranks[rank]["tree"]) if rank in m.ranks else {}
+    targets = {path: leaf for path, leaf in leaves.items() if isinstance(leaf, Shard) or is_tensor(leaf)}
+    requests = [_target_request(m, path, leaf) for path, leaf in targets.items()]
+    for leaf, request, array in zip(targets.values(), requests, read_boxes(m, requests)):
+        if request.out is None:  # an accelerator tensor: copy from the host
+            (leaf.data if isinstance(leaf, Shard) else leaf).copy_(to_torch(array))
+
+    def value(node: dict[str, Any]) -> Any:
+        if node["leaf"] != "value":
+            return leaves[node["path"]]
+        old = saved.get(node["path"], {})
+        return old["value"] if old.get("leaf") == "value" else node["value"]
+
+    return unflatten(skeleton, value)
+
+
+def _node_box(m: Manifest, node: dict[str, Any]) -> Box:
+    if node["leaf"] == "shard":
+        return tuple(node["offset"]), tuple(node["shape"])
+    shape = m.tensor(node["path"]).meta.shape
+    return (0,) * len(shape), shape
+
+
+def _target_request(m: Manifest, path: str, leaf: Any) -> _Request:
+    entry = m.tensor(path)
+    data, box = (leaf.data, leaf.box) if isinstance(leaf, Shard) else (leaf, ((0,) * leaf.ndim, tuple(leaf.shape)))
+    global_shape = tuple(leaf.global_shape) if isinstance(leaf, Shard) else box[1]
+    if (global_shape, dtype_name(data)) != (entry.meta.shape, entry.meta.dtype):
+        raise CheckpointError(f"{m.path}: tensor {path!r} is {entry.meta.dtype} {list(entry.meta.shape)}, "
+                              f"the target is {dtype_name(data)} {list(global_shape)}")
+    return _Request(entry, box, as_numpy(data) if is_host(data) else None)
+
+
+def load_flat(ckpt: str | Path, names: list[str] | None = None, *, to: str = "torch") -> dict[str, Any]:
+    """Full tensors by name (all of them by default), assembled from every rank's chunks and verified."""
+    m = Manifest.read(Path(ckpt))
+    entries = [m.tensor(n) for n in (names if names is not None else m.tensors)]
+    requests = [_Request(e, ((0,) * len(e.meta.shape), e.meta.shape)) for e in entries]
+    return {e.name: _convert(a, to) for e, a in zip(entries, read_boxes(m, requests, torch_memory=to == "torch"))}
+
+
+def quick_check(ckpt: Path) -> Manifest:
+    """The manifest, once it parses and every chunk file it lists exists with the right size."""
+    m = Manifest.read(ckpt)
+    for entry in m.tensors.values():
+        check_files(m, entry)
+    return m
+
+
+def verify(ckpt: str | Path) -> Manifest:
+    """Read every chunk of ``ckpt`` and check it against its CRC32C; raises CheckpointError on the first fault."""
+    m = quick_check(Path(ckpt))
+    batch: list[_Request] = []
+    size = 0
+    for entry in m.tensors.values():
+        for index in entry.chunks:
+            batch.append(_Request(entry, entry.meta.chunk_box(index)))
+            size += entry.meta.chunk_file_bytes
+            if size >= _VERIFY_BATCH:
+                read_boxes(m, batch)
+                batch, size = [], 0
+    read_boxes(m, batch)
+    return m

@@ -1,0 +1,67 @@
+"""Which committed checkpoints to keep: the newest few and the best few by a metric."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from hpctrain.checkpoint.commit import discard
+from hpctrain.checkpoint.naming import list_dirs
+from hpctrain.checkpoint.reader import quick_check
+from hpctrain.errors import CheckpointError
+from hpctrain.ledger.journal import Journal
+
+log = logging.getLogger("hpctrain.checkpoint")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Keep the ``keep_last`` newest valid checkpoints and the ``keep_best`` best by ``metric`` (``mode``)."""
+
+    keep_last: int = 3
+    keep_best: int = 0
+    metric: str | None = None
+    mode: str = "min"
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError("keep_last must be at least 1: the newest checkpoint is always kept")
+        if self.keep_best and not self.metric:
+            raise ValueError("keep_best needs a metric name")
+        if self.mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', not {self.mode!r}")
+
+    def doomed(self, scores: dict[int, float | None]) -> list[int]:
+        """Steps to delete among valid checkpoints ``{step: metric value or None}``."""
+        steps = sorted(scores)
+        keep = set(steps[-self.keep_last:])
+        ranked = [s for s in steps if isinstance(scores[s], (int, float)) and not math.isnan(scores[s])]
+        sign = 1 if self.mode == "min" else -1
+        keep.update(sorted(ranked, key=lambda s: (sign * scores[s], -s))[:self.keep_best])
+        return [s for s in steps if s not in keep]
+
+
+def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journal | None) -> list[Path]:
+    """Delete the checkpoints ``policy`` lets go, after the newest commit; returns what was deleted.
+
+    Only valid checkpoints count (so the newest valid one always survives); invalid ones are left for
+    a person to look at.
+    """
+    valid = {}
+    for d in list_dirs(directory):
+        try:
+            valid[d.step] = (d.path, quick_check(d.path))
+        except CheckpointError:
+            continue
+    scores = {s: m.data.get("metrics", {}).get(policy.metric) for s, (_, m) in valid.items()}
+    deleted = []
+    for step in policy.doomed(scores):
+        path = valid[step][0]
+        discard(path, step, tag)
+        log.info("retention: deleted %s", path)
+        if journal:
+            journal.write("checkpoint", step=step, path=str(path), state="deleted", note="retention")
+        deleted.append(path)
+    return deleted
