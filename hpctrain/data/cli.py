@@ -53,3 +53,24 @@ def verify(index: Path, jobs: int) -> None:
         click.echo(line)
     click.echo(f"{len(shards.shards) - len(problems)} of {len(shards.shards)} shards ok")
     sys.exit(1 if problems else 0)
+
+
+@data.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--samples", "count", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=2))
+@click.option("--vocab", default=256, show_default=True, type=click.IntRange(min=2))
+@click.option("--seed", default=0, show_default=True)
+@click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
+def synth(out: Path, count: int, seq_len: int, vocab: int, seed: int, shard_size: str) -> None:
+    """Write a synthetic token dataset (learnable sequences) for the reference GPT trainer into OUT."""
+    from hpctrain.config.job import Model
+    from hpctrain.config.types import parse_memory
+    from hpctrain.train.dataset import pack_token_dataset
+
+    try:
+        shard_bytes = parse_memory(shard_size) * 2**20
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shard-size") from None
+    index = pack_token_dataset(out, Model(seq_len=seq_len, vocab=vocab), seed, count, shard_bytes)
+    click.echo(f"wrote {index.total_samples} sequences of {seq_len + 1} tokens in {len(index.shards)} shards: {index.path}")

@@ -12,15 +12,17 @@ import contextlib
 import json
 import os
 import sys
+from typing import Any
 
 from hpctrain.config.job import Model, load_job_spec
 from hpctrain.errors import HpctrainError
+from hpctrain.ledger.journal import Journal
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.train", description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default=os.environ.get("HPCTRAIN_SPEC"), help="job spec (default: $HPCTRAIN_SPEC)")
-    parser.add_argument("--steps", type=int, required=True, help="optimizer steps to run")
+    parser.add_argument("--steps", type=int, required=True, help="train until this optimizer step (resumes count)")
     args = parser.parse_args(argv)
     if not args.spec:
         parser.error("give --spec or set HPCTRAIN_SPEC")
@@ -38,6 +40,22 @@ def step_printer(tokens_per_step: int):
     return hook
 
 
+def metrics_journal(tokens_per_step: int, loader: Any):
+    """A step hook that journals the step's metrics (rank 0) for `hpctrain reconcile` to fold into the ledger."""
+    journal = Journal.from_env()
+
+    def hook(engine, result) -> None:
+        if journal is None or engine.global_rank != 0:
+            return
+        values = {"loss": result.loss, "step_time_s": result.step_time_s,
+                  "tokens_per_s": tokens_per_step / result.step_time_s}
+        if loader is not None:
+            values.update(loader.stats.metrics())
+        journal.write("metrics", step=result.step, values=values)
+
+    return hook
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -45,15 +63,42 @@ def main(argv: list[str] | None = None) -> int:
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train
-            from hpctrain.train.synthetic import micro_batches
 
             engine = build_engine(spec)
+        model = spec.model or Model()
+        dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+        loader = None
+        if spec.data.index is not None:
+            from hpctrain.data import ShardLoader
+
+            loader = ShardLoader(spec.data.index, batch_size=spec.parallel.micro_batch, dp_rank=dp_rank,
+                                 dp_size=dp_size, workers=spec.data.workers, seed=spec.seed,
+                                 shuffle_buffer=spec.data.shuffle_buffer,
+                                 max_quarantined_fraction=spec.data.max_quarantined_fraction)
+        checkpoints = None
+        if spec.checkpoint.dir is not None:
+            from hpctrain.train.checkpointing import TrainCheckpoints
+
+            checkpoints = TrainCheckpoints(spec, engine, spec.checkpoint.dir, loader)
+        start = checkpoints.resume() if checkpoints else 0
     except HpctrainError as exc:
         print(f"hpctrain.train: error: {exc}", file=sys.stderr)
         return 2
-    model = spec.model or Model()
-    batches = micro_batches(model, spec.parallel, spec.seed, engine.grid.get_data_parallel_rank())
-    train(engine, batches, args.steps, hooks=[step_printer(spec.parallel.samples_per_step * model.seq_len)])
+    if loader is not None:
+        from hpctrain.train.dataset import loader_batches
+
+        batches = loader_batches(loader)
+    else:
+        from hpctrain.train.synthetic import micro_batches
+
+        batches = micro_batches(model, spec.parallel, spec.seed, dp_rank, start_step=start)
+    tokens = spec.parallel.samples_per_step * model.seq_len
+    hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
+    if start and engine.global_rank == 0:
+        print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
+    train(engine, batches, max(args.steps - start, 0), hooks=hooks)
+    if checkpoints:
+        checkpoints.close()
     return 0
 
 
