@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import Any
 
@@ -30,7 +31,8 @@ def _when(ts: float | None) -> str:
 @click.option("--dry-run", is_flag=True, help="print the rendered script(s); submit and record nothing")
 @click.option("--array", "array", metavar="N[%T]", help="run N copies as an array, at most T at once")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
-def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool) -> None:
+@click.option("--wait", is_flag=True, help="wait until the job has finished; exit 1 unless it completed")
+def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool, wait: bool) -> None:
     """Render SPEC for the site and submit it (a job, or arrays split past MaxArraySize)."""
     from hpctrain.config import load_job_spec
     from hpctrain.config.job import ArraySpec
@@ -57,6 +59,28 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
         click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
     p = sub.placement
     click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
+    if wait:
+        states = _wait_finished(cfg, sub.ledger_ids)
+        click.echo(f"finished: {', '.join(f'{i} {s}' for i, s in states.items())}")
+        sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
+
+
+def _wait_finished(cfg: Any, ledger_ids: list[int]) -> dict[int, str]:
+    """Poll (one sacct call each time, backing off from 1 s to 15 s) until the jobs are finished."""
+    from hpctrain.ledger import Ledger
+    from hpctrain.slurm import SlurmClient
+    from hpctrain.status import TERMINAL, Poller, next_interval
+
+    interval = 1.0
+    with Ledger(cfg.ledger.path) as ledger:
+        poller = Poller(ledger, SlurmClient.for_site(cfg), cfg.name)
+        while True:
+            changed = poller.refresh()
+            states = {i: ledger.get("jobs", i)["state"] for i in ledger_ids}
+            if all(s in TERMINAL for s in states.values()):
+                return states
+            interval = next_interval(interval, 1.0, 15.0, changed > 0)
+            time.sleep(interval)
 
 
 def _status_table(rows: list[dict[str, Any]], title: str) -> Any:

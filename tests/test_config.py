@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.config import load_job_spec, load_site
+from hpctrain.config import JobSpec, load_job_spec, load_site
 from hpctrain.config.types import format_slurm_time, parse_memory, parse_slurm_time
 from hpctrain.errors import ConfigError
 
@@ -268,3 +268,10 @@ def test_tp_must_stay_within_a_node(tmp_path):
     assert spec_error(tmp_path, text) == (
         "spec.toml: parallel.tp: tp = 4 must divide the 2 tasks per node (tensor-parallel peers share a node)"
     )
+
+
+def test_dumped_spec_validates_to_the_same_spec(tmp_path):
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC))
+    again = JobSpec.model_validate(spec.redacted())
+    assert again == spec
+    assert spec.redacted()["resources"]["time"] == "01:30:00" and spec.redacted()["resources"]["mem"] == "32768M"

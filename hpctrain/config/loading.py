@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -33,7 +34,12 @@ def read_mapping(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if path.suffix in (".yaml", ".yml"):
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    elif path.suffix in (".yaml", ".yml"):
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:

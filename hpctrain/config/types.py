@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, PlainSerializer
 
 from hpctrain.config.loading import expand_path
 
@@ -68,6 +68,7 @@ def parse_memory(value: Any) -> int:
     return mb
 
 
-Seconds = Annotated[int, BeforeValidator(parse_slurm_time)]
-MiB = Annotated[int, BeforeValidator(parse_memory)]
+# Serialised back in the forms they are written in, so a dumped spec validates to the same spec.
+Seconds = Annotated[int, BeforeValidator(parse_slurm_time), PlainSerializer(format_slurm_time, return_type=str)]
+MiB = Annotated[int, BeforeValidator(parse_memory), PlainSerializer(lambda mb: f"{mb}M", return_type=str)]
 ExpandedPath = Annotated[Path, BeforeValidator(expand_path)]

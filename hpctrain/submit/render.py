@@ -40,6 +40,10 @@ class JobFiles:
         return self.job_dir / "journal"
 
     @property
+    def spec_file(self) -> Path:
+        return self.job_dir / "spec.json"
+
+    @property
     def params_file(self) -> Path:
         return self.job_dir / "params.jsonl"
 
@@ -103,6 +107,7 @@ def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles) -> li
         ("HPCTRAIN_SITE", site.ref),
         ("HPCTRAIN_JOB_DIR", str(files.job_dir)),
         ("HPCTRAIN_JOURNAL_DIR", str(files.journal_dir)),
+        ("HPCTRAIN_SPEC", str(files.spec_file)),
         ("HPCTRAIN_SEED", str(spec.seed)),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),

@@ -85,7 +85,7 @@ class Submitter:
             if not dry_run and sub.group_id is None:
                 # The ledger id alone is unique only within one ledger; the logs directory is shared.
                 files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
-                self._prepare_dir(files.job_dir, params)
+                self._prepare_dir(files, spec, params)
             after = previous if chunk and chunk.throttle else []
             script = render_script(spec, self.site, placement, files, job_id, chunk, after)
             sub.scripts.append(script)
@@ -103,13 +103,14 @@ class Submitter:
             sub.slurm_ids.extend(previous)
         return sub
 
-    def _prepare_dir(self, job_dir: Path, params: list[dict[str, Any]]) -> None:
-        job_dir.mkdir(parents=True, exist_ok=True)
-        (job_dir / "journal").mkdir(exist_ok=True)
+    def _prepare_dir(self, files: JobFiles, spec: JobSpec, params: list[dict[str, Any]]) -> None:
+        """The job directory: its journal, the spec the job reads ($HPCTRAIN_SPEC), array parameters."""
+        files.journal_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(files.spec_file, spec.redacted())
         if params:
-            tmp = job_dir / ".params.jsonl.tmp"
+            tmp = files.job_dir / ".params.jsonl.tmp"
             tmp.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in params))
-            tmp.replace(job_dir / "params.jsonl")
+            tmp.replace(files.params_file)
 
     def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, group_id: int | None,
                     sweep_id: str | None, lineage: dict[str, Any] | None) -> int:

@@ -25,6 +25,7 @@ export HPCTRAIN_JOB_ID=42
 export HPCTRAIN_SITE=/etc/hpctrain/sites/dev.toml
 export HPCTRAIN_JOB_DIR=/shared/logs/job-42
 export HPCTRAIN_JOURNAL_DIR=/shared/logs/job-42/journal
+export HPCTRAIN_SPEC=/shared/logs/job-42/spec.json
 export HPCTRAIN_SEED=0
 export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
