@@ -100,7 +100,8 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
     return [sbatch_option(o) for o in opts if o]
 
 
-def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles) -> list[tuple[str, str]]:
+def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles,
+            chunk: ArrayChunk | None) -> list[tuple[str, str]]:
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
     pairs = [
         ("HPCTRAIN_JOB_ID", job_id),
@@ -108,6 +109,8 @@ def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles) -> li
         ("HPCTRAIN_JOB_DIR", str(files.job_dir)),
         ("HPCTRAIN_JOURNAL_DIR", str(files.journal_dir)),
         ("HPCTRAIN_SPEC", str(files.spec_file)),
+        ("HPCTRAIN_SCRIPT", str(files.script(chunk))),
+        ("HPCTRAIN_SIGNAL_LEAD_S", str(site.defaults.signal_lead_s)),
         ("HPCTRAIN_SEED", str(spec.seed)),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
@@ -150,7 +153,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "job_id": job_id,
         "directives": sbatch,
         "setup": site.setup,
-        "exports": exports(spec, site, job_id, files),
+        "exports": exports(spec, site, job_id, files, chunk),
         "secret_names": spec.secret_names(),
         "chunk": chunk,
         "params_file": shlex.quote(str(files.params_file)),

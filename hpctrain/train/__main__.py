@@ -56,6 +56,16 @@ def metrics_journal(tokens_per_step: int, loader: Any):
     return hook
 
 
+def preemption_guard(rank: int) -> Any:
+    """Installed before the data loader forks its workers, so they inherit the handlers instead of dying."""
+    from hpctrain.runtime import PreemptionGuard, job_end_time
+    from hpctrain.slurm import SlurmClient
+
+    lead = float(os.environ.get("HPCTRAIN_SIGNAL_LEAD_S", "300"))
+    end_time = (lambda: job_end_time(SlurmClient())) if rank == 0 else (lambda: None)
+    return PreemptionGuard(end_time=end_time, timeout_margin_s=2 * lead)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -81,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
             checkpoints = TrainCheckpoints(spec, engine, spec.checkpoint.dir, loader)
         start = checkpoints.resume() if checkpoints else 0
+        guard = preemption_guard(engine.global_rank)
     except HpctrainError as exc:
         print(f"hpctrain.train: error: {exc}", file=sys.stderr)
         return 2
@@ -96,10 +107,40 @@ def main(argv: list[str] | None = None) -> int:
     hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
-    train(engine, batches, max(args.steps - start, 0), hooks=hooks)
+    for _ in range(max(args.steps - start, 0)):
+        (result,) = train(engine, batches, 1, hooks=hooks)
+        if guard.should_stop():  # every rank agrees on the same step
+            stop_and_requeue(engine, guard, checkpoints, result)
+            return 0
     if checkpoints:
         checkpoints.close()
     return 0
+
+
+def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> None:
+    """Checkpoint this step (finishing any save in flight), then requeue the job from rank 0."""
+    from hpctrain.runtime import self_requeue
+    from hpctrain.slurm import SlurmClient
+
+    if checkpoints:
+        checkpoints.finish(result.step, result.loss)
+    if engine.global_rank != 0:
+        return
+    journal, cause = Journal.from_env(), guard.cause()
+    under_slurm = "SLURM_JOB_ID" in os.environ
+    message = f"{cause} at step {result.step} (signal {guard.signal}): " + (
+        "checkpointed, requeueing" if under_slurm else "checkpointed, not under Slurm: exiting")
+    print(f"hpctrain.train: {message}", file=sys.stderr, flush=True)
+    # Recorded before requeueing: the requeue ends this process.
+    if journal is not None:
+        journal.write("requeue", message=message, cause=cause, step=result.step, signal=guard.signal,
+                      checkpointed=bool(checkpoints))
+    if under_slurm:
+        try:
+            self_requeue(SlurmClient())
+        except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
+            if journal is not None:
+                journal.write("requeue_failed", message=str(exc), step=result.step)
 
 
 if __name__ == "__main__":

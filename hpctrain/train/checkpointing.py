@@ -26,6 +26,7 @@ class TrainCheckpoints:
         self.ck = Checkpointer(directory, rank=engine.global_rank, world_size=engine.world_size,
                                layout={"dp": p.dp, "tp": p.tp, "pp": p.pp},
                                retention=Retention(keep_last=spec.checkpoint.keep_last))
+        self.last_step: int | None = None
 
     def resume(self) -> int:
         """Restore model, optimizer, RNG and data cursor from the newest valid checkpoint; the step to go on from."""
@@ -43,6 +44,13 @@ class TrainCheckpoints:
     def save(self, step: int, loss: float, async_: bool) -> None:
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
         self.ck.save(step, engine_tree(self.engine), cursor=cursor, metrics={"loss": loss}, async_=async_)
+        self.last_step = step
+
+    def finish(self, step: int, loss: float) -> None:
+        """Make ``step`` durable now: complete the save in flight when it is this step's, else save synchronously."""
+        if self.last_step != step:
+            self.save(step, loss, async_=False)
+        self.close()
 
     def hook(self, engine: Any, result: StepResult) -> None:
         every = self.spec.checkpoint.every_steps

@@ -1,0 +1,52 @@
+"""Requeue this job (or only this array task) from inside it, after its checkpoint is committed.
+
+Self-requeue matters: under a QOS GraceTime, a batch script that exits by itself during the grace
+ends COMPLETED or FAILED and Slurm does not requeue it.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime
+from typing import Mapping
+
+from hpctrain.config.types import parse_slurm_time
+from hpctrain.errors import SlurmError
+from hpctrain.slurm.client import SlurmClient
+
+
+def requeue_target(env: Mapping[str, str]) -> str:
+    """`<array job>_<task>` for an array task (never the whole array), else the job id."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env["SLURM_JOB_ID"]
+
+
+def job_end_time(client: SlurmClient, env: Mapping[str, str] = os.environ) -> float | None:
+    """When this run's time limit ends: start + time limit (one squeue call), None when unknown or unlimited.
+
+    Not squeue's EndTime: preemption with a GraceTime moves that to the end of the grace."""
+    try:
+        start, limit = client.run("squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%S %l").split()
+        return datetime.fromisoformat(start).timestamp() + parse_slurm_time(limit)
+    except (KeyError, ValueError, SlurmError):
+        return None
+
+
+def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
+    """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
+    starts after this one ends. Returns what was done, for the journal."""
+    target = requeue_target(env)
+    try:
+        client.run("scontrol", "requeue", target)
+        return f"scontrol requeue {target}"
+    except SlurmError as exc:
+        if "not found" not in str(exc) or "HPCTRAIN_SCRIPT" not in env:
+            raise
+    script = env["HPCTRAIN_SCRIPT"]
+    args = [f"--dependency=afterany:{env['SLURM_JOB_ID']}"]
+    if env.get("SLURM_ARRAY_TASK_ID"):
+        args.append(f"--array={env['SLURM_ARRAY_TASK_ID']}")
+    with open(script) as fh:
+        follow_up = client.sbatch(fh.read(), args=tuple(args))
+    return f"follow-up job {follow_up} after {env['SLURM_JOB_ID']}"

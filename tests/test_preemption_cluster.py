@@ -1,0 +1,126 @@
+"""Preemption end to end on the dev cluster: a training job in QOS low is preempted three times by high
+jobs, checkpoints and requeues itself each time, and ends bitwise identical to a run never preempted."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.checkpoint import load_flat
+from hpctrain.config import load_job_spec, load_site
+from hpctrain.config.job import JobSpec, Model
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm import SlurmClient
+from hpctrain.status import TERMINAL, Poller
+from hpctrain.submit import Submitter
+from hpctrain.train.dataset import pack_token_dataset
+
+from conftest import run_cli, wait_until
+from train_helpers import TINY_MODEL
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+STEPS = 150
+
+SPEC = """\
+name = "gpt-preempt"
+command = ["python", "-m", "hpctrain.train", "--steps", "{steps}"]
+seed = 11
+hyperparameters = {{ lr = 1e-3 }}
+
+[resources]
+nodes = 2
+gpus_per_node = 2
+mem = "2G"
+time = "00:15:00"
+account = "teama"
+preemptible = true
+
+[parallel]
+tp = 2
+pp = 2
+micro_batch = 2
+grad_accum = 2
+
+[model]
+{model}
+
+[data]
+index = "{index}"
+workers = 1
+
+[checkpoint]
+dir = "{ckpt}"
+every_steps = 10
+"""
+
+HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
+        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
+                      "qos": "high", "account": "teama"}}
+
+
+def records(journal: Journal, kind: str) -> list[dict]:
+    return [r for _, r in journal.records() if r["kind"] == kind]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def test_preempted_three_times_ends_bitwise_identical(dev_cluster, isolated_ledger, tmp_path):
+    model_text = "\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())
+    index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=3, count=600, shard_bytes=8192).path
+    specs = {}
+    for name in ("preempted", "straight"):
+        specs[name] = tmp_path / f"{name}.toml"
+        specs[name].write_text(SPEC.format(steps=STEPS, model=model_text, index=index, ckpt=tmp_path / f"ck-{name}"))
+
+    site = load_site("dev")
+    with Ledger(isolated_ledger) as ledger:
+        low = Submitter(site, ledger).submit(load_job_spec(specs["preempted"]), specs["preempted"])
+        job = ledger.get("jobs", low.ledger_ids[0])
+        assert job["qos"] == "low"
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        for k in range(1, 4):
+            resumed_at = records(journal, "requeue")[-1]["step"] if k > 1 else 0
+            wait_until(lambda: any(r["step"] >= resumed_at + 3 for r in records(journal, "metrics")[-3:]),
+                       180, 0.5, f"attempt {k} to train")
+            Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+            wait_until(lambda: len(records(journal, "requeue")) == k, 120, 0.5, f"preemption {k} to checkpoint and requeue")
+
+        # The run never preempted, the same layout and data, meanwhile under torchrun.
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        straight = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
+                                   "4", "-m", "hpctrain.train", "--spec", str(specs["straight"]), "--steps", str(STEPS)],
+                                  capture_output=True, text=True, env=env, timeout=600)
+        assert straight.returncode == 0, straight.stderr[-3000:]
+
+        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
+
+        def low_done():
+            poller.refresh()
+            return ledger.get("jobs", low.ledger_ids[0])["state"] in TERMINAL
+
+        wait_until(low_done, 300, 2.0, "the preempted job to finish")
+        assert ledger.get("jobs", low.ledger_ids[0])["state"] == "COMPLETED"
+
+    requeues = records(journal, "requeue")
+    assert [r["cause"] for r in requeues] == ["preemption"] * 3
+    assert all(r["checkpointed"] for r in requeues)
+    final = f"step_{STEPS:08d}"
+    a, b = load_flat(tmp_path / "ck-preempted" / final), load_flat(tmp_path / "ck-straight" / final)
+    assert a.keys() == b.keys() and len(a) > 10
+    assert all(torch.equal(bits(a[k]), bits(b[k])) for k in a), [k for k in a if not torch.equal(bits(a[k]), bits(b[k]))]
+
+    # Every attempt, and why it ended, is in the ledger.
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(low.ledger_ids[0]), "--json").stdout)
+    assert len(shown["attempts"]) == 4
+    assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
+        == ["preemption"] * 3
