@@ -73,7 +73,20 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-def test_preempted_three_times_ends_bitwise_identical(dev_cluster, isolated_ledger, tmp_path):
+@pytest.fixture(params=[20, 0], ids=["grace20s", "grace0"])
+def low_qos_grace(request, dev_cluster):
+    """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
+    (notice and SIGTERM together, SIGKILL after KillWait=10 s, Slurm requeues the job itself)."""
+    def set_grace(seconds: int) -> None:
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={seconds}"],
+                       check=True, capture_output=True)
+
+    set_grace(request.param)
+    yield request.param
+    set_grace(20)
+
+
+def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_ledger, tmp_path):
     model_text = "\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())
     index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=3, count=600, shard_bytes=8192).path
     specs = {}

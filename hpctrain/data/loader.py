@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -15,6 +16,13 @@ from hpctrain.data.stats import LoaderStats
 from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
 from hpctrain.errors import DataError
 from hpctrain.ledger.journal import Journal
+
+
+def ignore_stop_signals(_worker_id: int) -> None:
+    """Workers leave preemption notices (USR2, TERM, HUP) to the training process, which stops at a step
+    boundary; a worker killed by one would fail the step before its checkpoint."""
+    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class ShardLoader:
@@ -61,7 +69,8 @@ class ShardLoader:
         job = EpochJob(self.index, self._plan, list(self._positions), self._next_worker, self.seed, self.epoch,
                        self.shuffle_buffer, self.batch_size, self.decode, self.collate)
         items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,
-                           prefetch_factor=self.prefetch_factor if self.workers else None)
+                           prefetch_factor=self.prefetch_factor if self.workers else None,
+                           worker_init_fn=ignore_stop_signals if self.workers else None)
         since = self.stats.waiting()
         for item in items:
             self._consume(item)

@@ -107,13 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
-    for _ in range(max(args.steps - start, 0)):
-        (result,) = train(engine, batches, 1, hooks=hooks)
-        if guard.should_stop():  # every rank agrees on the same step
-            stop_and_requeue(engine, guard, checkpoints, result)
-            return 0
-    if checkpoints:
-        checkpoints.close()
+    try:
+        for _ in range(max(args.steps - start, 0)):
+            (result,) = train(engine, batches, 1, hooks=hooks)
+            if guard.should_stop():  # every rank agrees on the same step
+                stop_and_requeue(engine, guard, checkpoints, result)
+                return 0
+        if checkpoints:
+            checkpoints.close()
+    finally:
+        # Shuts the loader's workers down the orderly way: they ignore SIGTERM (preemption notices are
+        # the trainer's), so the interpreter's exit-time terminate() could not stop them.
+        batches.close()
     return 0
 
 
