@@ -23,43 +23,13 @@ from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 
 from conftest import run_cli, wait_until
-from train_helpers import TINY_MODEL
+from train_helpers import TINY_MODEL, trainer_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 150
 
-SPEC = """\
-name = "gpt-preempt"
-command = ["python", "-m", "hpctrain.train", "--steps", "{steps}"]
-seed = 11
-hyperparameters = {{ lr = 1e-3 }}
 
-[resources]
-nodes = 2
-gpus_per_node = 2
-mem = "2G"
-time = "00:15:00"
-account = "teama"
-preemptible = true
-
-[parallel]
-tp = 2
-pp = 2
-micro_batch = 2
-grad_accum = 2
-
-[model]
-{model}
-
-[data]
-index = "{index}"
-workers = 1
-
-[checkpoint]
-dir = "{ckpt}"
-every_steps = 10
-"""
-
+RESOURCES = {"nodes": 2, "gpus_per_node": 2, "mem": "2G", "time": "00:15:00", "account": "teama", "preemptible": True}
 HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
         "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
                       "qos": "high", "account": "teama"}}
@@ -87,12 +57,12 @@ def low_qos_grace(request, dev_cluster):
 
 
 def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_ledger, tmp_path):
-    model_text = "\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())
     index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=3, count=600, shard_bytes=8192).path
     specs = {}
     for name in ("preempted", "straight"):
         specs[name] = tmp_path / f"{name}.toml"
-        specs[name].write_text(SPEC.format(steps=STEPS, model=model_text, index=index, ckpt=tmp_path / f"ck-{name}"))
+        specs[name].write_text(trainer_spec("gpt-preempt", seed=11, index=index, ckpt=tmp_path / f"ck-{name}",
+                                            every_steps=10, steps=STEPS, resources=RESOURCES))
 
     site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:

@@ -15,36 +15,10 @@ from hpctrain.checkpoint import load_flat
 from hpctrain.config.job import Model
 from hpctrain.train.dataset import pack_token_dataset
 
-from train_helpers import TINY_MODEL
+from train_helpers import TINY_MODEL, trainer_spec
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
-SPEC = """\
-name = "gpt-resume"
-command = ["python", "-m", "hpctrain.train"]
-seed = 7
-hyperparameters = {{ lr = 1e-3 }}
-
-[resources]
-gpus_per_node = 4
-
-[parallel]
-tp = 2
-pp = 2
-micro_batch = 2
-grad_accum = 2
-
-[model]
-{model}
-
-[data]
-index = "{index}"
-workers = 1
-
-[checkpoint]
-dir = "{ckpt}"
-every_steps = 2
-"""
 
 
 def run(spec: Path, steps: int, journal: Path) -> list[dict]:
@@ -59,11 +33,11 @@ def run(spec: Path, steps: int, journal: Path) -> list[dict]:
 def test_resume_continues_bitwise(tmp_path):
     model = Model(**TINY_MODEL)
     index = pack_token_dataset(tmp_path / "data", model, seed=1, count=200, shard_bytes=4096).path
-    text = "\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())
     specs = {}
     for name in ("stopped", "straight"):
         specs[name] = tmp_path / f"{name}.toml"
-        specs[name].write_text(SPEC.format(model=text, index=index, ckpt=tmp_path / f"ck-{name}"))
+        specs[name].write_text(trainer_spec("gpt-resume", seed=7, index=index, ckpt=tmp_path / f"ck-{name}",
+                                            every_steps=2, resources={"gpus_per_node": 4}))
     first = run(specs["stopped"], 4, tmp_path / "journal")
     resumed = run(specs["stopped"], 6, tmp_path / "journal")
     straight = run(specs["straight"], 6, tmp_path / "journal2")

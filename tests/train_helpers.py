@@ -177,3 +177,16 @@ if __name__ == "__main__":
     result = _worker(scenario)
     if int(os.environ["RANK"]) == 0:
         Path(scenario["out"]).write_text(json.dumps(result))
+
+
+def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: int, resources: dict[str, Any],
+                 steps: int | None = None) -> str:
+    """TOML of a tp=2 x pp=2 reference-GPT spec reading ``index`` and checkpointing into ``ckpt``."""
+    command = ["python", "-m", "hpctrain.train", *(["--steps", str(steps)] if steps else [])]
+    lines = [f'name = "{name}"', f"command = {json.dumps(command)}", f"seed = {seed}", "hyperparameters = { lr = 1e-3 }",
+             "", "[resources]", *(f"{k} = {json.dumps(v)}" for k, v in resources.items()),
+             "", "[parallel]", "tp = 2", "pp = 2", "micro_batch = 2", "grad_accum = 2",
+             "", "[model]", *(f"{k} = {v}" for k, v in TINY_MODEL.items()),
+             "", "[data]", f'index = "{index}"', "workers = 1",
+             "", "[checkpoint]", f'dir = "{ckpt}"', f"every_steps = {every_steps}", ""]
+    return "\n".join(lines)
