@@ -107,3 +107,38 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
     assert len(shown["attempts"]) == 4
     assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
         == ["preemption"] * 3
+
+
+def test_time_limit_checkpoints_on_the_notice_and_requeues(dev_cluster, isolated_ledger, tmp_path):
+    """A 2-minute job gets USR2 about a minute before its limit (the dev site's signal lead), checkpoints,
+    requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run."""
+    steps = 1200
+    index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=5, count=600, shard_bytes=8192).path
+    specs = {}
+    for name in ("limited", "straight"):
+        specs[name] = tmp_path / f"{name}.toml"
+        specs[name].write_text(trainer_spec("gpt-timeout", seed=13, index=index, ckpt=tmp_path / f"ck-{name}",
+                                            every_steps=100, steps=steps,
+                                            resources={**RESOURCES, "time": "00:02:00", "preemptible": False}))
+    site = load_site("dev")
+    with Ledger(isolated_ledger) as ledger:
+        sub = Submitter(site, ledger).submit(load_job_spec(specs["limited"]), specs["limited"])
+        journal = Journal(Path(ledger.get("jobs", sub.ledger_ids[0])["job_dir"]) / "journal")
+        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
+
+        def done():
+            poller.refresh()
+            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
+
+        wait_until(done, 400, 3.0, "the time-limited job to finish")
+        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+    # The uninterrupted run afterwards, not alongside: sharing the 2 cores would slow both.
+    straight = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
+                               "4", "-m", "hpctrain.train", "--spec", str(specs["straight"]), "--steps", str(steps)],
+                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    requeues = records(journal, "requeue")
+    assert requeues and {r["cause"] for r in requeues} == {"timeout"} and all(r["checkpointed"] for r in requeues)
+    final = f"step_{steps:08d}"
+    a, b = load_flat(tmp_path / "ck-limited" / final), load_flat(tmp_path / "ck-straight" / final)
+    assert a.keys() == b.keys() and all(torch.equal(bits(a[k]), bits(b[k])) for k in a)
