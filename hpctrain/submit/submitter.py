@@ -33,7 +33,6 @@ class Submission:
     scripts: list[str]
     ledger_ids: list[int] = field(default_factory=list)
     slurm_ids: list[str] = field(default_factory=list)
-    param_sets: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def group_id(self) -> int | None:
@@ -77,11 +76,11 @@ class Submitter:
         secret_values = secret_env(spec, where)
         params = spec.array.parameter_sets() if spec.array else []
         chunks = self._chunks(spec, params)
-        sub = Submission(placement, [], param_sets=params)
+        sub = Submission(placement, [])
         files = JobFiles(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
         for chunk in chunks:
-            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, sub.group_id, sweep_id, lineage))
+            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id, lineage))
             if not dry_run and sub.group_id is None:
                 # The ledger id alone is unique only within one ledger; the logs directory is shared.
                 files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
@@ -112,9 +111,8 @@ class Submitter:
             tmp.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in params))
             tmp.replace(files.params_file)
 
-    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, group_id: int | None,
-                    sweep_id: str | None, lineage: dict[str, Any] | None) -> int:
-        params = spec.array.parameter_sets() if spec.array else []
+    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[dict[str, Any]],
+                    group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None) -> int:
         with self.ledger.transaction():
             job_id = self.ledger.insert("jobs", {
                 "name": spec.name, "site": self.site.name, "user": self.user, "account": placement.account,
