@@ -172,13 +172,6 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
             "keys": sorted(captured)}
 
 
-if __name__ == "__main__":
-    scenario = json.loads(Path(sys.argv[1]).read_text())
-    result = _worker(scenario)
-    if int(os.environ["RANK"]) == 0:
-        Path(scenario["out"]).write_text(json.dumps(result))
-
-
 def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: int, resources: dict[str, Any],
                  steps: int | None = None) -> str:
     """TOML of a tp=2 x pp=2 reference-GPT spec reading ``index`` and checkpointing into ``ckpt``."""
@@ -190,3 +183,16 @@ def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: 
              "", "[data]", f'index = "{index}"', "workers = 1",
              "", "[checkpoint]", f'dir = "{ckpt}"', f"every_steps = {every_steps}", ""]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import torch.distributed as dist
+
+    scenario = json.loads(Path(sys.argv[1]).read_text())
+    result = _worker(scenario)
+    if int(os.environ["RANK"]) == 0:
+        Path(scenario["out"]).write_text(json.dumps(result))
+    # Tearing gloo down explicitly: left to interpreter exit, its threads sometimes abort the process.
+    dist.barrier()
+    dist.destroy_process_group()
+

@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         # Shuts the loader's workers down the orderly way: they ignore SIGTERM (preemption notices are
         # the trainer's), so the interpreter's exit-time terminate() could not stop them.
         batches.close()
+    # Gloo torn down explicitly: left to interpreter exit, its threads sometimes abort the process.
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
     return 0
 
 
