@@ -21,24 +21,10 @@ from pathlib import Path
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.ledger import Ledger
-from hpctrain.slurm import SlurmClient
 from hpctrain.status import Poller, job_summaries
 from hpctrain.submit import Submitter
 
-
-class TimedHeldClient(SlurmClient):
-    """Submits held jobs and accounts for the seconds spent inside Slurm's commands."""
-
-    slurm_seconds = 0.0
-
-    def run(self, command: str, *args: str, **kw) -> str:  # type: ignore[override]
-        t0 = time.perf_counter()
-        try:
-            if command == "sbatch":
-                args = ("--hold", *args)
-            return super().run(command, *args, **kw)
-        finally:
-            self.slurm_seconds += time.perf_counter() - t0
+from _timing import TimedClient
 
 
 def main() -> None:
@@ -48,7 +34,8 @@ def main() -> None:
     site = load_site("dev")
     workdir = Path(tempfile.mkdtemp(prefix="hpctrain-bench-"))
     ledger = Ledger(workdir / "ledger.db")
-    client = TimedHeldClient.for_site(site)
+    client = TimedClient.for_site(site)
+    client.held = True
     spec = JobSpec.model_validate({
         "name": "bench-sweep", "command": ["true"], "launcher": "none",
         "resources": {"mem": "100M", "time": "5"},
@@ -68,7 +55,7 @@ def main() -> None:
             {"name": f"old{i}", "site": "dev", "slurm_job_id": str(5_000_000 + i), "state": "COMPLETED",
              "submitted_at": time.time() - 86400} for i in range(10_000 - len(sub.ledger_ids))
         )
-        client.slurm_seconds, client.calls = 0.0, client.calls.__class__()
+        client.reset()
         t0 = time.perf_counter()
         Poller(ledger, client, "dev").refresh()
         rows = job_summaries(ledger, "dev", limit=10_000)

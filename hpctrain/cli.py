@@ -35,6 +35,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "launch": "hpctrain.launch.cli:launch",
     "data": "hpctrain.data.cli:data",
     "ckpt": "hpctrain.checkpoint.cli:ckpt",
+    "attempt": "hpctrain.runtime.cli:attempt",
 }
 
 

@@ -12,13 +12,22 @@ import click
 from hpctrain.cli import make_console, site_option
 
 
-def _open(site: str | None) -> tuple[Any, Any, Any]:
+def open_site(site: str | None) -> tuple[Any, Any, Any]:
+    """The site config, its ledger and a Slurm client for it (for this module's and other CLI commands)."""
     from hpctrain.config import load_site
     from hpctrain.ledger import Ledger
     from hpctrain.slurm import SlurmClient
 
     cfg = load_site(site)
     return cfg, Ledger(cfg.ledger.path), SlurmClient.for_site(cfg)
+
+
+def _steps(start: int | None, end: int | None) -> str:
+    """'120 -> 180 (+60)': the newest checkpoint step when a run started and when it ended."""
+    if start is None and end is None:
+        return "-"
+    gained = f" (+{end - start})" if start is not None and end is not None else ""
+    return f"{'?' if start is None else start} -> {'?' if end is None else end}{gained}"
 
 
 def _when(ts: float | None) -> str:
@@ -44,7 +53,7 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
         if not count.isdigit() or int(count) < 1 or (throttle and not throttle.isdigit()):
             raise click.BadParameter(f"expected N or N%T with whole numbers, got {array!r}", param_hint="--array")
         spec.array = ArraySpec(count=int(count), throttle=int(throttle) if throttle else None)
-    cfg, ledger, client = _open(site)
+    cfg, ledger, client = open_site(site)
     with ledger:
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
     if dry_run:
@@ -111,7 +120,7 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
     """Tracked jobs: one sacct call per poll for all of them, cached in the ledger."""
     from hpctrain.status import Poller, job_summaries, next_interval
 
-    cfg, ledger, client = _open(site)
+    cfg, ledger, client = open_site(site)
     console = make_console()
     poller = Poller(ledger, client, cfg.name)
     wait, polls = interval, 0
@@ -146,7 +155,7 @@ def _find_job(ledger: Any, job: str) -> dict[str, Any]:
 @click.option("--json", "as_json", is_flag=True)
 def show(job: str, site: str | None, as_json: bool) -> None:
     """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
-    _, ledger, _ = _open(site)
+    _, ledger, _ = open_site(site)
     with ledger:
         row = _find_job(ledger, job)
         detail = {
@@ -165,12 +174,18 @@ def show(job: str, site: str | None, as_json: bool) -> None:
     console.print(f"  {row['partition']}/{row['qos']} as {row['account']}: {row['choice_reason']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
     attempts = Table(title="attempts", title_justify="left")
-    for col in ("task", "attempt", "state", "nodes", "start", "end", "gpus", "exit"):
+    for col in ("task", "attempt", "state", "cause", "ckpt steps", "then", "nodes", "start", "end", "gpus", "exit"):
         attempts.add_column(col)
     for a in detail["attempts"]:
-        attempts.add_row(str(a["task_index"]), str(a["attempt"]), a["state"], a["node_list"], _when(a["started_at"]),
-                         _when(a["ended_at"]), str(a["alloc_gpus"]), a["exit_code"])
+        then = {None: "-", 0: "stopped", 1: "requeued"}[a["requeued"]]
+        attempts.add_row(str(a["task_index"]), str(a["attempt"]), a["state"] or "-", a["cause"] or "-",
+                         _steps(a["step_start"], a["step_end"]), then, a["node_list"] or "-", _when(a["started_at"]),
+                         _when(a["ended_at"]), str(a["alloc_gpus"] or "-"), a["exit_code"] or "-")
     console.print(attempts)
+    for a in detail["attempts"]:
+        if a["requeued"] == 0 and a["cause"] != "completed":
+            task = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
+            console.print(f"  [bold]{task}stopped after attempt {a['attempt']}[/]: {a['decision']}")
     for e in detail["events"]:
         console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
 
@@ -186,19 +201,21 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
 
     if bool(job) == bool(sweep):
         raise click.UsageError("give a JOB or --sweep, not both")
-    cfg, ledger, client = _open(site)
+    cfg, ledger, client = open_site(site)
     with ledger:
         if job:
             group = _find_job(ledger, job)["group_id"]
             rows = ledger.rows("jobs", "group_id = ?", [group])
         else:
             rows = ledger.rows("jobs", "sweep_id = ?", [sweep])
-            if not rows:
-                raise HpctrainError(f"sweep {sweep!r}: no jobs in the ledger")
+            if not rows and ledger.get("sweeps", sweep) is None:
+                raise HpctrainError(f"sweep {sweep!r}: not in the ledger")
         live = [r for r in rows if r["slurm_job_id"] and r["state"] not in TERMINAL]
         client.scancel([r["slurm_job_id"] for r in live])
         for r in live:
             ledger.event("cancel_requested", f"scancel {r['slurm_job_id']}", job_id=r["id"])
+        if sweep:  # or the next tick would submit its trials again
+            ledger.update("sweeps", sweep, {"state": "CANCELLED", "updated_at": time.time()})
     click.echo(f"cancelled {len(live)} job(s): {' '.join(r['slurm_job_id'] for r in live) or '-'}")
 
 
@@ -208,8 +225,11 @@ def reconcile(site: str | None) -> None:
     """Fold job states (one sacct call) and compute-node journals (checkpoints, metrics, events) into the ledger."""
     from hpctrain.reconcile import reconcile as run_reconcile
 
-    cfg, ledger, client = _open(site)
+    cfg, ledger, client = open_site(site)
     with ledger:
         result = run_reconcile(ledger, client, cfg.name)
     click.echo(f"reconciled: {result.changed_jobs} job(s) changed state, "
                f"{result.records} new record(s) from {result.journals} journal(s)")
+    for d in result.decisions:
+        task = f" task {d.task_index}" if d.task_index >= 0 else ""
+        click.echo(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}")

@@ -14,6 +14,7 @@ from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.status import TERMINAL, Poller
+from hpctrain.supervise import Decision, supervise
 
 RECENT_S = 7 * 86400  # journals of jobs that ended within this window are still read
 
@@ -23,10 +24,12 @@ class ReconcileResult:
     changed_jobs: int
     journals: int
     records: int
+    decisions: list[Decision]
 
 
 def reconcile(ledger: Ledger, client: SlurmClient, site: str) -> ReconcileResult:
-    """One sacct call for every active job, then every journal of active or recently ended jobs."""
+    """One sacct call for every active job, every journal of active or recently ended jobs, then a decision
+    for each run that died without making one (requeue or stop)."""
     changed = Poller(ledger, client, site).refresh()
     cutoff = time.time() - RECENT_S
     placeholders = ",".join("?" * len(TERMINAL))
@@ -37,4 +40,4 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str) -> ReconcileResult
     )
     journals = [Journal(Path(r["job_dir"]) / "journal") for r in rows]
     records = sum(ingest_journal(ledger, j) for j in journals)
-    return ReconcileResult(changed, len(journals), records)
+    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site))

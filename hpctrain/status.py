@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from hpctrain.ledger import Ledger
+from hpctrain.runtime.attempts import CAUSE_OF_STATE
 from hpctrain.slurm.client import SlurmClient
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "AllocTRES", "Reason")
@@ -22,6 +23,14 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NOD
             "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"}
 _JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
+
+
+# Why a run ended, from its Slurm state, until something more precise is journaled for it (constants only).
+_FILL_CAUSE_SQL = (
+    "UPDATE attempts SET cause = CASE state "
+    + " ".join(f"WHEN '{state}' THEN '{cause}'" for state, cause in CAUSE_OF_STATE.items())
+    + " END WHERE job_id = ? AND cause IS NULL AND state IN (" + ",".join(f"'{s}'" for s in CAUSE_OF_STATE) + ")"
+)
 
 
 def expand_task_range(text: str) -> list[int]:
@@ -70,11 +79,14 @@ class TaskHistory:
 
     attempts: list[Attempt] = field(default_factory=list)
     requeue: bool = True
+    requeued_by_us: bool = False
 
     @property
     def state(self) -> str:
         last = self.attempts[-1].state
-        return "REQUEUED" if self.requeue and last in REQUEUE_STATES else last
+        if self.requeued_by_us or (self.requeue and last in REQUEUE_STATES):
+            return "REQUEUED"
+        return last
 
     @property
     def restarts(self) -> int:
@@ -142,19 +154,26 @@ class Poller:
     def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory]) -> bool:
         db, now = self.ledger.db, time.time()
         requeue = json.loads(job["spec_json"] or "{}").get("requeue", True)
+        base = job["attempt_base"]
+        requeued_upto = dict(db.execute("SELECT task_index, max(attempt) FROM attempts WHERE job_id = ? AND requeued = 1 "
+                                        "GROUP BY task_index", [job["id"]]).fetchall())
         for index, history in tasks.items():
             history.requeue = requeue
             for n, a in enumerate(history.attempts):
                 db.table("attempts").upsert(
-                    {"job_id": job["id"], "task_index": index, "attempt": n, "slurm_job_id": job["slurm_job_id"]
+                    {"job_id": job["id"], "task_index": index, "attempt": base + n, "slurm_job_id": job["slurm_job_id"]
                      + (f"_{index}" if index >= 0 else ""), "state": a.state, "node_list": a.node_list,
                      "started_at": a.start, "ended_at": a.end, "exit_code": a.exit_code, "alloc_gpus": a.gpus,
                      "reason": a.reason},
                     pk=("job_id", "task_index", "attempt"),
                 )
+            # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
+            # not list yet: still requeued, not finished.
+            history.requeued_by_us = requeued_upto.get(index, -1) >= base + history.restarts
             if index >= 0:
                 db.execute("UPDATE array_tasks SET state = ?, restarts = ?, updated_at = ? WHERE job_id = ? AND task_index = ?",
                            [history.state, history.restarts, now, job["id"], index])
+        db.execute(_FILL_CAUSE_SQL, [job["id"]])
         if job["is_array"]:
             known = {r["task_index"]: r["state"] for r in self.ledger.rows("array_tasks", "job_id = ?", [job["id"]])}
             state = array_state(list(known.values()))

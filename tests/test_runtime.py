@@ -4,22 +4,37 @@ import os
 import signal
 import time
 
-from hpctrain.runtime import PreemptionGuard, requeue_target
+from hpctrain.runtime import JobNow, PreemptionGuard, requeue_target
+from hpctrain.runtime.guard import stop_cause
 
 
-def test_signals_set_the_stop_flag_and_cause_follows_remaining_time():
+def test_signals_set_the_stop_flag_and_cause_follows_the_job_state(monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
-        guard = PreemptionGuard(end_time=lambda: time.time() + 3600, timeout_margin_s=120)
+        guard = PreemptionGuard(job_now=lambda: JobNow("RUNNING", 2, time.time() + 3600), timeout_margin_s=120)
         try:
             assert not guard.should_stop()
             os.kill(os.getpid(), sig)
             assert guard.should_stop() and guard.signal == sig
             assert guard.cause() == "preemption"
-            guard.end_time = lambda: time.time() + 60
+            guard.job_now = lambda: JobNow("RUNNING", 2, time.time() + 60)
             assert guard.cause() == "timeout"
         finally:
             guard.uninstall()
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+
+
+def test_cancel_is_told_from_preemption_by_the_job_state():
+    far = time.time() + 3600
+    # scancel: SIGTERM while the job is completing and Slurm has not requeued it.
+    assert stop_cause(JobNow("COMPLETING", 0, far), 0, 120) == "cancelled"
+    # Preemption without grace: Slurm has requeued the job already (Restarts went up).
+    assert stop_cause(JobNow("COMPLETING", 1, far), 0, 120) == "preemption"
+    # Preemption with a grace time: the notice comes while the job still runs.
+    assert stop_cause(JobNow("RUNNING", 0, far), 0, 120) == "preemption"
+    # At its time limit a completing job timed out; unknown state: preemption (requeue is the safe side).
+    assert stop_cause(JobNow("COMPLETING", 0, time.time() + 5), 0, 120) == "timeout"
+    assert stop_cause(None, 0, 120) == "preemption"
 
 
 def test_usr1_is_left_alone():

@@ -18,8 +18,7 @@ imports this package (for ``cli``) and must not load numpy, tensorstore or torch
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hpctrain.lazy import lazy_exports
 
 _EXPORTS = {
     "Checkpointer": "checkpointer",
@@ -37,9 +36,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

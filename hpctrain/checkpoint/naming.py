@@ -20,6 +20,11 @@ class StepDir:
     tag: str | None = None  # the <id> of tmp and trash directories
 
 
+def task_dir(directory: Path, task_index: int) -> Path:
+    """Where a job's checkpoints go: each array task (sweep trial) of the job in its own subdirectory."""
+    return directory / f"task-{task_index}" if task_index >= 0 else directory
+
+
 def committed_name(step: int) -> str:
     return f"step_{step:08d}"
 

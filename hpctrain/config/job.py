@@ -10,7 +10,7 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field, model_validator
 
-from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.config.loading import Loc, StrictModel, load_model, validate
 from hpctrain.config.types import ExpandedPath, MiB, Seconds
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -101,6 +101,15 @@ class Dependency(StrictModel):
     singleton: bool = False
 
 
+class RetryPolicy(StrictModel):
+    """Which stopped runs hpctrain requeues, and when it gives up."""
+
+    on_error: bool = Field(False, description="also requeue after an error exit or OOM kill (preemption, time "
+                                               "limit and node failure always are, while requeue is on)")
+    max_stalled_attempts: int = Field(3, ge=1, description="give up after this many consecutive attempts "
+                                                           "without checkpoint progress")
+
+
 class EnvVar(StrictModel):
     """An environment entry; a secret one is read from the submitter's environment, never written down."""
 
@@ -133,6 +142,7 @@ class JobSpec(StrictModel):
     env: dict[str, EnvVar] = Field(default_factory=dict)
     launcher: Literal["srun", "none"] = Field("srun", description="srun: one task per GPU; none: run once")
     requeue: bool = Field(True, description="let Slurm requeue the job after preemption or node failure")
+    retry: RetryPolicy = Field(default_factory=RetryPolicy)
     array: ArraySpec | None = None
     dependency: Dependency = Field(default_factory=Dependency)
 
@@ -176,6 +186,18 @@ class JobSpec(StrictModel):
                 yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by tp = {p.tp}"
             if m.hidden % m.heads:
                 yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by heads = {m.heads}"
+
+    def with_params(self, params: dict[str, Any], where: str = "$HPCTRAIN_PARAMS") -> "JobSpec":
+        """This spec with an array task's (a sweep trial's) parameters applied: ``lr`` sets hyperparameters.lr,
+        a dotted key such as ``parallel.micro_batch`` any other field."""
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for key, value in params.items():
+            *parents, leaf = key.split(".") if "." in key else ("hyperparameters", key)
+            node = data
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return validate(JobSpec, data, where)
 
     def secret_names(self) -> list[str]:
         return [k for k, v in self.env.items() if v.secret]

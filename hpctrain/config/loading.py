@@ -117,15 +117,15 @@ def format_problems(path: Path | str, problems: Iterable[tuple[Loc, str]]) -> st
     return "\n".join(f"{path}: {format_loc(loc)}: {msg}" for loc, msg in problems)
 
 
-def validate(model: type[M], data: dict[str, Any], path: Path | str) -> M:
-    """Validate ``data`` as ``model``; raise ConfigError with one line per problem."""
+def validate(model: type[M], data: dict[str, Any], path: Path | str, prefix: Loc = ()) -> M:
+    """Validate ``data`` (found at key ``prefix`` of the file) as ``model``; raise ConfigError with one line per problem."""
     try:
         obj = model.model_validate(data)
     except ValidationError as exc:
-        problems = [(tuple(e["loc"]), describe_error(e)) for e in exc.errors(include_url=False)]
+        problems = [(prefix + tuple(e["loc"]), describe_error(e)) for e in exc.errors(include_url=False)]
         raise ConfigError(format_problems(path, problems)) from None
     cross = getattr(obj, "problems", None)
-    found = list(cross()) if cross else []
+    found = [(prefix + loc, msg) for loc, msg in cross()] if cross else []
     if found:
         raise ConfigError(format_problems(path, found))
     return obj

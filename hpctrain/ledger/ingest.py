@@ -43,8 +43,35 @@ def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
                              "message": rec.get("message", ""), "data_json": data})
 
 
-# Kinds with a table of their own; every other kind (quarantine, requeue, ...) lands in events.
-HANDLERS: dict[str, Handler] = {"checkpoint": _checkpoint, "metrics": _metrics}
+def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """What a batch-script (attempt_*) or trainer (requeue, requeue_failed) record says about its run."""
+    kind = rec["kind"]
+    if kind == "attempt_start":
+        return {"step_start": rec.get("step")}
+    if kind == "attempt_end":
+        return {"cause": rec.get("cause"), "step_end": rec.get("step_end"), "requeued": int(bool(rec.get("requeued"))),
+                "decision": rec.get("message")}
+    if kind == "requeue":
+        fields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
+        return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
+    return {"requeued": None, "decision": f"requeue failed: {rec.get('message')}"}  # reconcile may try again
+
+
+def _attempt(ledger: Ledger, rec: dict[str, Any]) -> None:
+    """Into the run's attempts row (keyed like sacct's runs), and the job's events."""
+    if rec.get("job_id") is not None and rec.get("attempt") is not None:
+        ledger.upsert("attempts", {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1),
+                                   "attempt": rec["attempt"], **_attempt_fields(rec)},
+                      pk=("job_id", "task_index", "attempt"))
+    if rec["kind"] != "attempt_start":
+        _event(ledger, rec)
+
+
+# Kinds with a table of their own; every other kind (quarantine, ...) lands in events only.
+HANDLERS: dict[str, Handler] = {
+    "checkpoint": _checkpoint, "metrics": _metrics,
+    **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
+}
 
 
 def ingest_journal(ledger: Ledger, journal: Journal) -> int:

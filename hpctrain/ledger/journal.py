@@ -14,10 +14,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
 JOB_ID_ENV = "HPCTRAIN_JOB_ID"
+ATTEMPT_ENV = "HPCTRAIN_ATTEMPT"  # set by the batch script from `hpctrain attempt start`
 _seq = itertools.count()
 
 
@@ -48,6 +49,7 @@ def job_context() -> dict[str, Any]:
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "task_index": int(env.get("SLURM_ARRAY_TASK_ID", -1)),
         "restart": int(env.get("SLURM_RESTART_COUNT", 0)),
+        "attempt": int(env[ATTEMPT_ENV]) if env.get(ATTEMPT_ENV, "").isdigit() else None,
         "host": env.get("SLURMD_NODENAME") or socket.gethostname(),
         "rank": int(env.get("RANK", env.get("SLURM_PROCID", 0))),
     }
@@ -74,11 +76,13 @@ class Journal:
         write_json_atomic(path, {"kind": kind, "time": time.time(), **ctx, **payload})
         return path
 
-    def records(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(file name, record) in write order; an unreadable file becomes a record of kind 'unreadable'."""
+    def records(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(file name, record) in write order, only of ``kinds`` if given (told by the file name, without
+        reading the others); an unreadable file becomes a record of kind 'unreadable'."""
         if not self.dir.is_dir():
             return
-        for path in sorted(self.dir.glob("[0-9]*.json")):
+        suffixes = tuple(f"-{k}.json" for k in kinds) if kinds is not None else (".json",)
+        for path in sorted(p for p in self.dir.glob("[0-9]*.json") if p.name.endswith(suffixes)):
             try:
                 yield path.name, json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:

@@ -126,6 +126,34 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (site, key)
         )""",
     ],
+    # 4: what each attempt achieved, whether it was requeued and why (or why the job stopped there);
+    # attempt numbers continued across resubmissions under a new Slurm id.
+    [
+        "ALTER TABLE attempts ADD COLUMN cause TEXT",
+        "ALTER TABLE attempts ADD COLUMN step_start INTEGER",
+        "ALTER TABLE attempts ADD COLUMN step_end INTEGER",
+        "ALTER TABLE attempts ADD COLUMN requeued INTEGER",
+        "ALTER TABLE attempts ADD COLUMN decision TEXT",
+        "ALTER TABLE jobs ADD COLUMN attempt_base INTEGER NOT NULL DEFAULT 0",
+    ],
+    # 5: sweep trials, each linked to the array task that runs it.
+    [
+        """CREATE TABLE trials (
+            sweep_id TEXT NOT NULL REFERENCES sweeps(id),
+            number INTEGER NOT NULL,
+            params_json TEXT NOT NULL,
+            state TEXT NOT NULL,
+            job_id INTEGER REFERENCES jobs(id),
+            task_index INTEGER,
+            failures INTEGER NOT NULL DEFAULT 0,
+            value REAL,
+            reason TEXT,
+            updated_at REAL,
+            PRIMARY KEY (sweep_id, number)
+        )""",
+        "CREATE INDEX trials_state ON trials(sweep_id, state)",
+        "CREATE INDEX trials_job ON trials(job_id, task_index)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

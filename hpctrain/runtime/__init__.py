@@ -1,6 +1,9 @@
-"""In-job runtime: preemption/time-limit guard and self-requeue, for hpctrain's trainer and users' scripts."""
+"""In-job runtime: preemption/time-limit guard, self-requeue and attempt bookkeeping, for hpctrain's
+trainer and users' own scripts. Names load on first use (the CLI imports this package)."""
 
-from hpctrain.runtime.guard import PreemptionGuard
-from hpctrain.runtime.requeue import job_end_time, requeue_target, self_requeue
+from hpctrain.lazy import lazy_exports
 
-__all__ = ["PreemptionGuard", "job_end_time", "requeue_target", "self_requeue"]
+_EXPORTS = {"PreemptionGuard": "guard", "JobNow": "guard", "job_now": "requeue", "requeue_target": "requeue",
+            "self_requeue": "requeue", "log_metrics": "metrics"}
+__all__ = sorted(_EXPORTS)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

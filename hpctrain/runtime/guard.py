@@ -8,19 +8,49 @@ single flag makes all of them stop at the same step, as Megatron does.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
+from dataclasses import dataclass
 from types import FrameType
 from typing import Callable
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
 
 
+def timeout_margin_s(env: "os._Environ[str] | dict[str, str]" = os.environ) -> float:
+    """How near the job's end a stop counts as a time limit: twice the sbatch signal lead."""
+    return 2 * float(env.get("HPCTRAIN_SIGNAL_LEAD_S", "300"))
+
+
+@dataclass
+class JobNow:
+    """This job as Slurm sees it now: its state, requeue count and when its time limit ends (epoch s)."""
+
+    state: str | None = None
+    restarts: int | None = None
+    end_time: float | None = None
+
+
+def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: float) -> str:
+    """Why the job is told to stop, from its state rather than the signal: 'timeout' near its time limit;
+    'cancelled' when it is ending without Slurm having requeued it (scancel: SIGTERM with no notice
+    first; a preempted job is requeued, or still RUNNING in its grace time); else 'preemption'."""
+    if now is None:
+        return "preemption"
+    if now.end_time is not None and now.end_time - time.time() <= timeout_margin_s:
+        return "timeout"
+    if now.state in ("COMPLETING", "CANCELLED") and now.restarts == restarts_at_start:
+        return "cancelled"
+    return "preemption"
+
+
 class PreemptionGuard:
-    def __init__(self, end_time: Callable[[], float | None] = lambda: None, timeout_margin_s: float = 600.0):
-        """``end_time`` gives the job's end (epoch seconds) when asked; within ``timeout_margin_s`` of it a
-        stop is a time limit, otherwise a preemption: told by remaining wall time, not by the signal."""
-        self.end_time, self.timeout_margin_s = end_time, timeout_margin_s
+    def __init__(self, job_now: Callable[[], JobNow | None] = lambda: None, timeout_margin_s: float = 600.0):
+        """``job_now`` tells the job's state when asked (`hpctrain.runtime.job_now`; one rank asking is
+        enough): a stop within ``timeout_margin_s`` of the time limit is a timeout, one of a job being
+        cancelled a cancel, anything else a preemption."""
+        self.job_now, self.timeout_margin_s = job_now, timeout_margin_s
         self.signal: int | None = None
         self.received_at: float | None = None
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
@@ -45,11 +75,8 @@ class PreemptionGuard:
         return self.signal is not None
 
     def cause(self) -> str:
-        """'timeout' when the job's end is near, else 'preemption'."""
-        end = self.end_time()
-        if end is not None and end - time.time() <= self.timeout_margin_s:
-            return "timeout"
-        return "preemption"
+        """'timeout', 'cancelled' or 'preemption' (see `stop_cause`)."""
+        return stop_cause(self.job_now(), int(os.environ.get("SLURM_RESTART_COUNT", 0)), self.timeout_margin_s)
 
     def uninstall(self) -> None:
         for s, handler in self._previous.items():

@@ -12,7 +12,9 @@ from typing import Mapping
 
 from hpctrain.config.types import parse_slurm_time
 from hpctrain.errors import SlurmError
+from hpctrain.runtime.guard import JobNow
 from hpctrain.slurm.client import SlurmClient
+from hpctrain.slurm.parse import parse_kv_lines
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
@@ -22,13 +24,18 @@ def requeue_target(env: Mapping[str, str]) -> str:
     return env["SLURM_JOB_ID"]
 
 
-def job_end_time(client: SlurmClient, env: Mapping[str, str] = os.environ) -> float | None:
-    """When this run's time limit ends: start + time limit (one squeue call), None when unknown or unlimited.
+def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow | None:
+    """State, requeue count and time-limit end of this run (one `scontrol show job`); None when unknown.
 
-    Not squeue's EndTime: preemption with a GraceTime moves that to the end of the grace."""
+    The end is this run's start + its time limit, not Slurm's EndTime: preemption with a GraceTime
+    moves that to the end of the grace."""
     try:
-        start, limit = client.run("squeue", "-h", "-j", env["SLURM_JOB_ID"], "-o", "%S %l").split()
-        return datetime.fromisoformat(start).timestamp() + parse_slurm_time(limit)
+        # By task: an array's last task runs under the array's own id, which shows every task.
+        (job,) = parse_kv_lines(client.run("scontrol", "-o", "show", "job", requeue_target(env)))
+        limit = job.get("TimeLimit", "UNLIMITED")
+        end = None if limit in ("UNLIMITED", "Partition_Limit") else \
+            datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
+        return JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end)
     except (KeyError, ValueError, SlurmError):
         return None
 

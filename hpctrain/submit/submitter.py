@@ -10,7 +10,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
@@ -23,6 +23,9 @@ from hpctrain.slurm.limits import max_array_size
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.placement import Placement, choose_placement
 from hpctrain.submit.render import JobFiles, render_script
+
+
+OnRecord = Callable[[int, ArrayChunk | None], None]
 
 
 @dataclass
@@ -68,10 +71,11 @@ class Submitter:
         limit = max_array_size(self.site, self.ledger, self.client)
         return list(plan_chunks(len(params), limit, spec.array.throttle))
 
-    def submit(self, spec: JobSpec, where: Path | str, dry_run: bool = False,
-               sweep_id: str | None = None, lineage: dict[str, Any] | None = None) -> Submission:
+    def submit(self, spec: JobSpec, where: Path | str, dry_run: bool = False, sweep_id: str | None = None,
+               lineage: dict[str, Any] | None = None, on_record: OnRecord | None = None) -> Submission:
         """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
-        after another (afterany) so the throttle holds across chunks. A dry run writes nothing."""
+        after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
+        ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch."""
         placement = choose_placement(spec, self.site, self.client, self.user, where)
         secret_values = secret_env(spec, where)
         params = spec.array.parameter_sets() if spec.array else []
@@ -80,7 +84,8 @@ class Submitter:
         files = JobFiles(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
         for chunk in chunks:
-            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id, lineage))
+            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id,
+                                                                   lineage, on_record))
             if not dry_run and sub.group_id is None:
                 # The ledger id alone is unique only within one ledger; the logs directory is shared.
                 files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
@@ -112,7 +117,8 @@ class Submitter:
             tmp.replace(files.params_file)
 
     def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[dict[str, Any]],
-                    group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None) -> int:
+                    group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None,
+                    on_record: OnRecord | None) -> int:
         with self.ledger.transaction():
             job_id = self.ledger.insert("jobs", {
                 "name": spec.name, "site": self.site.name, "user": self.user, "account": placement.account,
@@ -131,6 +137,8 @@ class Submitter:
                 )
             self.ledger.event("placement", placement.reason, job_id=job_id, account=placement.account,
                               partition=placement.partition, qos=placement.qos)
+            if on_record is not None:
+                on_record(job_id, chunk)
         return job_id
 
     def _sbatch(self, job_id: int, script: str, secret_values: dict[str, str]) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from typing import Any
 
 from hpctrain.config.job import Model, load_job_spec
@@ -58,23 +59,27 @@ def metrics_journal(tokens_per_step: int, loader: Any):
 
 def preemption_guard(rank: int) -> Any:
     """Installed before the data loader forks its workers, so they inherit the handlers instead of dying."""
-    from hpctrain.runtime import PreemptionGuard, job_end_time
+    from hpctrain.runtime import PreemptionGuard, job_now
+    from hpctrain.runtime.guard import timeout_margin_s
     from hpctrain.slurm import SlurmClient
 
-    lead = float(os.environ.get("HPCTRAIN_SIGNAL_LEAD_S", "300"))
-    end_time = (lambda: job_end_time(SlurmClient())) if rank == 0 else (lambda: None)
-    return PreemptionGuard(end_time=end_time, timeout_margin_s=2 * lead)
+    probe = (lambda: job_now(SlurmClient())) if rank == 0 else (lambda: None)
+    return PreemptionGuard(job_now=probe, timeout_margin_s=timeout_margin_s())
 
 
 def main(argv: list[str] | None = None) -> int:
+    times = {"main": time.time()}  # start-up milestones, journaled after the first step
     args = parse_args(argv)
     try:
         spec = load_job_spec(args.spec)
+        if os.environ.get("HPCTRAIN_PARAMS"):  # an array task's (a sweep trial's) parameters
+            spec = spec.with_params(json.loads(os.environ["HPCTRAIN_PARAMS"]))
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train
 
             engine = build_engine(spec)
+        times["engine"] = time.time()
         model = spec.model or Model()
         dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
         loader = None
@@ -89,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         if spec.checkpoint.dir is not None:
             from hpctrain.train.checkpointing import TrainCheckpoints
 
-            checkpoints = TrainCheckpoints(spec, engine, spec.checkpoint.dir, loader)
+            from hpctrain.checkpoint.naming import task_dir
+
+            task = int(os.environ.get("SLURM_ARRAY_TASK_ID", -1))
+            checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader)
         start = checkpoints.resume() if checkpoints else 0
+        times["loaded"] = time.time()
         guard = preemption_guard(engine.global_rank)
     except HpctrainError as exc:
         print(f"hpctrain.train: error: {exc}", file=sys.stderr)
@@ -108,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
     try:
-        for _ in range(max(args.steps - start, 0)):
+        for n in range(max(args.steps - start, 0)):
             (result,) = train(engine, batches, 1, hooks=hooks)
+            if n == 0:
+                journal_startup(engine, start, {**times, "first_step": time.time()})
             if guard.should_stop():  # every rank agrees on the same step
                 stop_and_requeue(engine, guard, checkpoints, result)
                 return 0
@@ -126,30 +137,43 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def journal_startup(engine: Any, start: int, times: dict[str, float]) -> None:
+    """Rank 0 journals how long this run took to get going: process, engine, checkpoint load, first step."""
+    journal = Journal.from_env()
+    if journal is not None and engine.global_rank == 0:
+        journal.write("startup", resumed_from=start, times=times,
+                      message=f"engine {times['engine'] - times['main']:.2f}s, load {times['loaded'] - times['engine']:.2f}s, "
+                              f"first step {times['first_step'] - times['loaded']:.2f}s")
+
+
 def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> None:
     """Checkpoint this step (finishing any save in flight), then requeue the job from rank 0."""
     from hpctrain.runtime import self_requeue
     from hpctrain.slurm import SlurmClient
 
+    stopped_at = time.time()
     if checkpoints:
         checkpoints.finish(result.step, result.loss)
+    checkpoint_s = time.time() - stopped_at
     if engine.global_rank != 0:
         return
     journal, cause = Journal.from_env(), guard.cause()
-    under_slurm = "SLURM_JOB_ID" in os.environ
-    message = f"{cause} at step {result.step} (signal {guard.signal}): " + (
-        "checkpointed, requeueing" if under_slurm else "checkpointed, not under Slurm: exiting")
+    requeue = "SLURM_JOB_ID" in os.environ and cause != "cancelled"
+    message = f"{cause} at step {result.step} (signal {guard.signal}): checkpointed, " + (
+        "requeueing" if requeue else "exiting")
     print(f"hpctrain.train: {message}", file=sys.stderr, flush=True)
+    if not requeue:
+        return  # the batch script records how the run ended
     # Recorded before requeueing: the requeue ends this process.
     if journal is not None:
         journal.write("requeue", message=message, cause=cause, step=result.step, signal=guard.signal,
-                      checkpointed=bool(checkpoints))
-    if under_slurm:
-        try:
-            self_requeue(SlurmClient())
-        except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
-            if journal is not None:
-                journal.write("requeue_failed", message=str(exc), step=result.step)
+                      checkpointed=bool(checkpoints), signal_at=guard.received_at, stopped_at=stopped_at,
+                      checkpoint_s=checkpoint_s)
+    try:
+        self_requeue(SlurmClient())
+    except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
+        if journal is not None:
+            journal.write("requeue_failed", message=str(exc), step=result.step)
 
 
 if __name__ == "__main__":

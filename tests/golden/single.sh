@@ -36,20 +36,34 @@ set +e
 # The --signal notice (USR2) reaches only this shell, and sites without preempt_send_user_signal
 # send SIGTERM alone: forward both (and HUP) to the job step so training can checkpoint.
 step_pid=
+stop_signal=
 forward() {
   echo "hpctrain: batch shell got SIG$1 at $(date +%s); forwarding to the job step" >&2
+  stop_signal=$1
   [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null
 }
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 trap 'forward HUP' HUP
 
+# This run's number, journaled with the checkpoint step it starts from; exit 3: past the requeue cap.
+HPCTRAIN_ATTEMPT=$(/opt/hpctrain/bin/python -m hpctrain attempt start)
+case $? in
+  0) export HPCTRAIN_ATTEMPT ;;
+  3) exit 3 ;;
+  *) echo "hpctrain: could not record this run's start; running anyway" >&2 ;;
+esac
+
 python -c 'import os; e = os.environ; print('"'"'hello from'"'"', e['"'"'SLURMD_NODENAME'"'"'], e['"'"'GREETING'"'"'], len(e['"'"'API_TOKEN'"'"']))' &
 step_pid=$!
+# A notice that came before the step existed is passed on now.
+[ -n "$stop_signal" ] && kill -s "$stop_signal" "$step_pid" 2>/dev/null
 # wait returns early whenever a trapped signal arrives: keep waiting until the step has exited.
 while :; do
   wait "$step_pid"
   rc=$?
   kill -0 "$step_pid" 2>/dev/null || break
 done
+# Journal how the run ended; requeue it (or only this array task) when the spec's retry policy says so.
+/opt/hpctrain/bin/python -m hpctrain attempt end --exit-code "$rc" ${stop_signal:+--signal "$stop_signal"}
 exit $rc

@@ -1,0 +1,111 @@
+"""Attempts of a job or array task: what each run achieved, and whether another run is worth it.
+
+One policy serves both sides: the batch script asks it when its step ends (``hpctrain.runtime
+attempt-end``), and `hpctrain reconcile` asks it for runs that died without a word (node failure,
+a killed batch shell). Progress is measured in committed checkpoint steps, so a run preempted many
+times keeps going while one that crashes at start stops after ``max_stalled_attempts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
+from hpctrain.ledger.journal import Journal
+
+# Why a run ended, from the final Slurm state of its record when nothing more precise was journaled.
+CAUSE_OF_STATE = {
+    "COMPLETED": "completed", "PREEMPTED": "preemption", "TIMEOUT": "timeout", "DEADLINE": "timeout",
+    "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure", "OUT_OF_MEMORY": "oom", "FAILED": "error",
+    "CANCELLED": "cancelled", "REQUEUED": "requeued",
+}
+# Not the job's doing: requeued whenever the spec allows requeue at all.
+EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
+# The job's own doing: requeued only with retry.on_error.
+OWN = {"error", "oom"}
+
+
+@dataclass
+class Outcome:
+    """One run: why it ended (None while unknown) and the newest committed checkpoint step before and after."""
+
+    cause: str | None
+    step_start: int | None = None
+    step_end: int | None = None
+
+    @property
+    def stalled(self) -> bool:
+        """No checkpoint progress. Without hpctrain checkpoints progress is unknown: then only the job's own
+        failures count, so a user's script with checkpoints of its own survives any number of preemptions."""
+        if self.step_start is None or self.step_end is None:
+            return self.cause in OWN or self.cause == "refused"
+        return self.step_end <= self.step_start
+
+
+def fill_end_steps(outcomes: list[Outcome], current_step: int | None) -> list[Outcome]:
+    """A run that could not record its end step ended where the next one started (the last: ``current_step``)."""
+    for i, o in enumerate(outcomes):
+        if o.step_end is None:
+            o.step_end = outcomes[i + 1].step_start if i + 1 < len(outcomes) else current_step
+    return outcomes
+
+
+def stalled_streak(outcomes: Iterable[Outcome]) -> int:
+    """How many runs in a row, counting back from the last, stalled."""
+    streak = 0
+    for o in reversed(list(outcomes)):
+        if not o.stalled:
+            break
+        streak += 1
+    return streak
+
+
+def decide(outcomes: list[Outcome], requeue: bool, on_error: bool, max_stalled: int) -> tuple[bool, str]:
+    """(run again?, why) after the last of ``outcomes`` ended."""
+    cause = outcomes[-1].cause or "unknown"
+    if cause == "completed":
+        return False, "completed"
+    if cause == "cancelled":
+        return False, "cancelled"
+    if not requeue:
+        return False, f"{cause}; requeue is off in the spec"
+    if cause in OWN and not on_error:
+        return False, f"{cause}; retry.on_error is off in the spec"
+    streak = stalled_streak(outcomes)
+    if streak >= max_stalled:
+        return False, (f"requeue cap: {streak} consecutive attempts without checkpoint progress "
+                       f"(retry.max_stalled_attempts = {max_stalled}; last: {cause})")
+    return True, f"{cause}; requeued ({streak} of {max_stalled} attempts in a row without progress)"
+
+
+def latest_committed_step(directory: Path | None) -> int | None:
+    """The newest step with a manifest in ``directory`` (a directory listing, no verification); None without one."""
+    if directory is None:
+        return None
+    steps = [d.step for d in list_dirs(directory) if (d.path / MANIFEST).is_file()]
+    return max(steps, default=0)
+
+
+def checkpoint_dir(spec: dict[str, Any], task_index: int) -> Path | None:
+    """Where a task of a (JSON) job spec checkpoints, if it does."""
+    directory = (spec.get("checkpoint") or {}).get("dir")
+    return task_dir(Path(directory), task_index) if directory else None
+
+
+def journal_outcomes(journal: Journal, task_index: int) -> list[Outcome]:
+    """This task's runs, from what its batch script (attempt_start/attempt_end) and trainer (requeue) journaled."""
+    runs: dict[int, Outcome] = {}
+    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue")):
+        if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
+            continue
+        run = runs.setdefault(rec["attempt"], Outcome(None))
+        if rec["kind"] == "attempt_start":
+            run.step_start = rec.get("step")
+        elif rec["kind"] == "attempt_end":
+            run.cause, run.step_end = rec.get("cause"), rec.get("step_end")
+        elif run.cause is None:  # the trainer's checkpoint-and-requeue
+            run.cause = rec.get("cause")
+            run.step_end = rec.get("step") if rec.get("checkpointed") else None
+    return [runs[k] for k in sorted(runs)]

@@ -1,0 +1,176 @@
+"""The requeue policy, the batch script's attempt bookkeeping (`hpctrain attempt start|end`) outside Slurm,
+and how attempts reach the ledger. The cluster tests run the same code inside real jobs."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.attempts import Outcome, decide, fill_end_steps, journal_outcomes, latest_committed_step, stalled_streak
+from hpctrain.slurm.parse import parse_parsable_with_header
+from hpctrain.status import Poller, histories
+
+POLICY = {"requeue": True, "on_error": True, "max_stalled": 3}
+
+
+def test_streak_counts_only_the_latest_runs_without_progress():
+    runs = [Outcome("preemption", 0, 0), Outcome("preemption", 0, 40), Outcome("error", 40, 40), Outcome("error", 40, 40)]
+    assert stalled_streak(runs) == 2
+    assert stalled_streak(runs[:2]) == 0
+    # Without hpctrain checkpoints progress is unknown: only the job's own failures count.
+    assert Outcome("error", None, None).stalled and not Outcome("preemption", None, None).stalled
+
+
+def test_many_preemptions_with_progress_never_hit_the_cap():
+    runs = [Outcome("preemption", 10 * k, 10 * k + 10) for k in range(50)]
+    assert decide(runs, **POLICY)[0]
+
+
+def test_crashing_at_start_stops_after_the_cap_with_the_reason():
+    runs = [Outcome("error", 20, 20)]
+    assert decide(runs, **POLICY) == (True, "error; requeued (1 of 3 attempts in a row without progress)")
+    runs += [Outcome("error", 20, 20), Outcome("error", 20, 20)]
+    go, why = decide(runs, **POLICY)
+    assert not go and why.startswith("requeue cap: 3 consecutive attempts without checkpoint progress")
+
+
+def test_policy_switches():
+    assert decide([Outcome("error", 0, 5)], requeue=True, on_error=False, max_stalled=3) == \
+        (False, "error; retry.on_error is off in the spec")
+    assert decide([Outcome("oom", 0, 5)], requeue=True, on_error=False, max_stalled=3)[0] is False
+    assert decide([Outcome("node_failure", 0, 5)], requeue=True, on_error=False, max_stalled=3)[0] is True
+    assert decide([Outcome("preemption", 0, 5)], requeue=False, on_error=True, max_stalled=3) == \
+        (False, "preemption; requeue is off in the spec")
+    assert decide([Outcome("completed", 0, 5)], **POLICY) == (False, "completed")
+    assert decide([Outcome("cancelled", 0, 5)], **POLICY) == (False, "cancelled")
+
+
+def test_unrecorded_end_steps_come_from_the_next_start():
+    runs = fill_end_steps([Outcome("requeued", 0), Outcome("preemption", 30), Outcome(None, 30)], current_step=50)
+    assert [(o.step_start, o.step_end) for o in runs] == [(0, 30), (30, 30), (30, 50)]
+
+
+def test_latest_committed_step_needs_a_manifest(tmp_path):
+    assert latest_committed_step(None) is None
+    assert latest_committed_step(tmp_path / "none") == 0
+    for step, manifest in ((10, True), (20, True), (30, False)):
+        (tmp_path / f"step_{step:08d}").mkdir()
+        if manifest:
+            (tmp_path / f"step_{step:08d}" / "manifest.json").write_text("{}")
+    (tmp_path / "step_00000040.tmp-ab").mkdir()
+    assert latest_committed_step(tmp_path) == 20
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """The environment of an hpctrain batch script (array task 2, no Slurm), its spec and checkpoint dir."""
+    ckpt = tmp_path / "ckpt"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"requeue": True, "checkpoint": {"dir": str(ckpt)},
+                                "retry": {"on_error": True, "max_stalled_attempts": 2}}))
+    env = {"HPCTRAIN_JOB_ID": "1", "HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"), "HPCTRAIN_SPEC": str(spec),
+           "SLURM_ARRAY_TASK_ID": "2"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    return ckpt / "task-2"  # each array task checkpoints in its own subdirectory
+
+
+def attempt(*args: str, attempt_no: str | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ)
+    if attempt_no is not None:
+        env["HPCTRAIN_ATTEMPT"] = attempt_no
+    return subprocess.run([sys.executable, "-m", "hpctrain", "attempt", *args], capture_output=True, text=True, env=env)
+
+
+def commit(ckpt, step):
+    (ckpt / f"step_{step:08d}").mkdir(parents=True)
+    (ckpt / f"step_{step:08d}" / "manifest.json").write_text("{}")
+
+
+def test_batch_script_bookkeeping_counts_runs_and_refuses_past_the_cap(job, tmp_path):
+    journal = Journal(tmp_path / "journal")
+    # Run 0 checkpoints step 10 then crashes: progress, so requeue (not under Slurm: only journaled).
+    assert attempt("start").stdout.strip() == "0"
+    commit(job, 10)
+    end = attempt("end", "--exit-code", "1", attempt_no="0")
+    assert end.returncode == 0 and "error; requeued (0 of 2" in end.stderr
+    # Runs 1 and 2 crash at once: the second is the cap.
+    for n in ("1", "2"):
+        assert attempt("start").stdout.strip() == n
+        attempt("end", "--exit-code", "1", attempt_no=n)
+    ends = [r for _, r in journal.records(kinds=["attempt_end"])]
+    assert [e["requeued"] for e in ends] == [True, True, False]
+    assert ends[-1]["message"].startswith("requeue cap: 2 consecutive attempts")
+    assert [(o.cause, o.step_start, o.step_end) for o in journal_outcomes(journal, 2)] == \
+        [("error", 0, 10), ("error", 10, 10), ("error", 10, 10)]
+    # Another task of the same job has its own history.
+    assert journal_outcomes(journal, 0) == []
+
+
+def test_a_run_slurm_requeued_by_itself_is_refused_past_the_cap(job, tmp_path):
+    # Two runs that never got to record their end (e.g. preempted without grace before any step).
+    assert attempt("start").stdout.strip() == "0"
+    assert attempt("start").stdout.strip() == "1"
+    refused = attempt("start")
+    assert refused.returncode == 3 and "not running: requeue cap: 2 consecutive" in refused.stderr
+    # After a recorded stop, a start is a person's requeue: it runs.
+    assert attempt("start").stdout.strip() == "3"
+
+
+def test_trainer_requeue_makes_the_batch_script_end_quiet(job, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    attempt("start")
+    monkeypatch.setenv("HPCTRAIN_ATTEMPT", "0")
+    journal.write("requeue", cause="timeout", step=30, checkpointed=True, message="timeout at step 30")
+    assert attempt("end", "--exit-code", "0", attempt_no="0").stderr == ""
+    assert [r["kind"] for _, r in journal.records()] == ["attempt_start", "requeue"]
+
+
+def test_attempt_records_and_sacct_meet_in_the_ledger(job, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    attempt("start")
+    commit(job, 10)
+    attempt("end", "--exit-code", "1", attempt_no="0")
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "5", "is_array": 1, "state": "RUNNING",
+                               "spec_json": "{}"})
+        ledger.db.table("array_tasks").insert({"job_id": 1, "task_index": 2, "param_index": 2})
+        ingest_journal(ledger, journal)
+        row = ledger.rows("attempts")[0]
+        assert (row["attempt"], row["task_index"], row["cause"], row["step_start"], row["step_end"], row["requeued"]) \
+            == (0, 2, "error", 0, 10, 1)
+
+        # sacct still lists the failed run as the task's last: requeued by us, so not finished.
+        class Recorded:
+            def sacct(self, ids, fields):
+                return parse_parsable_with_header(
+                    "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+                    "5_2|FAILED|1:0|2026-11-22T03:33:36|2026-11-22T03:33:36|2026-11-22T03:33:38|n1||None\n")
+
+        Poller(ledger, Recorded(), "dev").refresh()
+        assert ledger.rows("array_tasks")[0]["state"] == "REQUEUED"
+        assert ledger.rows("attempts")[0]["state"] == "FAILED" and ledger.rows("attempts")[0]["cause"] == "error"
+
+
+def test_cause_is_filled_from_the_slurm_state_until_journaled(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "7", "state": "RUNNING", "spec_json": "{}"})
+
+        class Recorded:
+            def sacct(self, ids, fields):
+                return parse_parsable_with_header(
+                    "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+                    "7|PREEMPTED|0:15|2026-11-22T03:50:20|2026-11-22T03:50:20|2026-11-22T03:50:42|n1||None\n"
+                    "7|RUNNING|0:0|2026-11-22T03:51:20|2026-11-22T03:51:30|Unknown|n1||None\n")
+
+        Poller(ledger, Recorded(), "dev").refresh()
+        assert [(a["attempt"], a["cause"]) for a in ledger.rows("attempts", order_by="attempt")] == \
+            [(0, "preemption"), (1, None)]
+        assert histories(Recorded().sacct([], ()))["7"][-1].state == "RUNNING"

@@ -1,0 +1,123 @@
+"""Requeue policy on the dev cluster: the cap on runs without progress, runs that die without a word
+(requeued by reconcile), and preemption of one array task (only that task is requeued)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.reconcile import reconcile
+from hpctrain.slurm import SlurmClient
+from hpctrain.status import TERMINAL, Poller
+from hpctrain.submit import Submitter
+
+from conftest import REPO, run_cli, wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SMALL = {"mem": "500M", "time": "00:10:00", "account": "teama"}
+
+
+def submit(ledger: Ledger, spec: dict) -> dict:
+    sub = Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(spec), "<test>")
+    return ledger.get("jobs", sub.ledger_ids[0])
+
+
+def finish(ledger: Ledger, job_id: int, timeout: float = 180, supervise: bool = False) -> str:
+    """Poll (or reconcile, which also requeues dead runs) until the job is finished; its final state."""
+    site, client = load_site("dev"), SlurmClient.for_site(load_site("dev"))
+    poller = Poller(ledger, client, "dev")
+
+    def done():
+        reconcile(ledger, client, "dev") if supervise else poller.refresh()
+        return ledger.get("jobs", job_id)["state"] in TERMINAL
+
+    wait_until(done, timeout, 2.0, f"job {job_id} to finish")
+    return ledger.get("jobs", job_id)["state"]
+
+
+def test_a_job_crashing_at_start_stops_after_the_cap(dev_cluster, isolated_ledger, tmp_path):
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "crasher", "command": [sys.executable, "-c", "raise SystemExit(7)"],
+                              "launcher": "none", "resources": SMALL,
+                              "checkpoint": {"dir": str(tmp_path / "ck")},
+                              "retry": {"on_error": True, "max_stalled_attempts": 3}})
+        assert finish(ledger, job["id"]) == "FAILED"
+        assert run_cli("reconcile").returncode == 0
+        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+    assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("error", 1), ("error", 0)]
+    assert attempts[-1]["exit_code"] == "7:0"
+    assert attempts[-1]["decision"].startswith("requeue cap: 3 consecutive attempts without checkpoint progress")
+    shown = run_cli("show", str(job["id"]))
+    assert "stopped after attempt 2: requeue cap: 3 consecutive attempts" in " ".join(shown.stdout.split())
+
+
+def test_a_run_killed_without_a_word_is_requeued_by_reconcile_once(dev_cluster, isolated_ledger, tmp_path):
+    """The batch shell is killed (as by the OOM killer): nothing in the job can requeue it; reconcile does,
+    exactly once however often it runs, and the second run completes."""
+    marker = tmp_path / "killed-once"
+    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "killed", "command": ["bash", "-c", kill_first_run], "launcher": "none",
+                              "resources": SMALL, "retry": {"on_error": True}})
+        assert finish(ledger, job["id"]) == "FAILED"
+        client = SlurmClient.for_site(load_site("dev"))
+        first, second = reconcile(ledger, client, "dev"), reconcile(ledger, client, "dev")
+        assert [(d.requeued, d.why.split(" by reconcile: ")[1]) for d in first.decisions] == \
+            [(True, f"scontrol requeue {job['slurm_job_id']}")]
+        assert second.decisions == []
+        assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
+        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+    assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("completed", 0)]
+
+
+def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated_ledger, tmp_path):
+    """Two low tasks fill n1 and n2, a normal job holds n3: a one-node high job preempts exactly one task.
+    That task saves its state on the notice and its batch script requeues it alone; both finish."""
+    loop = REPO / "scripts" / "examples" / "guarded_loop.py"
+    whole_node = {**SMALL, "gpus_per_node": 4, "tasks_per_node": 1, "time": "00:15:00"}
+    with Ledger(isolated_ledger) as ledger:
+        blocker = submit(ledger, {"name": "blocker", "command": ["sleep", "600"], "launcher": "none",
+                                  "resources": {**whole_node, "qos": "normal"}})
+        array = submit(ledger, {"name": "looped", "launcher": "none", "resources": {**whole_node, "preemptible": True},
+                                "command": ["bash", "-c", f"exec {sys.executable} {loop} {tmp_path}/state-$SLURM_ARRAY_TASK_ID 150"],
+                                "array": {"count": 2}})
+        journal = Journal(Path(array["job_dir"]) / "journal")
+        starts = lambda: [r for _, r in journal.records(kinds=["attempt_start"])]  # noqa: E731
+        wait_until(lambda: len(starts()) == 2, 120, 0.5, "both tasks to start")
+        submit(ledger, {"name": "urgent", "command": ["sleep", "1"], "launcher": "none",
+                        "resources": {**whole_node, "qos": "high", "time": "00:02:00"}})
+        assert finish(ledger, array["id"], timeout=240) == "COMPLETED"
+        SlurmClient.for_site(load_site("dev")).scancel([blocker["slurm_job_id"]])
+        assert run_cli("reconcile").returncode == 0
+        tasks = {t["task_index"]: t for t in ledger.rows("array_tasks", "job_id = ?", [array["id"]])}
+        attempts = ledger.rows("attempts", "job_id = ?", [array["id"]], order_by="task_index, attempt")
+    assert sorted(t["restarts"] for t in tasks.values()) == [0, 1]
+    preempted = next(i for i, t in tasks.items() if t["restarts"] == 1)
+    assert [(a["task_index"], a["cause"], a["requeued"]) for a in attempts if a["task_index"] == preempted][0] == \
+        (preempted, "preemption", 1)
+    for t in (0, 1):  # each task ran its 150 steps exactly once across its runs
+        assert json.loads((tmp_path / f"state-{t}").read_text()) == {"step": 150, "total": 150 * 151 // 2}
+
+
+def test_a_cancelled_job_is_not_requeued(dev_cluster, isolated_ledger, tmp_path):
+    """scancel sends SIGTERM like a preemption without user signal: the job's state (ending, not requeued by
+    Slurm) tells them apart, so the batch script does not bring a cancelled job back."""
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "tocancel", "command": ["sleep", "300"], "launcher": "none", "resources": SMALL})
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
+        assert run_cli("cancel", str(job["id"])).returncode == 0
+        ends = wait_until(lambda: [r for _, r in journal.records(kinds=["attempt_end"])], 30, 0.5, "the run's end")
+        assert (ends[0]["cause"], ends[0]["requeued"]) == ("cancelled", False)
+        assert finish(ledger, job["id"]) == "CANCELLED"
+        time.sleep(12)  # past cred_expire a requeued job would be back
+        squeue = SlurmClient.for_site(load_site("dev")).run("squeue", "-h", "-j", job["slurm_job_id"])
+    assert squeue.strip() == ""
