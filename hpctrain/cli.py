@@ -36,6 +36,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "data": "hpctrain.data.cli:data",
     "ckpt": "hpctrain.checkpoint.cli:ckpt",
     "attempt": "hpctrain.runtime.cli:attempt",
+    "sweep": "hpctrain.sweep.cli:sweep",
 }
 
 

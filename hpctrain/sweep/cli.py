@@ -1,0 +1,112 @@
+"""`hpctrain sweep start|tick|status|report` (imports only click at module load)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from hpctrain.cli import make_console, site_option
+
+
+@click.group()
+def sweep() -> None:
+    """Hyperparameter sweeps driven by cron: grid, random or Bayesian, with early stopping."""
+
+
+@sweep.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@site_option
+@click.option("--tick/--no-tick", default=True, show_default=True, help="submit the first trials right away")
+def start(spec_path: str, site: str | None, tick: bool) -> None:
+    """Register the sweep in SPEC (again: no change); then tick it once."""
+    from hpctrain.jobs_cli import open_site
+    from hpctrain.sweep import store
+    from hpctrain.sweep.spec import load_sweep_spec
+
+    spec = load_sweep_spec(spec_path)
+    cfg, ledger, client = open_site(site)
+    with ledger:
+        swp, created = store.register(ledger, spec, Path(spec_path))
+        click.echo(f"sweep {swp.id}: {'registered' if created else 'already registered'} "
+                   f"({spec.method}, up to {spec.max_trials} trials, {spec.max_parallel} at once)")
+        if tick:
+            _tick(cfg, ledger, client, [swp.id])
+
+
+@sweep.command(name="tick")
+@click.argument("sweeps", nargs=-1)
+@site_option
+def tick_command(sweeps: tuple[str, ...], site: str | None) -> None:
+    """The cron entry: refresh (one sacct call), stop, resubmit, submit what is missing; runs one at a time."""
+    from hpctrain.jobs_cli import open_site
+
+    cfg, ledger, client = open_site(site)
+    with ledger:
+        _tick(cfg, ledger, client, list(sweeps) or None)
+
+
+def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
+    from hpctrain.sweep.tick import tick_all, tick_lock
+
+    with tick_lock(ledger.path):
+        results = tick_all(ledger, client, cfg, sweep_ids)
+    for r in results:
+        parts = [f"{len(r.submitted)} submitted", f"{len(r.resubmitted)} resubmitted", f"{len(r.stopped)} stopped early"]
+        click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")
+        for number, why in r.stopped.items():
+            click.echo(f"  trial {number}: {why}")
+
+
+@sweep.command()
+@click.argument("sweep_id", metavar="SWEEP")
+@site_option
+@click.option("--json", "as_json", is_flag=True)
+def status(sweep_id: str, site: str | None, as_json: bool) -> None:
+    """Trials of SWEEP (parameters, state, metric, GPU-hours) and the best one, from the ledger."""
+    from rich.table import Table
+
+    from hpctrain.jobs_cli import open_site
+    from hpctrain.sweep import store
+
+    _, ledger, _ = open_site(site)
+    with ledger:
+        swp = store.load(ledger, sweep_id)
+        rows = store.trial_table(ledger, swp)
+    top = store.best(rows, swp.spec.direction)
+    if as_json:
+        click.echo(json.dumps({"sweep": swp.id, "state": swp.state, "trials": rows, "best": top}))
+        return
+    table = Table(title=f"sweep {swp.id} ({swp.spec.method}, {swp.state}): {swp.spec.direction} {swp.spec.metric}",
+                  title_justify="left")
+    for col in ("trial", "params", "state", swp.spec.metric, "GPU-h", "slurm id", "note"):
+        table.add_column(col)
+    for r in rows:
+        slurm = f"{r['slurm_job_id']}_{r['task_index']}" if r["slurm_job_id"] else "-"
+        table.add_row(str(r["number"]), json.dumps(r["params"], sort_keys=True), r["state"],
+                      "-" if r["value"] is None else f"{r['value']:.6g}", f"{r['gpu_hours']:.2f}", slurm,
+                      r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else ""))
+    console = make_console()
+    console.print(table)
+    console.print(f"best: trial {top['number']} {swp.spec.metric}={top['value']:.6g} {json.dumps(top['params'])}"
+                  if top else "best: no completed trial yet")
+
+
+@sweep.command()
+@click.argument("sweep_id", metavar="SWEEP")
+@site_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="directory for the PNG files (default: ./sweep-<SWEEP>)")
+def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
+    """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance."""
+    from hpctrain.jobs_cli import open_site
+    from hpctrain.sweep import store
+    from hpctrain.sweep.report import write_report
+
+    _, ledger, _ = open_site(site)
+    with ledger:
+        swp = store.load(ledger, sweep_id)
+        rows = store.trial_table(ledger, swp)
+    for path in write_report(swp.spec, rows, Path(out_dir or f"sweep-{swp.id}")):
+        click.echo(f"wrote {path}")

@@ -1,0 +1,155 @@
+"""One sweep tick, the cron entry: refresh, stop, resubmit, suggest, submit, and exit.
+
+Ticks serialise on a lock file next to the ledger. A tick is idempotent: each trial is written to
+the ledger before it is submitted and linked to its job in the transaction that records the job,
+so a second tick right after the first finds nothing missing and submits nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from hpctrain.config.job import ArraySpec
+from hpctrain.config.site import SiteConfig
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.reconcile import reconcile
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit import Submitter
+from hpctrain.submit.arrays import ArrayChunk
+from hpctrain.sweep import store
+from hpctrain.sweep.methods import suggest
+from hpctrain.sweep.stopping import trials_to_stop
+
+LOCK_WAIT_S = 600.0
+
+
+@dataclass
+class TickResult:
+    sweep: str
+    submitted: list[int] = field(default_factory=list)
+    resubmitted: list[int] = field(default_factory=list)
+    stopped: dict[int, str] = field(default_factory=dict)
+    state: str = "ACTIVE"
+
+
+@contextlib.contextmanager
+def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """An exclusive flock beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
+    path = ledger_path.with_name(ledger_path.name + ".sweep-lock")
+    with open(path, "a") as fh:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise HpctrainError(f"{path}: another sweep tick has held the lock for over {wait_s:g}s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None) -> list[TickResult]:
+    """Tick the given sweeps (default: every active one) after one controller check and one sacct call."""
+    client.ping()  # the controller down: fail here, before anything is written
+    reconcile(ledger, client, site.name)
+    if sweep_ids is None:
+        sweep_ids = [r["id"] for r in ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
+    return [tick(ledger, client, site, sweep_id) for sweep_id in sweep_ids]
+
+
+def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -> TickResult:
+    """One sweep's decisions on states already refreshed from Slurm (see `tick_all`)."""
+    sweep = store.load(ledger, sweep_id)
+    result = TickResult(sweep.id, state=sweep.state)
+    if sweep.state != "ACTIVE":
+        return result
+    spec = sweep.spec
+    rows = store.refresh(ledger, sweep)
+    if spec.early_stopping is not None:
+        result.stopped = _early_stop(ledger, client, sweep, rows)
+    result.resubmitted = _retry_failed(ledger, sweep, rows)
+    active = sum(r["state"] in ("new", "pending", "running") for r in rows)
+    due = spec.max_parallel - active
+    if due > 0:
+        curves = store.intermediate(ledger, sweep, [r["number"] for r in rows if r["state"] == "pruned"], spec.metric)
+        _add_trials(ledger, sweep, len(rows), suggest(spec, store.records(rows, curves), due))
+    result.submitted = _submit_new(ledger, client, site, sweep)
+    if not result.submitted and _all_done(ledger, sweep):
+        ledger.update("sweeps", sweep.id, {"state": "DONE", "updated_at": time.time()})
+        result.state = "DONE"
+    return result
+
+
+def _early_stop(ledger: Ledger, client: SlurmClient, sweep: store.Sweep, rows: list[dict]) -> dict[int, str]:
+    es = sweep.spec.early_stopping
+    assert es is not None and es.metric is not None
+    if not any(r["state"] == "running" for r in rows):
+        return {}
+    seen = [r["number"] for r in rows if r["state"] in ("running", "completed", "pruned")]
+    doomed = trials_to_stop(sweep.spec, store.records(rows, store.intermediate(ledger, sweep, seen, es.metric)))
+    if not doomed:
+        return {}
+    by_number = {r["number"]: r for r in rows}
+    client.scancel([f"{by_number[n]['slurm_job_id']}_{by_number[n]['task_index']}" for n in doomed])
+    with ledger.transaction():
+        for number, why in doomed.items():
+            ledger.db.execute("UPDATE trials SET state = 'pruned', reason = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
+                              [why, time.time(), sweep.id, number])
+            by_number[number]["state"] = "pruned"
+    return doomed
+
+
+def _retry_failed(ledger: Ledger, sweep: store.Sweep, rows: list[dict]) -> list[int]:
+    """Failed trials with retries left become new again (same parameters, same number)."""
+    again = [r for r in rows if r["state"] == "failed" and r["failures"] < sweep.spec.max_failures
+             and r["job_id"] is not None]
+    with ledger.transaction():
+        for r in again:
+            ledger.db.execute("UPDATE trials SET state = 'new', failures = failures + 1, job_id = NULL, task_index = NULL, "
+                              "updated_at = ? WHERE sweep_id = ? AND number = ?", [time.time(), sweep.id, r["number"]])
+            r["state"] = "new"
+    return [r["number"] for r in again]
+
+
+def _add_trials(ledger: Ledger, sweep: store.Sweep, first: int, params: list[dict]) -> None:
+    now = time.time()
+    with ledger.transaction():
+        ledger.db.table("trials").insert_all(
+            {"sweep_id": sweep.id, "number": first + i, "params_json": json.dumps(p, sort_keys=True), "state": "new",
+             "failures": 0, "updated_at": now} for i, p in enumerate(params))
+
+
+def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep) -> list[int]:
+    """Every new trial in one submission (arrays, split past MaxArraySize), each trial linked to its task
+    in the transaction that records the task's job."""
+    new = ledger.rows("trials", "sweep_id = ? AND state = 'new'", [sweep.id], order_by="number")
+    if not new:
+        return []
+    numbers = [r["number"] for r in new]
+    job = sweep.job.model_copy(update={"array": ArraySpec(params=[json.loads(r["params_json"]) for r in new])})
+
+    def link(job_id: int, chunk: ArrayChunk | None) -> None:
+        assert chunk is not None
+        ledger.db.conn.executemany(
+            "UPDATE trials SET state = 'pending', job_id = ?, task_index = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
+            [(job_id, t, time.time(), sweep.id, numbers[chunk.offset + t]) for t in range(chunk.count)])
+
+    Submitter(site, ledger, client).submit(job, f"<sweep {sweep.id}>", sweep_id=sweep.id, on_record=link)
+    return numbers
+
+
+def _all_done(ledger: Ledger, sweep: store.Sweep) -> bool:
+    counts = dict(ledger.db.execute("SELECT state IN ('completed', 'failed', 'pruned'), count(*) FROM trials "
+                                    "WHERE sweep_id = ? GROUP BY 1", [sweep.id]).fetchall())
+    return counts.get(0, 0) == 0 and counts.get(1, 0) >= (sweep.spec.max_trials or 0)

@@ -1,0 +1,37 @@
+"""A cheap sweep trial with a known objective: loss = (x - 0.3)^2 + (y + 0.2)^2 (+ a decaying term).
+
+    python sweep_trial.py [--steps N] [--step-s SECONDS]
+
+Reads its parameters (x, y) from $HPCTRAIN_PARAMS, as every array task of a sweep does, and reports
+the loss at each step with `hpctrain.runtime.log_metrics`; the last step's loss is the objective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+from hpctrain.runtime import log_metrics
+
+
+def objective(x: float, y: float) -> float:
+    return (x - 0.3) ** 2 + (y + 0.2) ** 2
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--step-s", type=float, default=0.1)
+    args = parser.parse_args()
+    params = json.loads(os.environ.get("HPCTRAIN_PARAMS") or "{}")
+    final = objective(float(params.get("x", 0.0)), float(params.get("y", 0.0)))
+    for step in range(1, args.steps + 1):
+        time.sleep(args.step_s)
+        log_metrics(step, loss=final + (args.steps - step) / args.steps)
+    print(json.dumps({"params": params, "loss": final}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Early stopping: median stopping and successive halving decide on known curves."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from hpctrain.sweep.methods import TrialRecord
+from hpctrain.sweep.spec import SweepSpec
+from hpctrain.sweep.stopping import should_stop, trials_to_stop
+
+
+def make_spec(direction: str = "minimize", **early_stopping: Any) -> SweepSpec:
+    return SweepSpec.model_validate(
+        {"name": "s", "job": "train.toml", "method": "random", "metric": "loss", "direction": direction,
+         "max_trials": 100, "search": {"x": {"type": "uniform", "low": 0, "high": 1}},
+         "early_stopping": early_stopping or None}
+    )
+
+
+def curve(number: int, values: dict[int, float], state: str = "running") -> TrialRecord:
+    return TrialRecord(number, {"x": 0.5}, state, None, values)
+
+
+def loss_curve(number: int, floor: float, last_step: int, state: str = "running") -> TrialRecord:
+    """Loss floor + 10/step, reported every 10 steps."""
+    return curve(number, {s: floor + 10 / s for s in range(10, last_step + 1, 10)}, state)
+
+
+# Finished references: at step 40 their losses are 1.25, 2.25, 3.25, 4.25, 5.25 (median 3.25).
+REFERENCE = [loss_curve(i, floor=i + 1, last_step=100, state="completed") for i in range(5)]
+MEDIAN = make_spec(rule="median", grace_steps=20)
+
+
+def test_median_stops_the_bad_trial_only():
+    good, bad = loss_curve(10, floor=2, last_step=40), loss_curve(11, floor=6, last_step=40)
+    assert should_stop(MEDIAN, good, REFERENCE) is None
+    assert should_stop(MEDIAN, bad, REFERENCE) == (
+        "median stopping: best loss 6.25 by step 40 is worse than the median 3.25 of 5 other trials at that step"
+    )
+    assert trials_to_stop(MEDIAN, [*REFERENCE, good, bad]) == {
+        11: "median stopping: best loss 6.25 by step 40 is worse than the median 2.75 of 6 other trials at that step"
+    }
+
+
+def test_median_compares_best_so_far_and_lets_ties_run():
+    recovered = curve(10, {10: 0.5, 20: 9.0, 30: 9.0})  # bad now, but its best beats the median
+    assert should_stop(MEDIAN, recovered, REFERENCE) is None
+    assert should_stop(MEDIAN, curve(11, {20: 3.5}), REFERENCE) is None, "the median at step 20 is 3.5"
+    assert should_stop(MEDIAN, curve(11, {20: 3.5001}), REFERENCE) is not None
+
+
+def test_median_waits_for_grace_and_min_trials():
+    terrible = loss_curve(10, floor=50, last_step=10)
+    assert should_stop(MEDIAN, terrible, REFERENCE) is None, "step 10 is before grace_steps = 20"
+    assert should_stop(MEDIAN, loss_curve(10, floor=50, last_step=20), REFERENCE) is not None
+    assert should_stop(MEDIAN, loss_curve(10, floor=50, last_step=20), REFERENCE[:2]) is None, "2 < min_trials"
+    assert should_stop(MEDIAN, curve(10, {25: 99.0}), REFERENCE) is None, "nobody else reported at step 25"
+    strict = make_spec(rule="median", min_trials=6)
+    assert should_stop(strict, loss_curve(10, floor=50, last_step=20), REFERENCE) is None
+
+
+def test_median_respects_maximize():
+    spec = make_spec("maximize", rule="median", metric="acc")
+    reference = [curve(i, {s: 0.5 + 0.1 * i - 1 / s for s in (10, 20, 30)}, "completed") for i in range(5)]
+    good = curve(10, {10: 0.7, 20: 0.85})
+    bad = curve(11, {10: 0.3, 20: 0.35})
+    assert trials_to_stop(spec, [*reference, good, bad]) == {
+        11: "median stopping: best acc 0.35 by step 20 is worse than the median 0.7 of 6 other trials at that step"
+    }
+
+
+def test_diverged_trial_stops_after_grace():
+    assert should_stop(MEDIAN, curve(10, {10: 1.0, 20: float("nan")}), REFERENCE) == "loss is nan at step 20: diverged"
+    assert should_stop(MEDIAN, curve(10, {10: float("inf")}), REFERENCE) is None, "before grace"
+
+
+def test_only_running_trials_are_stopped_and_no_rule_stops_nothing():
+    losers = [loss_curve(10, floor=9, last_step=40, state=s) for s in ("completed", "pruned", "failed", "pending")]
+    assert trials_to_stop(MEDIAN, [*REFERENCE, *losers]) == {}
+    no_rule = make_spec()
+    assert should_stop(no_rule, loss_curve(10, floor=9, last_step=40), REFERENCE) is None
+    assert trials_to_stop(no_rule, [*REFERENCE, loss_curve(10, floor=9, last_step=40)]) == {}
+
+
+# Successive halving: rungs at steps 1, 3, 9, 27; keep the top third at each.
+
+HALVING = make_spec(rule="halving", min_resource=1, reduction_factor=3)
+
+
+def ladder(n: int, last_step: int, sign: float = 1.0) -> list[TrialRecord]:
+    """Trial i's loss is i + 1/step (times sign): trial 0 is best at every step."""
+    return [curve(i, {s: sign * (i + 1 / s) for s in range(1, last_step + 1)}) for i in range(n)]
+
+
+def test_halving_keeps_the_top_third_at_the_highest_rung_reached():
+    trials = ladder(9, last_step=10)  # all past rung 9, before rung 27
+    stopped = trials_to_stop(HALVING, trials)
+    assert sorted(stopped) == [3, 4, 5, 6, 7, 8]
+    assert stopped[3] == "successive halving: best loss 3.111 by rung step 9 ranks 4 of 9 trials there; only the top 3 continue"
+
+
+def test_halving_judges_each_trial_against_those_at_its_rung():
+    trials = ladder(9, last_step=10)
+    newcomer = curve(20, {1: 8.0, 2: 3.5, 4: 2.4})  # judged at rung 3 by 3.5, against 0.33, 1.33, 2.33, 3.33, ...
+    assert should_stop(HALVING, newcomer, trials) == (
+        "successive halving: best loss 3.5 by rung step 3 ranks 5 of 10 trials there; only the top 4 continue"
+    )
+    assert should_stop(HALVING, curve(20, {1: 8.0, 2: 2.5, 4: 0.1}), trials) is None, "4th of 10 continues"
+    assert should_stop(HALVING, trials[5], trials[3:6]) is None, "2 others at the rung < min_trials"
+
+
+def test_halving_grace_and_maximize():
+    graced = make_spec(rule="halving", min_resource=1, reduction_factor=3, grace_steps=10)
+    assert trials_to_stop(graced, ladder(9, last_step=10)) == {}, "rung 9 is below grace_steps = 10"
+    assert sorted(trials_to_stop(graced, ladder(9, last_step=27))) == [3, 4, 5, 6, 7, 8]
+    maximize = make_spec("maximize", rule="halving", min_resource=1, reduction_factor=3)
+    assert sorted(trials_to_stop(maximize, ladder(9, last_step=10, sign=-1.0))) == [3, 4, 5, 6, 7, 8]
+    assert sorted(trials_to_stop(maximize, ladder(9, last_step=10))) == [0, 1, 2, 3, 4, 5]
+
+
+def test_trials_to_stop_is_fast_over_10000_trials():
+    rng = random.Random(0)
+    floors = [rng.random() for _ in range(10_000)]
+    trials = [curve(i, {s: floor + 10 / s + 0.01 * rng.random() for s in range(10, 201, 10)})
+              for i, floor in enumerate(floors)]
+    for spec in (MEDIAN, HALVING):
+        t0 = time.perf_counter()
+        stopped = trials_to_stop(spec, trials)
+        assert time.perf_counter() - t0 < 1.5, spec.early_stopping.rule
+        assert 1000 < len(stopped) < 9000

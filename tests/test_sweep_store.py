@@ -1,0 +1,74 @@
+"""Sweeps in the ledger: registration is idempotent, trial states follow their tasks, parameters reach the job
+spec (the cluster tests run real ticks)."""
+
+import json
+
+import pytest
+
+from hpctrain.config.job import JobSpec
+from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.sweep import store
+from hpctrain.sweep.spec import load_sweep_spec
+
+SWEEP = """
+name = "s1"
+method = "random"
+metric = "loss"
+direction = "minimize"
+max_trials = 4
+[search]
+lr = { type = "loguniform", low = 1e-4, high = 1e-1 }
+[job]
+name = "trial"
+command = ["python", "train.py"]
+"""
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        yield ledger
+
+
+def test_register_twice_is_a_no_op_and_a_changed_spec_is_refused(ledger, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    sweep, created = store.register(ledger, load_sweep_spec(path), path)
+    assert created and sweep.job.name == "trial" and sweep.state == "ACTIVE"
+    assert store.register(ledger, load_sweep_spec(path), path)[1] is False
+    path.write_text(SWEEP.replace("max_trials = 4", "max_trials = 5"))
+    with pytest.raises(HpctrainError, match="already exists with a different spec"):
+        store.register(ledger, load_sweep_spec(path), path)
+
+
+def test_inline_job_errors_name_the_key_under_job(ledger, tmp_path):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.replace('command = ["python", "train.py"]', 'command = "train.py"'))
+    with pytest.raises(ConfigError, match=r"s\.toml: job\.command: expected a list"):
+        store.register(ledger, load_sweep_spec(path), path)
+
+
+def test_a_job_file_is_read_relative_to_the_sweep_spec(ledger, tmp_path):
+    (tmp_path / "job.toml").write_text('name = "filejob"\ncommand = ["true"]\n')
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.split("[job]")[0].replace('name = "s1"', 'name = "s2"\njob = "job.toml"'))
+    assert store.register(ledger, load_sweep_spec(path), path)[0].job.name == "filejob"
+
+
+@pytest.mark.parametrize("trial, task, expected", [
+    ("new", None, "new"), ("pending", "PENDING", "pending"), ("pending", "REQUEUED", "pending"),
+    ("pending", "RUNNING", "running"), ("running", "COMPLETED", "completed"), ("running", "FAILED", "failed"),
+    ("running", "CANCELLED", "failed"), ("pruned", "CANCELLED", "pruned"), ("running", "OUT_OF_MEMORY", "failed"),
+])
+def test_trial_state_follows_its_task(trial, task, expected):
+    assert store.trial_state(trial, task) == expected
+
+
+def test_trial_parameters_override_hyperparameters_and_dotted_fields():
+    spec = JobSpec.model_validate({"name": "t", "command": ["x"], "hyperparameters": {"lr": 0.1, "wd": 0.0}})
+    applied = spec.with_params({"lr": 0.01, "parallel.micro_batch": 4})
+    assert applied.hyperparameters == {"lr": 0.01, "wd": 0.0} and applied.parallel.micro_batch == 4
+    with pytest.raises(ConfigError, match=r"\$HPCTRAIN_PARAMS: parallel\.micro_batch: expected an integer"):
+        spec.with_params({"parallel.micro_batch": "four"})
+    assert json.loads(json.dumps(spec.with_params({}).model_dump(mode="json"))) == spec.model_dump(mode="json")
