@@ -17,6 +17,7 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import ATTEMPT_BASE_ENV
 from hpctrain.runtime.attempts import Outcome, checkpoint_dir, decide, fill_end_steps, latest_committed_step
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.status import array_state
@@ -91,7 +92,7 @@ def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: i
     if missing:
         raise HpctrainError(f"Slurm no longer holds job {target}, and a resubmission needs the secret(s) "
                             f"{', '.join(missing)} in this environment")
-    new_id = client.sbatch(Path(job["script_path"]).read_text(), env=secrets)
+    new_id = client.sbatch(Path(job["script_path"]).read_text(), env={**secrets, ATTEMPT_BASE_ENV: str(attempts)})
     ledger.update("jobs", job["id"], {"slurm_job_id": new_id, "attempt_base": attempts})
     return f"Slurm no longer held job {target}: resubmitted as {new_id}"
 

@@ -80,12 +80,11 @@ def job(tmp_path, monkeypatch):
     return ckpt / "task-2"  # each array task checkpoints in its own subdirectory
 
 
-def attempt(*args: str, attempt_no: str | None = None) -> subprocess.CompletedProcess:
+def attempt(*args: str, attempt_no: str = "0") -> subprocess.CompletedProcess:
+    """`hpctrain attempt ...` in run ``attempt_no`` (Slurm's requeue count)."""
     import os
 
-    env = dict(os.environ)
-    if attempt_no is not None:
-        env["HPCTRAIN_ATTEMPT"] = attempt_no
+    env = {**os.environ, "SLURM_RESTART_COUNT": attempt_no}
     return subprocess.run([sys.executable, "-m", "hpctrain", "attempt", *args], capture_output=True, text=True, env=env)
 
 
@@ -103,31 +102,31 @@ def test_batch_script_bookkeeping_counts_runs_and_refuses_past_the_cap(job, tmp_
     assert end.returncode == 0 and "error; requeued (0 of 2" in end.stderr
     # Runs 1 and 2 crash at once: the second is the cap.
     for n in ("1", "2"):
-        assert attempt("start").stdout.strip() == n
+        assert attempt("start", attempt_no=n).stdout.strip() == n
         attempt("end", "--exit-code", "1", attempt_no=n)
     ends = [r for _, r in journal.records(kinds=["attempt_end"])]
     assert [e["requeued"] for e in ends] == [True, True, False]
     assert ends[-1]["message"].startswith("requeue cap: 2 consecutive attempts")
-    assert [(o.cause, o.step_start, o.step_end) for o in journal_outcomes(journal, 2)] == \
-        [("error", 0, 10), ("error", 10, 10), ("error", 10, 10)]
+    assert [(n, o.cause, o.step_start, o.step_end) for n, o in journal_outcomes(journal, 2).items()] == \
+        [(0, "error", 0, 10), (1, "error", 10, 10), (2, "error", 10, 10)]
     # Another task of the same job has its own history.
-    assert journal_outcomes(journal, 0) == []
+    assert journal_outcomes(journal, 0) == {}
 
 
 def test_a_run_slurm_requeued_by_itself_is_refused_past_the_cap(job, tmp_path):
     # Two runs that never got to record their end (e.g. preempted without grace before any step).
-    assert attempt("start").stdout.strip() == "0"
-    assert attempt("start").stdout.strip() == "1"
-    refused = attempt("start")
+    assert attempt("start", attempt_no="0").stdout.strip() == "0"
+    assert attempt("start", attempt_no="1").stdout.strip() == "1"
+    refused = attempt("start", attempt_no="2")
     assert refused.returncode == 3 and "not running: requeue cap: 2 consecutive" in refused.stderr
     # After a recorded stop, a start is a person's requeue: it runs.
-    assert attempt("start").stdout.strip() == "3"
+    assert attempt("start", attempt_no="3").stdout.strip() == "3"
 
 
 def test_trainer_requeue_makes_the_batch_script_end_quiet(job, tmp_path, monkeypatch):
     journal = Journal(tmp_path / "journal")
     attempt("start")
-    monkeypatch.setenv("HPCTRAIN_ATTEMPT", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")  # the trainer's records carry the run number under Slurm
     journal.write("requeue", cause="timeout", step=30, checkpointed=True, message="timeout at step 30")
     assert attempt("end", "--exit-code", "0", attempt_no="0").stderr == ""
     assert [r["kind"] for _, r in journal.records()] == ["attempt_start", "requeue"]

@@ -18,8 +18,9 @@ def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
                                     "manifest_sha256", "metric_name", "metric_value", "note")}
     row.update(task_index=rec.get("task_index", -1), created_at=rec["time"])
     existing = ledger.rows("checkpoints", "path = ?", [rec["path"]])
-    if existing:
-        ledger.update("checkpoints", existing[0]["id"], {k: v for k, v in row.items() if v is not None})
+    if existing:  # a later state (deleted, corrupt): created_at stays the commit's time
+        ledger.update("checkpoints", existing[0]["id"],
+                      {k: v for k, v in row.items() if v is not None and k != "created_at"})
     else:
         ledger.insert("checkpoints", row)
 
@@ -67,9 +68,18 @@ def _attempt(ledger: Ledger, rec: dict[str, Any]) -> None:
         _event(ledger, rec)
 
 
+def _resubmitted(ledger: Ledger, rec: dict[str, Any]) -> None:
+    """A job that went on under a new Slurm id (a follow-up job): the ledger follows it there."""
+    job = ledger.get("jobs", rec["job_id"]) if rec.get("job_id") is not None else None
+    if job is not None and not job["is_array"]:
+        ledger.update("jobs", job["id"], {"slurm_job_id": rec["new_slurm_job_id"], "attempt_base": rec["attempt_base"],
+                                          "state": "PENDING", "ended_at": None})
+    _event(ledger, rec)
+
+
 # Kinds with a table of their own; every other kind (quarantine, ...) lands in events only.
 HANDLERS: dict[str, Handler] = {
-    "checkpoint": _checkpoint, "metrics": _metrics,
+    "checkpoint": _checkpoint, "metrics": _metrics, "resubmitted": _resubmitted,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
 }
 
@@ -79,9 +89,10 @@ def ingest_journal(ledger: Ledger, journal: Journal) -> int:
     key = str(journal.dir.resolve())
     done = {r["name"] for r in ledger.rows("journal_ingested", "journal = ?", [key])}
     new = 0
-    for name, rec in journal.records():
+    for name in journal.names():
         if name in done:
-            continue
+            continue  # never read again: a long job's journal holds many records
+        rec = journal.read(name)
         with ledger.transaction():
             if ledger.rows("journal_ingested", "journal = ? AND name = ?", [key, name]):
                 continue  # another reconcile got there first

@@ -14,11 +14,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
 JOB_ID_ENV = "HPCTRAIN_JOB_ID"
-ATTEMPT_ENV = "HPCTRAIN_ATTEMPT"  # set by the batch script from `hpctrain attempt start`
+ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"  # runs under earlier Slurm ids of a job reconcile resubmitted
 _seq = itertools.count()
 
 
@@ -41,6 +41,12 @@ def write_json_atomic(path: Path, data: Any) -> None:
     fsync_dir(path.parent)
 
 
+def run_number(env: Mapping[str, str]) -> int:
+    """This run's attempt number, as the ledger counts them: Slurm's requeue count, plus the runs under
+    earlier Slurm ids when reconcile had to resubmit the job."""
+    return int(env.get(ATTEMPT_BASE_ENV) or 0) + int(env.get("SLURM_RESTART_COUNT") or 0)
+
+
 def job_context() -> dict[str, Any]:
     """Who writes: the ledger job id (exported by the sbatch script) and the Slurm ids of this task."""
     env = os.environ
@@ -49,7 +55,7 @@ def job_context() -> dict[str, Any]:
         "slurm_job_id": env.get("SLURM_JOB_ID"),
         "task_index": int(env.get("SLURM_ARRAY_TASK_ID", -1)),
         "restart": int(env.get("SLURM_RESTART_COUNT", 0)),
-        "attempt": int(env[ATTEMPT_ENV]) if env.get(ATTEMPT_ENV, "").isdigit() else None,
+        "attempt": run_number(env) if "SLURM_JOB_ID" in env else None,
         "host": env.get("SLURMD_NODENAME") or socket.gethostname(),
         "rank": int(env.get("RANK", env.get("SLURM_PROCID", 0))),
     }
@@ -76,14 +82,22 @@ class Journal:
         write_json_atomic(path, {"kind": kind, "time": time.time(), **ctx, **payload})
         return path
 
-    def records(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(file name, record) in write order, only of ``kinds`` if given (told by the file name, without
-        reading the others); an unreadable file becomes a record of kind 'unreadable'."""
+    def names(self, kinds: Iterable[str] | None = None) -> list[str]:
+        """Record file names in write order, only of ``kinds`` if given (told by the name, nothing is read)."""
         if not self.dir.is_dir():
-            return
+            return []
         suffixes = tuple(f"-{k}.json" for k in kinds) if kinds is not None else (".json",)
-        for path in sorted(p for p in self.dir.glob("[0-9]*.json") if p.name.endswith(suffixes)):
-            try:
-                yield path.name, json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as exc:
-                yield path.name, {"kind": "unreadable", "file": str(path), "error": str(exc)}
+        return sorted(p.name for p in self.dir.glob("[0-9]*.json") if p.name.endswith(suffixes))
+
+    def read(self, name: str) -> dict[str, Any]:
+        """One record; an unreadable file becomes a record of kind 'unreadable'."""
+        path = self.dir / name
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return {"kind": "unreadable", "file": str(path), "error": str(exc)}
+
+    def records(self, kinds: Iterable[str] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(file name, record) in write order, only of ``kinds`` if given."""
+        for name in self.names(kinds):
+            yield name, self.read(name)

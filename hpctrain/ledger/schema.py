@@ -154,6 +154,11 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX trials_state ON trials(sweep_id, state)",
         "CREATE INDEX trials_job ON trials(job_id, task_index)",
     ],
+    # 6: each attempt's elapsed seconds as Slurm accounts them (sacct ElapsedRaw), for GPU-hours.
+    [
+        "ALTER TABLE attempts ADD COLUMN elapsed_s INTEGER",
+        "CREATE INDEX attempts_started ON attempts(started_at)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -94,8 +94,9 @@ def checkpoint_dir(spec: dict[str, Any], task_index: int) -> Path | None:
     return task_dir(Path(directory), task_index) if directory else None
 
 
-def journal_outcomes(journal: Journal, task_index: int) -> list[Outcome]:
-    """This task's runs, from what its batch script (attempt_start/attempt_end) and trainer (requeue) journaled."""
+def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
+    """This task's runs by number, from what its batch script (attempt_start/attempt_end) and trainer
+    (requeue) journaled; a run that wrote nothing is missing."""
     runs: dict[int, Outcome] = {}
     for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue")):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
@@ -108,4 +109,5 @@ def journal_outcomes(journal: Journal, task_index: int) -> list[Outcome]:
         elif run.cause is None:  # the trainer's checkpoint-and-requeue
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None
-    return [runs[k] for k in sorted(runs)]
+    return dict(sorted(runs.items()))
+

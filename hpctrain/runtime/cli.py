@@ -42,12 +42,13 @@ def attempt() -> None:
 def start() -> None:
     """Journal this run's number and starting checkpoint step; print the number. Exits 3 when the job
     should not run again (Slurm requeued it by itself past the requeue cap)."""
+    from hpctrain.ledger.journal import run_number
     from hpctrain.runtime.attempts import checkpoint_dir, decide, fill_end_steps, journal_outcomes, latest_committed_step
 
     journal, spec, task = _context()
-    history = journal_outcomes(journal, task)
+    number = run_number(os.environ)
+    history = [o for n, o in journal_outcomes(journal, task).items() if n < number]
     step = latest_committed_step(checkpoint_dir(spec, task))
-    number = len(history)
     journal.write("attempt_start", attempt=number, step=step)
     # A previous run that ended without its own record was requeued by Slurm (preemption with no grace,
     # node failure): the cap still applies. A run after a recorded stop was requeued by a person: it runs.
@@ -68,24 +69,25 @@ def start() -> None:
 def end(exit_code: int, signal_name: str | None) -> None:
     """Journal how this run ended; requeue the job (or only this array task) when the policy says so."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.ledger.journal import ATTEMPT_ENV
+    from hpctrain.ledger.journal import run_number
     from hpctrain.runtime.attempts import Outcome, checkpoint_dir, decide, journal_outcomes, latest_committed_step
 
     journal, spec, task = _context()
-    number = int(os.environ.get(ATTEMPT_ENV) or -1)
-    history = journal_outcomes(journal, task)
-    if not history or number != len(history) - 1:  # no start record: judge this run alone
-        history = [Outcome(None)]
-    elif history[-1].cause is not None:
+    number = run_number(os.environ)
+    runs = journal_outcomes(journal, task)
+    this = runs.setdefault(number, Outcome(None))
+    if this.cause is not None:
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
-    history[-1].cause = cause = _cause(exit_code, signal_name)
-    history[-1].step_end = step = latest_committed_step(checkpoint_dir(spec, task))
-    go, why = decide(history, **_policy(spec))
-    journal.write("attempt_end", attempt=number if number >= 0 else None, cause=cause, step_end=step,
-                  exit_code=exit_code, signal=signal_name, requeued=go, message=why)
-    if cause != "completed":  # the job's log stays the job's own when all went well
-        click.echo(f"hpctrain: run {number} ended ({cause}, exit {exit_code}): {why}", err=True)
-    if go and "SLURM_JOB_ID" in os.environ:
+    this.cause, requeued_by_slurm = _cause(exit_code, signal_name)
+    this.step_end = latest_committed_step(checkpoint_dir(spec, task))
+    go, why = decide([o for n, o in runs.items() if n <= number], **_policy(spec))
+    if go and requeued_by_slurm:
+        why = f"{this.cause}; requeued by Slurm"
+    journal.write("attempt_end", attempt=number, cause=this.cause, step_end=this.step_end, exit_code=exit_code,
+                  signal=signal_name, requeued=go, message=why)
+    if this.cause != "completed":  # the job's log stays the job's own when all went well
+        click.echo(f"hpctrain: run {number} ended ({this.cause}, exit {exit_code}): {why}", err=True)
+    if go and not requeued_by_slurm and "SLURM_JOB_ID" in os.environ:
         from hpctrain.runtime import self_requeue
         from hpctrain.slurm import SlurmClient
 
@@ -96,12 +98,15 @@ def end(exit_code: int, signal_name: str | None) -> None:
             raise
 
 
-def _cause(exit_code: int, signal_name: str | None) -> str:
-    """completed, error, or (after a stop signal) timeout, cancelled or preemption, told by the job's state."""
-    if signal_name:
-        from hpctrain.runtime import job_now
-        from hpctrain.runtime.guard import stop_cause, timeout_margin_s
-        from hpctrain.slurm import SlurmClient
+def _cause(exit_code: int, signal_name: str | None) -> tuple[str, bool]:
+    """(completed, error, or after a stop signal timeout, cancelled or preemption told by the job's state;
+    whether Slurm has requeued the job already)."""
+    if not signal_name:
+        return ("completed" if exit_code == 0 else "error"), False
+    from hpctrain.runtime import job_now
+    from hpctrain.runtime.guard import stop_cause, timeout_margin_s
+    from hpctrain.slurm import SlurmClient
 
-        return stop_cause(job_now(SlurmClient()), int(os.environ.get("SLURM_RESTART_COUNT", 0)), timeout_margin_s())
-    return "completed" if exit_code == 0 else "error"
+    now, restarts = job_now(SlurmClient()), int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    requeued = now is not None and now.restarts is not None and now.restarts > restarts
+    return stop_cause(now, restarts, timeout_margin_s()), requeued

@@ -12,6 +12,7 @@ from typing import Mapping
 
 from hpctrain.config.types import parse_slurm_time
 from hpctrain.errors import SlurmError
+from hpctrain.ledger.journal import ATTEMPT_BASE_ENV, Journal, run_number
 from hpctrain.runtime.guard import JobNow
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import parse_kv_lines
@@ -48,12 +49,19 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
         client.run("scontrol", "requeue", target)
         return f"scontrol requeue {target}"
     except SlurmError as exc:
+        if "pending execution" in str(exc):  # Slurm requeued it first (preemption without grace time)
+            return f"already requeued by Slurm: {target}"
         if "not found" not in str(exc) or "HPCTRAIN_SCRIPT" not in env:
             raise
     script = env["HPCTRAIN_SCRIPT"]
     args = [f"--dependency=afterany:{env['SLURM_JOB_ID']}"]
     if env.get("SLURM_ARRAY_TASK_ID"):
         args.append(f"--array={env['SLURM_ARRAY_TASK_ID']}")
+    base = run_number(env) + 1
     with open(script) as fh:
-        follow_up = client.sbatch(fh.read(), args=tuple(args))
+        follow_up = client.sbatch(fh.read(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args))
+    journal = Journal.from_env()
+    if journal is not None:  # so the ledger follows the job under its new id
+        journal.write("resubmitted", new_slurm_job_id=follow_up, attempt_base=base,
+                      message=f"follow-up job {follow_up} after {env['SLURM_JOB_ID']}")
     return f"follow-up job {follow_up} after {env['SLURM_JOB_ID']}"

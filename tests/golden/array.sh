@@ -51,7 +51,8 @@ trap 'forward TERM' TERM
 trap 'forward HUP' HUP
 
 # This run's number, journaled with the checkpoint step it starts from; exit 3: past the requeue cap.
-HPCTRAIN_ATTEMPT=$(/opt/hpctrain/bin/python -m hpctrain attempt start)
+# The bookkeeping runs with the stop signals ignored: Slurm signals every process of the job.
+HPCTRAIN_ATTEMPT=$(trap '' TERM USR2 HUP; exec /opt/hpctrain/bin/python -m hpctrain attempt start)
 case $? in
   0) export HPCTRAIN_ATTEMPT ;;
   3) exit 3 ;;
@@ -69,5 +70,5 @@ while :; do
   kill -0 "$step_pid" 2>/dev/null || break
 done
 # Journal how the run ended; requeue it (or only this array task) when the spec's retry policy says so.
-/opt/hpctrain/bin/python -m hpctrain attempt end --exit-code "$rc" ${stop_signal:+--signal "$stop_signal"}
+(trap '' TERM USR2 HUP; exec /opt/hpctrain/bin/python -m hpctrain attempt end --exit-code "$rc" ${stop_signal:+--signal "$stop_signal"})
 exit $rc
