@@ -32,11 +32,15 @@ LAZY_COMMANDS: dict[str, str] = {
     "show": "hpctrain.jobs_cli:show",
     "cancel": "hpctrain.jobs_cli:cancel",
     "reconcile": "hpctrain.jobs_cli:reconcile",
+    "rerun": "hpctrain.jobs_cli:rerun",
+    "metrics": "hpctrain.observe_cli:metrics",
+    "cost": "hpctrain.observe_cli:cost",
     "launch": "hpctrain.launch.cli:launch",
     "data": "hpctrain.data.cli:data",
     "ckpt": "hpctrain.checkpoint.cli:ckpt",
     "attempt": "hpctrain.runtime.cli:attempt",
     "sweep": "hpctrain.sweep.cli:sweep",
+    "report": "hpctrain.report.cli:report",
 }
 
 

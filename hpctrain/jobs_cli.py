@@ -63,11 +63,11 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
         click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids, "account": sub.placement.account,
                                "partition": sub.placement.partition, "qos": sub.placement.qos,
                                "reason": sub.placement.reason}))
-        return
-    for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
-        click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
-    p = sub.placement
-    click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
+    else:
+        for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
+            click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
+        p = sub.placement
+        click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
     if wait:
         states = _wait_finished(cfg, sub.ledger_ids)
         click.echo(f"finished: {', '.join(f'{i} {s}' for i, s in states.items())}")
@@ -117,22 +117,28 @@ def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
 @click.option("--limit", default=200, show_default=True, help="rows shown")
 def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interval: float, max_interval: float,
            count: int | None, no_refresh: bool, limit: int) -> None:
-    """Tracked jobs: one sacct call per poll for all of them, cached in the ledger."""
-    from hpctrain.status import Poller, job_summaries, next_interval
+    """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
+    running jobs that stalled or wait on data are flagged."""
+    from hpctrain.alerts import job_alerts
+    from hpctrain.reconcile import reconcile
+    from hpctrain.status import job_summaries, next_interval
 
     cfg, ledger, client = open_site(site)
     console = make_console()
-    poller = Poller(ledger, client, cfg.name)
     wait, polls = interval, 0
     with ledger:
         while True:
-            changed = 0 if no_refresh else poller.refresh()
+            # Backs off on job state changes only: new metrics arrive all the time.
+            changed = 0 if no_refresh else reconcile(ledger, client, cfg.name, supervise_runs=False).changed_jobs
             polls += 1
             rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
+            alerts = job_alerts(ledger, rows, cfg.alerts)
             if as_json:
-                click.echo(json.dumps(rows))
+                click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], [])} for r in rows]))
             else:
                 console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
+                for job_id, found in alerts.items():
+                    console.print(f"  [bold red]job {job_id}[/]: {'; '.join(found)}")
             if not watch or (count is not None and polls >= count):
                 return
             wait = next_interval(wait, interval, max_interval, changed > 0)
@@ -140,7 +146,7 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             time.sleep(wait)
 
 
-def _find_job(ledger: Any, job: str) -> dict[str, Any]:
+def find_job(ledger: Any, job: str) -> dict[str, Any]:
     from hpctrain.errors import HpctrainError
 
     row = ledger.get("jobs", int(job)) if job.isdigit() else None
@@ -153,11 +159,16 @@ def _find_job(ledger: Any, job: str) -> dict[str, Any]:
 @click.argument("job")
 @site_option
 @click.option("--json", "as_json", is_flag=True)
-def show(job: str, site: str | None, as_json: bool) -> None:
+@click.option("--lineage", "show_lineage", is_flag=True, help="what the job ran: code, data, parameters, versions")
+def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
     _, ledger, _ = open_site(site)
     with ledger:
-        row = _find_job(ledger, job)
+        row = find_job(ledger, job)
+        if show_lineage:
+            original = _rerun_of(ledger, row)
+            _print_lineage(row, original)
+            return
         detail = {
             "job": row,
             "array_tasks": ledger.rows("array_tasks", "job_id = ?", [row["id"]], order_by="task_index"),
@@ -190,6 +201,62 @@ def show(job: str, site: str | None, as_json: bool) -> None:
         console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
 
 
+def _rerun_of(ledger: Any, row: dict[str, Any]) -> dict[str, Any] | None:
+    origin = json.loads(row["lineage_json"] or "{}").get("rerun_of")
+    return ledger.get("jobs", origin) if origin is not None else None
+
+
+def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None:
+    """The recorded lineage, how the entry point's code stands now, and what differs from the job it reran."""
+    from hpctrain.lineage import code_state, differences, flatten
+
+    recorded = json.loads(row["lineage_json"] or "{}")
+    if not recorded:
+        click.echo(f"job {row['id']}: no lineage recorded")
+        return
+    for key, value in sorted(flatten(recorded).items()):
+        click.echo(f"{key}: {value}")
+    code = recorded.get("code") or {}
+    if code.get("entry_point"):
+        from pathlib import Path
+
+        now = code_state(Path(code["entry_point"])) if Path(code["entry_point"]).exists() else {}
+        changed = [k for k in ("commit", "dirty", "diff_sha256", "file_sha256") if now.get(k) != code.get(k)]
+        click.echo("code now: " + ("as recorded" if not changed else
+                                   "differs (" + ", ".join(f"{k} {now.get(k)!r}" for k in changed) + ")"))
+    if original is not None:
+        diff = differences(json.loads(original["lineage_json"] or "{}"), recorded)
+        click.echo(f"rerun of job {original['id']}: " + ("identical lineage" if not diff else "lineage differs"))
+        for line in diff:
+            click.echo(f"  {line}")
+
+
+@click.command()
+@click.argument("job")
+@site_option
+def rerun(job: str, site: str | None) -> None:
+    """Submit JOB again exactly: its recorded spec, from its directory; says what differs from the first time."""
+    import os
+
+    from hpctrain.config.job import JobSpec
+    from hpctrain.lineage import differences, lineage
+    from hpctrain.submit import Submitter
+
+    cfg, ledger, client = open_site(site)
+    with ledger:
+        row = find_job(ledger, job)
+        first = ledger.get("jobs", row["group_id"] or row["id"])
+        spec = JobSpec.model_validate(json.loads(first["spec_json"]))
+        recorded = json.loads(first["lineage_json"] or "{}")
+        if recorded.get("cwd"):
+            os.chdir(recorded["cwd"])  # relative paths in the command resolve as they did
+        new = lineage(spec, rerun_of=first["id"])
+        sub = Submitter(cfg, ledger, client).submit(spec, f"<rerun of job {first['id']}>", lineage=new)
+    click.echo(f"rerun of job {first['id']}: ledger id {sub.ledger_ids[0]}, slurm job {sub.slurm_ids[0]}")
+    diff = differences(recorded, new)
+    click.echo("lineage: identical" if not diff else "lineage differs:\n" + "\n".join(f"  {d}" for d in diff))
+
+
 @click.command()
 @click.argument("job", required=False)
 @site_option
@@ -204,7 +271,7 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         if job:
-            group = _find_job(ledger, job)["group_id"]
+            group = find_job(ledger, job)["group_id"]
             rows = ledger.rows("jobs", "group_id = ?", [group])
         else:
             rows = ledger.rows("jobs", "sweep_id = ?", [sweep])

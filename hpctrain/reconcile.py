@@ -27,9 +27,9 @@ class ReconcileResult:
     decisions: list[Decision]
 
 
-def reconcile(ledger: Ledger, client: SlurmClient, site: str) -> ReconcileResult:
-    """One sacct call for every active job, every journal of active or recently ended jobs, then a decision
-    for each run that died without making one (requeue or stop)."""
+def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bool = True) -> ReconcileResult:
+    """One sacct call for every active job, every journal of active or recently ended jobs, then (unless
+    ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one."""
     changed = Poller(ledger, client, site).refresh()
     cutoff = time.time() - RECENT_S
     placeholders = ",".join("?" * len(TERMINAL))
@@ -40,4 +40,4 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str) -> ReconcileResult
     )
     journals = [Journal(Path(r["job_dir"]) / "journal") for r in rows]
     records = sum(ingest_journal(ledger, j) for j in journals)
-    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site))
+    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site) if supervise_runs else [])

@@ -18,7 +18,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import CAUSE_OF_STATE
 from hpctrain.slurm.client import SlurmClient
 
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "AllocTRES", "Reason")
+SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"}
 _JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
@@ -66,6 +66,7 @@ class Attempt:
     exit_code: str
     gpus: int
     reason: str
+    elapsed_s: int | None = None
 
 
 # A run that ended like this is requeued by Slurm when the job allows requeue; the next run's
@@ -107,6 +108,7 @@ def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
             normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
             parse_time(row.get("End", "")), row.get("NodeList", ""), row.get("ExitCode", ""),
             int(gpus.group(1)) if gpus else 0, row.get("Reason", ""),
+            int(row["ElapsedRaw"]) if row.get("ElapsedRaw", "").isdigit() else None,
         )
         for t in tasks:
             out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
@@ -164,7 +166,7 @@ class Poller:
                     {"job_id": job["id"], "task_index": index, "attempt": base + n, "slurm_job_id": job["slurm_job_id"]
                      + (f"_{index}" if index >= 0 else ""), "state": a.state, "node_list": a.node_list,
                      "started_at": a.start, "ended_at": a.end, "exit_code": a.exit_code, "alloc_gpus": a.gpus,
-                     "reason": a.reason},
+                     "reason": a.reason, "elapsed_s": a.elapsed_s},
                     pk=("job_id", "task_index", "attempt"),
                 )
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does

@@ -60,6 +60,13 @@ class LedgerConfig(StrictModel):
     path: ExpandedPath = Path("~/.local/share/hpctrain/ledger.db").expanduser()
 
 
+class Alerts(StrictModel):
+    """When `hpctrain status` flags a running job."""
+
+    stall_minutes: float = Field(15.0, gt=0, description="no training step for this long")
+    data_wait_fraction: float = Field(0.25, gt=0, le=1, description="share of step time spent waiting for data")
+
+
 class Launch(StrictModel):
     python: ExpandedPath | None = Field(None, description="Python with hpctrain on the compute nodes (default: the submitting one)")
     master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
@@ -79,6 +86,7 @@ class SiteConfig(StrictModel):
     setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
     gpu_hour_price: dict[str, float] = Field(default_factory=dict, description="per partition")
     launch: Launch = Field(default_factory=Launch)
+    alerts: Alerts = Field(default_factory=Alerts)
     templates_dir: ExpandedPath | None = None
     _source: Path | None = PrivateAttr(None)
 

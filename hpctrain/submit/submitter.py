@@ -18,6 +18,7 @@ from hpctrain.config.site import SiteConfig
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import write_json_atomic
+from hpctrain.lineage import lineage as build_lineage
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.limits import max_array_size
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
@@ -78,6 +79,8 @@ class Submitter:
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch."""
         placement = choose_placement(spec, self.site, self.client, self.user, where)
         secret_values = secret_env(spec, where)
+        if lineage is None and not dry_run:
+            lineage = build_lineage(spec)
         params = spec.array.parameter_sets() if spec.array else []
         chunks = self._chunks(spec, params)
         sub = Submission(placement, [])

@@ -5,22 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hpctrain.report.plots import figure, png
 from hpctrain.sweep.methods import TrialRecord, importance
 from hpctrain.sweep.spec import SweepSpec
 
 
-def write_report(spec: SweepSpec, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Write ``metric.png`` and (with enough completed trials) ``importance.png`` into ``out_dir``."""
-    import matplotlib
+def _completed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["state"] == "completed" and r["value"] is not None]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    done = [r for r in rows if r["state"] == "completed" and r["value"] is not None]
-    written = []
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+def metric_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> bytes:
+    """The metric of every completed trial, with the best value so far."""
+    done = _completed(rows)
+    fig, ax = figure(7, 4)
     ax.scatter([r["number"] for r in done], [r["value"] for r in done], s=14, label="completed trial")
     pick = min if spec.direction == "minimize" else max
     best, running = [], None
@@ -30,22 +27,28 @@ def write_report(spec: SweepSpec, rows: list[dict[str, Any]], out_dir: Path) -> 
     ax.step([r["number"] for r in done], best, where="post", color="C3", label="best so far")
     ax.set(xlabel="trial", ylabel=spec.metric, title=f"sweep {spec.name}: {spec.metric} ({spec.method})")
     ax.legend()
-    written.append(_save(fig, out_dir / "metric.png"))
+    return png(fig)
 
+
+def importance_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> bytes | None:
+    """Each parameter's importance for the metric; None while too few trials have completed to tell."""
+    done = _completed(rows)
     scores = importance(spec, [TrialRecord(r["number"], r["params"], "completed", r["value"]) for r in done])
-    if scores:
-        fig, ax = plt.subplots(figsize=(7, 0.6 + 0.4 * len(scores)))
-        names = sorted(scores, key=scores.get)
-        ax.barh(names, [scores[n] for n in names])
-        ax.set(xlabel="importance (fANOVA)", title=f"sweep {spec.name}: parameter importance for {spec.metric}")
-        written.append(_save(fig, out_dir / "importance.png"))
+    if not scores:
+        return None
+    fig, ax = figure(7, 1.6 + 0.4 * len(scores))  # room for the title and axis with one parameter
+    names = sorted(scores, key=scores.get)
+    ax.barh(names, [scores[n] for n in names])
+    ax.set(xlabel="importance (fANOVA)", title=f"sweep {spec.name}: parameter importance for {spec.metric}")
+    return png(fig)
+
+
+def write_report(spec: SweepSpec, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
+    """Write ``metric.png`` and (with enough completed trials) ``importance.png`` into ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in (("metric.png", metric_png(spec, rows)), ("importance.png", importance_png(spec, rows))):
+        if data is not None:
+            (out_dir / name).write_bytes(data)
+            written.append(out_dir / name)
     return written
-
-
-def _save(fig: Any, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path

@@ -48,13 +48,27 @@ def metrics_journal(tokens_per_step: int, loader: Any):
     def hook(engine, result) -> None:
         if journal is None or engine.global_rank != 0:
             return
-        values = {"loss": result.loss, "step_time_s": result.step_time_s,
-                  "tokens_per_s": tokens_per_step / result.step_time_s}
+        values = {"loss": result.loss, "lr": engine.get_lr()[0], "step_time_s": result.step_time_s,
+                  "tokens_per_s": tokens_per_step / result.step_time_s, **gpu_metrics()}
         if loader is not None:
             values.update(loader.stats.metrics())
         journal.write("metrics", step=result.step, values=values)
 
     return hook
+
+
+def gpu_metrics() -> dict[str, float]:
+    """Peak GPU memory (GiB) and utilisation (%) of this rank's device, where there is one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    values = {"gpu_mem_gb": torch.cuda.max_memory_allocated() / 2**30}
+    try:
+        values["gpu_util_pct"] = float(torch.cuda.utilization())
+    except (ModuleNotFoundError, RuntimeError):  # needs NVML (pynvml)
+        pass
+    return values
 
 
 def preemption_guard(rank: int) -> Any:

@@ -1,0 +1,120 @@
+"""What a job is made of, recorded at submit time: code, data, parameters, versions.
+
+Enough to tell whether two jobs ran the same thing, and to run one again (`hpctrain rerun`). Read
+on the login node without importing torch: versions come from package metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import platform
+import re
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config.job import JobSpec
+
+PACKAGES = ("hpctrain", "torch", "deepspeed", "tensorstore", "webdataset")
+_INTERPRETER = re.compile(r"^(python[\d.]*|bash|sh|env)$")
+# Keys that differ between two runs of the same thing.
+VOLATILE = ("rerun_of",)
+
+
+def entry_point(command: list[str], cwd: Path) -> Path | None:
+    """The file a job's command runs: the module of ``-m``, else its first argument that is a file
+    (the interpreter itself aside)."""
+    for i, arg in enumerate(command):
+        if arg == "-m" and i + 1 < len(command):
+            try:
+                spec = importlib.util.find_spec(command[i + 1])
+            except (ImportError, ValueError):
+                return None
+            return Path(spec.origin) if spec and spec.origin else None
+        if _INTERPRETER.match(Path(arg).name):
+            continue
+        path = Path(arg) if Path(arg).is_absolute() else cwd / arg
+        if path.is_file():
+            return path.resolve()
+    return None
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def code_state(path: Path | None) -> dict[str, Any]:
+    """The entry point's repository: commit, and whether (and how) tracked files differ from it."""
+    if path is None:
+        return {"entry_point": None}
+    top = _git(path.parent, "rev-parse", "--show-toplevel")
+    if top is None:
+        return {"entry_point": str(path), "repo": None, "file_sha256": _sha256(path.read_bytes())}
+    diff = _git(path.parent, "diff", "HEAD") or ""
+    return {"entry_point": str(path), "repo": top.strip(), "commit": (_git(path.parent, "rev-parse", "HEAD") or "").strip(),
+            "dirty": bool(diff), "diff_sha256": _sha256(diff.encode()) if diff else None}
+
+
+def data_snapshot(spec: JobSpec) -> dict[str, Any] | None:
+    """The shard index (it lists every shard with its checksum): its path and hash."""
+    index = spec.data.index
+    if index is None:
+        return None
+    try:
+        return {"index": str(index), "sha256": _sha256(Path(index).read_bytes())}
+    except OSError as exc:
+        return {"index": str(index), "error": exc.strerror}
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def lineage(spec: JobSpec, cwd: Path | None = None, **extra: Any) -> dict[str, Any]:
+    """Everything recorded for a job at submit time (``extra``: e.g. rerun_of)."""
+    cwd = (spec.workdir or cwd or Path.cwd()).resolve()
+    return {
+        "code": code_state(entry_point(spec.command, cwd)),
+        "data": data_snapshot(spec),
+        "hyperparameters": spec.hyperparameters,
+        "seed": spec.seed,
+        "parallel": spec.parallel.model_dump(mode="json"),
+        "versions": versions(),
+        "spec_sha256": _sha256(json.dumps(spec.redacted(), sort_keys=True).encode()),
+        "cwd": str(cwd),
+        **extra,
+    }
+
+
+def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """'key.path: old -> new' for every leaf that differs (volatile keys aside)."""
+    flat_a, flat_b = flatten(a), flatten(b)
+    return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
+            if k.split(".")[0] not in VOLATILE and flat_a.get(k) != flat_b.get(k)]
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """{'code': {'commit': 'ab'}} -> {'code.commit': 'ab'}."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

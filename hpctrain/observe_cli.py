@@ -1,0 +1,104 @@
+"""`hpctrain metrics` and `hpctrain cost`: what jobs did and what they spent (imports only click at load)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from hpctrain.accounting import GROUPS
+from hpctrain.cli import make_console, site_option
+
+FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
+
+
+def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
+    """The site config and its ledger, with job states and journals folded in first unless told not to."""
+    from hpctrain.jobs_cli import open_site
+    from hpctrain.reconcile import reconcile
+
+    cfg, ledger, client = open_site(site)
+    if not no_refresh:
+        reconcile(ledger, client, cfg.name, supervise_runs=False)
+    return cfg, ledger
+
+
+@click.command()
+@click.argument("job")
+@site_option
+@click.option("--name", "names", multiple=True, help="only this metric (repeatable)")
+@click.option("--task", type=int, default=None, help="only this array task")
+@click.option("--tail", default=20, show_default=True, help="the last N steps (0: all)")
+@click.option("--json", "as_json", is_flag=True, help="one object per step")
+@click.option("--no-refresh", is_flag=True, help="the ledger as it is, without folding in new journal records")
+def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None, tail: int, as_json: bool,
+            no_refresh: bool) -> None:
+    """Step metrics of JOB (loss, lr, step time, data wait, tokens/s, ...) from the ledger."""
+    from hpctrain.jobs_cli import find_job
+
+    _, ledger = _refreshed(site, no_refresh)
+    with ledger:
+        row = find_job(ledger, job)
+        where, args = "job_id = ?", [row["id"]]
+        if task is not None:
+            where, args = where + " AND task_index = ?", args + [task]
+        if names:
+            where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
+        found = ledger.rows("metrics", where, args, order_by="task_index, step")
+    steps: dict[tuple[int, int], dict[str, Any]] = {}
+    for m in found:
+        steps.setdefault((m["task_index"], m["step"]), {"task": m["task_index"], "step": m["step"]})[m["name"]] = m["value"]
+    shown = list(steps.values())[-tail:] if tail else list(steps.values())
+    if as_json:
+        click.echo("\n".join(json.dumps(s) for s in shown))
+        return
+    present = {k for s in shown for k in s} - {"task", "step"}
+    columns = [n for n in FIRST if n in present] + sorted(present - set(FIRST))
+    from rich.table import Table
+
+    table = Table(title=f"metrics of job {row['id']} ({row['name']})", title_justify="left")
+    for col in ("task", "step", *columns):
+        table.add_column(col, justify="right")
+    for s in shown:
+        table.add_row(str(s["task"]), str(s["step"]), *("-" if s.get(c) is None else f"{s[c]:.6g}" for c in columns))
+    make_console().print(table)
+
+
+@click.command()
+@site_option
+@click.option("--by", type=click.Choice(GROUPS), default="account", show_default=True)
+@click.option("--since", metavar="YYYY-MM-DD", default=None, help="count GPU time from this day on")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--no-refresh", is_flag=True, help="the ledger as it is, without asking Slurm")
+def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh: bool) -> None:
+    """GPU-hours (sacct: GPUs x elapsed, every run, requeues included), the part lost to interruptions
+    (work after a run's last checkpoint) and cost at the site's prices, per account, user, sweep, job or partition."""
+    from datetime import datetime
+
+    from hpctrain.accounting import totals, usage
+
+    try:
+        since_ts = datetime.fromisoformat(since).timestamp() if since else None
+    except ValueError:
+        raise click.BadParameter(f"expected a date such as 2026-11-01, got {since!r}", param_hint="--since") from None
+    cfg, ledger = _refreshed(site, no_refresh)
+    with ledger:
+        groups = totals(usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts), by)
+    rows = [{by: g.key, "jobs": len(g.jobs), "runs": g.runs, "gpu_hours": g.gpu_hours,
+             "lost_gpu_hours": g.lost_gpu_hours, "cost": g.cost} for g in groups]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"GPU-hours on {cfg.name}" + (f" since {since}" if since else ""), title_justify="left")
+    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "cost"):
+        table.add_column(col, justify="left" if col == by else "right")
+    for r in rows:
+        table.add_row(str(r[by] if r[by] is not None else "-"), str(r["jobs"]), str(r["runs"]), f"{r['gpu_hours']:.3f}",
+                      f"{r['lost_gpu_hours']:.3f}", f"{r['cost']:.2f}")
+    table.add_row("total", str(sum(r["jobs"] for r in rows)), str(sum(r["runs"] for r in rows)),
+                  f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
+                  f"{sum(r['cost'] for r in rows):.2f}")
+    make_console().print(table)

@@ -1,0 +1,154 @@
+"""The reports: a job, a sweep, or accounts' GPU-hours, each as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+from hpctrain.accounting import Usage, totals, usage
+from hpctrain.config import SiteConfig
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.report import collect
+from hpctrain.report.page import Plot, Table, render
+from hpctrain.report.plots import Series, lines
+
+MAX_LINES = 20  # curves in one plot; more would be unreadable
+
+
+def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
+    """A job: facts, GPU-hours, attempts, environment (secrets redacted), and its loss, throughput,
+    checkpoint duration and data wait by step (one curve per array task)."""
+    data = collect.job_data(ledger, job_id)
+    job, metrics = data.job, data.metrics
+    facts = [
+        ("job", f"{job['name']} (ledger id {job['id']}, slurm job {job['slurm_job_id'] or '-'})"),
+        ("state", job["state"]),
+        ("account / QOS", f"{job['account'] or '-'} / {job['qos'] or '-'}"),
+        ("partition", job["partition"] or "-"),
+        ("user", job["user"] or "-"),
+        ("submitted", _when(job["submitted_at"])),
+        ("attempts", f"{len(data.attempts)} ({_counts(a['cause'] or a['state'] or '-' for a in data.attempts)})"),
+        ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
+        *_usage_facts([u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
+    ]
+    if job["sweep_id"]:
+        facts.append(("sweep", job["sweep_id"]))
+    plots = [
+        _plot("loss vs step", "loss", _labelled(metrics.get("loss", {}))),
+        _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
+        _plot("checkpoint duration vs step", "seconds",
+              _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
+        _plot("data wait vs step", "seconds per step", _labelled(metrics.get("data_wait_s", {}))),
+    ]
+    attempts = Table("attempts", ["task", "attempt", "state", "cause", "started", "ended", "GPUs",
+                                  "ckpt step at start", "ckpt step at end", "then"])
+    for a in data.attempts:
+        then = a["decision"] or ("-" if a["cause"] == "completed" else
+                                 {None: "-", 0: "stopped", 1: "requeued"}[a["requeued"]])
+        attempts.rows.append([_or_dash(a["task_index"] if a["task_index"] >= 0 else None), a["attempt"],
+                              a["state"] or "-", a["cause"] or "-", _when(a["started_at"]), _when(a["ended_at"]),
+                              _or_dash(a["alloc_gpus"]), _or_dash(a["step_start"]), _or_dash(a["step_end"]), then])
+    env = Table("environment", ["name", "value"], [[k, v] for k, v in data.env.items()])
+    return render(f"job {job['id']}: {job['name']}", facts, plots, [attempts, env])
+
+
+def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
+    """A sweep: facts, the best trial, its metric by trial and by step, parameter importance, every trial."""
+    from hpctrain.sweep import store
+    from hpctrain.sweep.report import importance_png, metric_png
+
+    swp = store.load(ledger, sweep_id)
+    spec = swp.spec
+    rows = store.trial_table(ledger, swp)
+    top = store.best(rows, spec.direction)
+    steps = store.intermediate(ledger, swp, [r["number"] for r in rows], spec.metric)
+    curves = {n: (sorted(c), [c[s] for s in sorted(c)]) for n, c in steps.items() if c}
+    facts = [
+        ("sweep", f"{swp.id} ({spec.method}, {swp.state})"),
+        ("metric", f"{spec.direction} {spec.metric}"),
+        ("trials", f"{len(rows)}{f' of at most {spec.max_trials}' if spec.max_trials else ''} "
+                   f"({_counts(r['state'] for r in rows)})"),
+        ("best trial", f"trial {top['number']}: {spec.metric} = {top['value']:.6g}, "
+                       f"{json.dumps(top['params'], sort_keys=True)}" if top else "no completed trial yet"),
+        *_usage_facts([u for u in _usage(ledger, site_cfg) if u.sweep_id == swp.id]),
+    ]
+    importance = importance_png(spec, rows)
+    plots = [
+        Plot(f"{spec.metric} by trial", metric_png(spec, rows) if top else None),
+        Plot("parameter importance", importance, "" if importance else "too few completed trials to tell"),
+        _plot(f"{spec.metric} vs step", spec.metric, _labelled(curves, "trial")),
+    ]
+    trials = Table("trials", ["trial", "parameters", "state", spec.metric, "GPU-hours", "note"],
+                   [[r["number"], json.dumps(r["params"], sort_keys=True), r["state"],
+                     "-" if r["value"] is None else f"{r['value']:.6g}", f"{r['gpu_hours']:.2f}",
+                     r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else "")] for r in rows])
+    return render(f"sweep {swp.id}", facts, plots, [trials])
+
+
+def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = None,
+                   since: float | None = None) -> str:
+    """GPU-hours, lost GPU-hours and cost of one account (None: every account) since a time, with the
+    cumulative GPU-hours of each account over time (each run's hours spread evenly over its run time)."""
+    now = time.time()
+    runs = _usage(ledger, site_cfg, since, now)
+    if account is not None:
+        runs = [u for u in runs if u.account == account]
+        if not runs and ledger.db.execute("SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1",
+                                          [site_cfg.name, account]).fetchone() is None:
+            raise HpctrainError(f"account {account!r}: no jobs of site {site_cfg.name!r} in the ledger")
+    series = {name: ([datetime.fromtimestamp(t) for t in times], hours)
+              for name, (times, hours) in collect.cumulative_gpu_hours(runs, since or 0.0, now).items()}
+    facts = [
+        ("site", site_cfg.name),
+        ("period", f"{_when(since) if since else 'all time'} to {_when(now)}"),
+        ("runs", f"{len(runs)} ({len({u.job_id for u in runs})} jobs)"),
+        *_usage_facts(runs),
+    ]
+    plot = _plot("cumulative GPU-hours per account", "GPU-hours", series, xlabel="time",
+                 note="each run's GPU-hours are spread evenly over its run time")
+    table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "cost"],
+                  [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}", f"{t.cost:.2f}"]
+                   for t in totals(runs, "account")])
+    return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot], [table])
+
+
+def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", points: bool = False, note: str = "") -> Plot:
+    """The series as one plot, at most MAX_LINES of them; "no data" when there are none."""
+    if not series:
+        return Plot(title, None)
+    if len(series) > MAX_LINES:
+        note = "; ".join(filter(None, [note, f"the first {MAX_LINES} of {len(series)} curves shown"]))
+        series = dict(list(series.items())[:MAX_LINES])
+    return Plot(title, lines(series, title, xlabel, ylabel, points), note)
+
+
+def _labelled(curves: collect.Curves, label: str = "task") -> Series:
+    """Curves by task (or trial) number, labelled "task 3"; a plain job's single curve (-1) unlabelled."""
+    return {("" if key < 0 else f"{label} {key}"): curves[key] for key in sorted(curves)}
+
+
+def _usage(ledger: Ledger, site_cfg: SiteConfig, since: float | None = None, now: float | None = None) -> list[Usage]:
+    return usage(ledger, site_cfg.name, site_cfg.gpu_hour_price, since, now)
+
+
+def _usage_facts(runs: list[Usage]) -> list[tuple[str, str]]:
+    return [("GPU-hours", f"{sum(u.gpu_hours for u in runs):.2f}"),
+            ("lost GPU-hours", f"{sum(u.lost_gpu_hours for u in runs):.2f} (work redone after interruptions)"),
+            ("cost", f"{sum(u.cost for u in runs):.2f}")]
+
+
+def _counts(values: Any) -> str:
+    """'3 completed, 1 preemption': how often each value occurs, most frequent first."""
+    return ", ".join(f"{n} {value}" for value, n in Counter(values).most_common()) or "none"
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"

@@ -1,0 +1,94 @@
+"""What the reports show, read from the ledger: a job's rows and curves, and GPU-hours accumulated over time."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from hpctrain.accounting import Usage
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+
+# A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
+Curves = dict[int, tuple[list[int], list[float]]]
+
+
+@dataclass
+class JobData:
+    job: dict[str, Any]
+    attempts: list[dict[str, Any]]
+    checkpoints: list[dict[str, Any]]
+    metrics: dict[str, Curves]
+    env: dict[str, str]
+
+
+def job_data(ledger: Ledger, job_id: int) -> JobData:
+    """A job's row, attempts, checkpoints, metric curves and (redacted) environment."""
+    job = ledger.get("jobs", job_id)
+    if job is None:
+        raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
+    metrics: dict[str, Curves] = defaultdict(dict)
+    for name, task, step, value in ledger.db.execute(
+            "SELECT name, task_index, step, value FROM metrics WHERE job_id = ? AND value IS NOT NULL "
+            "ORDER BY name, task_index, step", [job_id]):
+        add_point(metrics[name], task, step, value)
+    return JobData(job, ledger.rows("attempts", "job_id = ?", [job_id], order_by="task_index, attempt"),
+                   ledger.rows("checkpoints", "job_id = ?", [job_id], order_by="task_index, step"),
+                   dict(metrics), redacted_env(job["spec_json"]))
+
+
+def add_point(curves: Curves, key: int, step: int, value: float) -> None:
+    steps, values = curves.setdefault(key, ([], []))
+    steps.append(step)
+    values.append(value)
+
+
+def checkpoint_durations(checkpoints: list[dict[str, Any]]) -> Curves:
+    """Seconds each checkpoint took to write, by step, per task."""
+    curves: Curves = {}
+    for c in checkpoints:
+        if c["duration_s"] is not None:
+            add_point(curves, c["task_index"], c["step"], c["duration_s"])
+    return curves
+
+
+def redacted_env(spec_json: str | None) -> dict[str, str]:
+    """The spec's environment entries; a secret one shows as "<secret>" whatever the ledger holds."""
+    env = json.loads(spec_json or "{}").get("env") or {}
+    out = {}
+    for name, entry in sorted(env.items()):
+        entry = entry if isinstance(entry, dict) else {"value": entry}
+        out[name] = "<secret>" if entry.get("secret") else str(entry.get("value"))
+    return out
+
+
+def cumulative_gpu_hours(runs: list[Usage], since: float, now: float) -> dict[str, tuple[list[float], list[float]]]:
+    """Per account, its GPU-hours so far at every start and end of its runs and at ``now`` (epoch seconds,
+    hours). Each run's GPU-hours are spread evenly over its time within [since, now] (a running run's up to
+    now), so the curve is exact at those points and linear between them."""
+    spans: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for u in runs:
+        spans[u.account or "-"].append((max(u.started_at, since), u.ended_at or now, u.gpu_hours))
+    return {account: _running_total(s, now) for account, s in sorted(spans.items())}
+
+
+def _running_total(spans: list[tuple[float, float, float]], until: float) -> tuple[list[float], list[float]]:
+    """The running total at every span boundary and at ``until``, each (start, end, amount) spread evenly
+    over its span."""
+    rate_change: dict[float, float] = defaultdict(float)
+    jump: dict[float, float] = defaultdict(float)  # amounts of spans without duration
+    for start, end, amount in spans:
+        if end > start:
+            rate_change[start] += amount / (end - start)
+            rate_change[end] -= amount / (end - start)
+        else:
+            jump[end] += amount
+    times = sorted(rate_change.keys() | jump.keys() | {until})
+    totals, total, rate = [], 0.0, 0.0
+    for i, t in enumerate(times):
+        total += (rate * (t - times[i - 1]) if i else 0.0) + jump[t]
+        rate += rate_change[t]
+        totals.append(total)
+    return times, totals

@@ -1,0 +1,45 @@
+"""Matplotlib figures rendered to PNG bytes with the Agg backend (matplotlib is imported only here, on use)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Sequence
+
+# label -> (x values, y values); an empty label draws an unlabelled line.
+Series = dict[str, tuple[Sequence[Any], Sequence[float]]]
+
+
+def figure(width: float = 8.0, height: float = 3.6) -> tuple[Any, Any]:
+    """A new (figure, axes) on the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(width, height))
+
+
+def png(fig: Any) -> bytes:
+    """The figure as PNG bytes (at 100 dpi); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False) -> bytes:
+    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled."""
+    fig, ax = figure()
+    style = {"marker": "o", "linestyle": "none", "markersize": 5} if points else {"linewidth": 1.2}
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, label=label or None, **style)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    if any(series):
+        ax.legend(fontsize="small", ncol=1 + len(series) // 8)
+    if any(hasattr(x, "year") for xs, _ in series.values() for x in xs[:1]):  # datetimes on the x axis
+        fig.autofmt_xdate()
+    return png(fig)

@@ -1,0 +1,248 @@
+"""`hpctrain report`: self-contained HTML pages whose embedded PNG plots show the ledger's data, checked in the
+HTML, in the decoded images, and in a headless Chromium screenshot."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hpctrain.accounting import Usage
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.report import account_report, job_report, sweep_report
+from hpctrain.report.collect import cumulative_gpu_hours
+from hpctrain.sweep import store
+from hpctrain.sweep.spec import load_sweep_spec
+
+from conftest import run_cli
+
+C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first line colour
+SECRET = "hunter2-never-shown"
+JOB_PLOTS = {"loss vs step", "throughput (tokens/s) vs step", "checkpoint duration vs step", "data wait vs step"}
+IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">')
+SWEEP = """
+name = "lr-sweep"
+method = "random"
+metric = "loss"
+direction = "minimize"
+max_trials = 6
+[search]
+lr = { type = "loguniform", low = 1e-4, high = 1e-1 }
+[job]
+name = "trial"
+command = ["python", "train.py"]
+"""
+T0 = time.time() - 3 * 86400
+
+
+def _job(ledger: Ledger, name: str, account: str, spec: dict, **fields: object) -> int:
+    return ledger.insert("jobs", {"name": name, "site": "dev", "user": "alice", "account": account, "partition": "gpu",
+                                  "qos": "normal", "state": "COMPLETED", "submitted_at": T0, "spec_json": spec,
+                                  **fields})
+
+
+def _attempt(ledger: Ledger, job_id: int, task: int, attempt: int, start_h: float, end_h: float, cause: str,
+             steps: tuple[int | None, int]) -> None:
+    ledger.insert("attempts", {
+        "job_id": job_id, "task_index": task, "attempt": attempt, "state": "COMPLETED" if cause == "completed" else
+        "PREEMPTED", "cause": cause, "started_at": T0 + start_h * 3600, "ended_at": T0 + end_h * 3600, "alloc_gpus": 4,
+        "elapsed_s": int((end_h - start_h) * 3600), "step_start": steps[0], "step_end": steps[1],
+        "requeued": int(cause != "completed"), "decision": None})
+
+
+def _metrics(ledger: Ledger, job_id: int, task: int, names: tuple[str, ...], steps: int = 50) -> None:
+    curve = {"loss": lambda s: 4 * math.exp(-s / 15) + 0.5 + 0.05 * task, "step_time_s": lambda s: 0.3,
+             "tokens_per_s": lambda s: 12000 + 300 * (s % 7), "data_wait_s": lambda s: 0.01 + 0.002 * (s % 5)}
+    ledger.db.table("metrics").insert_all(
+        {"job_id": job_id, "task_index": task, "name": n, "step": s, "value": curve[n](s), "attempt": 1,
+         "time": T0 + s * 60} for n in names for s in range(1, steps + 1))
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    """A ledger with a preempted-and-resumed job, an array job of another account and a sweep; every report."""
+    tmp = tmp_path_factory.mktemp("report")
+    site = load_site("dev").model_copy(update={"gpu_hour_price": {"gpu": 2.0}})
+    spec = JobSpec.model_validate({"name": "gpt-small", "command": ["python", "-m", "hpctrain.train"],
+                                   "env": {"API_KEY": {"value": SECRET, "secret": True}, "MODE": "visible-value"}})
+    with Ledger(tmp / "ledger.db") as ledger:
+        job = _job(ledger, "gpt-small", "teama", spec.redacted(), slurm_job_id="101")
+        _attempt(ledger, job, -1, 1, 0, 1, "preemption", (None, 30))
+        _attempt(ledger, job, -1, 2, 1.1, 2, "completed", (30, 50))
+        _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
+        for step in (10, 20, 30, 40, 50):
+            ledger.insert("checkpoints", {"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
+                                          "created_at": T0 + step * 130, "bytes": 10**9, "duration_s": 2 + step / 10})
+        # A row as an old hpctrain might have written it, the secret's value in it: the report redacts it again.
+        array = _job(ledger, "gpt-array", "teamb", spec.model_dump(mode="json"), slurm_job_id="102", is_array=1)
+        for task in range(3):
+            _attempt(ledger, array, task, 1, 24 + task, 30 + task, "completed", (None, 50))
+            _metrics(ledger, array, task, ("loss",))
+
+        path = tmp / "sweep.toml"
+        path.write_text(SWEEP)
+        swp, _ = store.register(ledger, load_sweep_spec(path), path)
+        trials = _job(ledger, "trial", "teama", swp.job.redacted(), slurm_job_id="103", is_array=1, sweep_id=swp.id)
+        for n, lr in enumerate((1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)):
+            ledger.insert("trials", {"sweep_id": swp.id, "number": n, "params_json": {"lr": lr}, "state": "completed",
+                                     "job_id": trials, "task_index": n, "value": 1 + abs(math.log10(lr) + 2.5)})
+            _attempt(ledger, trials, n, 1, 40, 41, "completed", (None, 20))
+            _metrics(ledger, trials, n, ("loss",), steps=20)
+
+        html = {"job": job_report(ledger, site, job), "array": job_report(ledger, site, array),
+                "sweep": sweep_report(ledger, site, swp.id), "accounts": account_report(ledger, site, None, None),
+                "teamb": account_report(ledger, site, "teamb", None)}
+    files = {}
+    for name, text in html.items():
+        files[name] = tmp / f"{name}.html"
+        files[name].write_text(text)
+    return {"html": html, "files": files, "ledger": tmp / "ledger.db", "site": site, "ids": (job, array)}
+
+
+def _images(html: str) -> dict[str, bytes]:
+    return {alt: base64.b64decode(data) for alt, data in IMG.findall(html)}
+
+
+def _pixels(png: bytes):
+    import matplotlib.image
+
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    return (matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3] * 255).round()
+
+
+def _colour_count(pixels, colour: tuple[int, int, int], tolerance: int = 12) -> int:
+    import numpy as np
+
+    return int((np.abs(pixels - np.array(colour)).max(axis=-1) <= tolerance).sum())
+
+
+@pytest.mark.parametrize("name", ["job", "array", "sweep", "accounts", "teamb"])
+def test_every_report_is_one_self_contained_page(reports, name):
+    html = reports["html"][name]
+    assert html.startswith("<!DOCTYPE html>") and "<title>" in html
+    assert not re.search(r"https?://|\b(?:src|href)=\"(?!data:)", html), "the page loads something from outside"
+    assert len(_images(html)) == html.count("<img ")
+
+
+def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
+    html = reports["html"]["job"]
+    images = _images(html)
+    assert set(images) == JOB_PLOTS
+    for alt, png in images.items():
+        pixels = _pixels(png)
+        assert pixels.std() > 0, f"{alt}: blank image"
+        assert _colour_count(pixels, C0) > 100, f"{alt}: no plotted data in C0"
+    assert "<title>job 1: gpt-small</title>" in html
+    assert "2 (1 preemption, 1 completed)" in html
+    assert "5 (5 committed)" in html
+    # 4 GPUs x (1 h + 0.9 h) at 2.0 per GPU-hour; the preempted hour after the step-30 checkpoint is lost.
+    assert "<td>7.60</td>" in html and "<td>15.20</td>" in html
+
+
+def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):
+    html = reports["html"]["array"]
+    assert set(_images(html)) == {"loss vs step"}
+    assert html.count("no data") == 3
+    pixels = _pixels(_images(html)["loss vs step"])
+    for colour in (C0, (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # C0, C1, C2: one line per task
+        assert _colour_count(pixels, colour) > 100
+
+
+def test_sweep_report_shows_the_best_trial_and_its_plots(reports):
+    html = reports["html"]["sweep"]
+    assert set(_images(html)) == {"loss by trial", "parameter importance", "loss vs step"}
+    assert "trial 3: loss = 1.02" in html and "6 of at most 6 (6 completed)" in html
+    for png in _images(html).values():
+        assert _pixels(png).std() > 0
+
+
+def test_account_report_totals_and_cumulative_gpu_hours(reports):
+    every, teamb = reports["html"]["accounts"], reports["html"]["teamb"]
+    assert set(_images(every)) == set(_images(teamb)) == {"cumulative GPU-hours per account"}
+    assert "<td>teama</td>" in every and "<td>teamb</td>" in every
+    assert "<td>teama</td>" not in teamb and "GPU-hours: account teamb" in teamb
+    assert "<td>72.00</td>" in teamb  # 3 tasks x 4 GPUs x 6 h
+    pixels = _pixels(_images(every)["cumulative GPU-hours per account"])
+    assert _colour_count(pixels, C0) > 100 and _colour_count(pixels, (0xFF, 0x7F, 0x0E)) > 100
+
+
+def test_secret_values_never_reach_a_report(reports):
+    for name, html in reports["html"].items():
+        assert SECRET not in html, name
+    for name in ("job", "array"):
+        assert "<td>API_KEY</td><td>&lt;secret&gt;</td>" in reports["html"][name]
+        assert "<td>MODE</td><td>visible-value</td>" in reports["html"][name]
+
+
+def test_gpu_hours_are_spread_over_each_run():
+    def run(account: str, start: float, end: float | None, hours: float) -> Usage:
+        return Usage(1, -1, 1, "j", account, "u", None, "gpu", 1, start, end, "completed", hours, 0.0, 0.0)
+
+    curves = cumulative_gpu_hours([run("a", 0, 10, 5), run("a", 5, 15, 10), run("b", 20, None, 3), run("b", 8, 8, 1)],
+                                  since=0, now=30)
+    assert curves["a"] == ([0, 5, 10, 15, 30], pytest.approx([0, 2.5, 10, 15, 15]))
+    assert curves["b"] == ([8, 20, 30], pytest.approx([1, 1, 4]))
+    assert cumulative_gpu_hours([run("a", 0, 10, 5)], since=4, now=30)["a"] == ([4, 10, 30], pytest.approx([0, 5, 5]))
+
+
+def test_unknown_job_sweep_or_account_is_a_clear_error(reports):
+    with Ledger(reports["ledger"]) as ledger:
+        for call, match in ((lambda: job_report(ledger, reports["site"], 999), "job 999: no such ledger id"),
+                            (lambda: sweep_report(ledger, reports["site"], "nope"), "sweep 'nope': not in the ledger"),
+                            (lambda: account_report(ledger, reports["site"], "nobody", None), "account 'nobody'")):
+            with pytest.raises(HpctrainError, match=match):
+                call()
+
+
+def test_cli_writes_the_report_and_loads_no_plotting_library_for_help(reports, tmp_path):
+    env = {"HPCTRAIN_LEDGER": str(reports["ledger"])}
+    out = run_cli("report", "--site", "dev", "--account", "--since", "2000-01-01", "--out", str(tmp_path / "a.html"),
+                  env=env)
+    assert out.returncode == 0 and out.stdout == f"wrote {tmp_path / 'a.html'}\n", out.stderr
+    assert "cumulative GPU-hours per account" in (tmp_path / "a.html").read_text()
+    out = run_cli("report", "--site", "dev", "999", env=env)
+    assert out.returncode == 2
+    assert out.stderr == "hpctrain: error: job 999: no such ledger id (see `hpctrain status --all`)\n"
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom hpctrain.cli import cli\n"
+            "r = CliRunner().invoke(cli, ['report', '--help'])\nassert r.exit_code == 0, r.output\n"
+            "print(sorted(m for m in ('matplotlib', 'numpy', 'torch', 'jinja2') if m in sys.modules))\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (scripts/install installs it)")
+
+
+def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+@needs_chromium
+@pytest.mark.parametrize("name, plots", [("job", 4), ("accounts", 1)])
+def test_chromium_renders_the_plots(reports, tmp_path, name, plots):
+    shot = tmp_path / "shot.png"
+    out = _chromium(f"--screenshot={shot}", "--window-size=1200,2400", reports["files"][name].as_uri())
+    assert shot.exists(), out.stderr
+    pixels = _pixels(shot.read_bytes())
+    assert pixels.std() > 0
+    # The plots' own pixels: an image that failed to load would show no C0 at all.
+    assert _colour_count(pixels, C0) > 150 * plots
+
+
+@needs_chromium
+def test_chromium_shows_the_page_text(reports):
+    out = _chromium("--dump-dom", reports["files"]["job"].as_uri())
+    assert out.returncode == 0, out.stderr
+    assert "<title>job 1: gpt-small</title>" in out.stdout and "<h1>job 1: gpt-small</h1>" in out.stdout
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png', out.stdout)) == 4
