@@ -22,6 +22,9 @@ import numpy as np  # noqa: E402
 
 from hpctrain.data import ShardIndex, ShardLoader, load_index, pack  # noqa: E402
 
+from _figures import figure
+
+
 
 def dataset(root: Path, size: int, sample_bytes: int, shard_bytes: int) -> ShardIndex:
     if (root / "index.json").exists():
@@ -101,6 +104,8 @@ def main() -> None:
         raw = seconds["raw sequential read"]
         for name, s in seconds.items():
             print(f"{cache:4} {name:22} {total / s / 1e6:8.0f} MB/s  {raw / s:5.2f} x raw")
+        ratio = raw / seconds["loader, undecoded"]
+        figure(f"loader (undecoded) vs raw read, {cache} cache", ratio, "x raw", ">= 0.9 x raw", ratio >= 0.9)
 
     per_epoch = len(ShardLoader(index, **kw))
     print("resume: seconds from load_state_dict to the first batch, by batches already consumed")
@@ -110,6 +115,7 @@ def main() -> None:
         s = first_batch_after_resume(index, kw, batches)
         base = base or s
         print(f"  {batches:6d} of {per_epoch} batches: {s:6.3f} s  {s / base:5.2f} x position 0")
+    figure("resume at 95 % of an epoch vs at its start", s / base, "x", "flat (< 2 x)", s / base < 2)
 
 
 if __name__ == "__main__":

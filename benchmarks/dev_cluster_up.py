@@ -11,6 +11,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from _figures import figure
+
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "dev-cluster"
 
 
@@ -35,6 +38,8 @@ def main() -> None:
     for name, secs in [("up, cold (new root)", cold), ("up again (no-op)", noop), ("down", down), ("up, warm (after down)", warm)]:
         print(f"{name:28} {secs:8.2f}")
     print(f"goal: working cluster in under 30 s -> cold {cold / 30:.2f} of the budget")
+    figure("dev cluster up, cold", cold, "s", "< 30 s", cold < 30)
+    figure("dev cluster up, warm (after down)", warm, "s")
 
 
 if __name__ == "__main__":

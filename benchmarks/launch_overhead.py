@@ -22,6 +22,8 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
 from hpctrain.status import TERMINAL, Poller
 
+from _figures import figure
+
 WARMUP = 5
 SPEC = """\
 name = "bench-launch"
@@ -94,6 +96,7 @@ def main() -> None:
     print(f"  bare torchrun      {b * 1000:8.1f} ms   runs: {', '.join(f'{x * 1000:.1f}' for x in bare)}")
     print(f"  hpctrain launch    {l * 1000:8.1f} ms   runs: {', '.join(f'{x * 1000:.1f}' for x in launched)}")
     print(f"  overhead {100 * (l / b - 1):+.1f} % (goal <= 3 %)")
+    figure("step time under hpctrain launch vs bare torchrun", 100 * (l / b - 1), "%", "<= 3 %", l / b - 1 <= 0.03)
 
 
 if __name__ == "__main__":

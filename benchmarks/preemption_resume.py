@@ -36,6 +36,8 @@ from hpctrain.status import parse_time
 from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 
+from _figures import figure
+
 MODEL = {"layers": 4, "heads": 4, "hidden": 64, "vocab": 256, "seq_len": 32}
 SPEC = """\
 name = "bench-preempt"
@@ -148,6 +150,10 @@ def main() -> None:
     print(f"  {'hpctrain part':22}" + "".join(f"{v:9.2f}" for v in ours) + f"{statistics.median(ours):9.2f}   goal <= 5 s")
     print(f"  {'total':22}" + "".join(f"{v:9.2f}" for v in total) + f"{statistics.median(total):9.2f}")
     print(f"  steps lost per preemption: {lost} (goal 0)")
+    figure("signal -> first resumed step, hpctrain's part (median)", statistics.median(ours), "s", "<= 5 s",
+           statistics.median(ours) <= 5)
+    figure("signal -> first resumed step, total incl. Slurm (median)", statistics.median(total), "s")
+    figure("training steps lost per preemption (max)", max(lost), "steps", "0", max(lost) == 0)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.status import Poller, job_summaries
 from hpctrain.submit import Submitter
 
+from _figures import figure
 from _timing import TimedClient
 
 
@@ -49,6 +50,9 @@ def main() -> None:
         print(f"submit {args.tasks} tasks: {client.calls['sbatch']} sbatch calls, {len(sub.slurm_ids)} arrays")
         print(f"  total {total:.2f} s = Slurm {submit_slurm:.2f} s + hpctrain {total - submit_slurm:.2f} s "
               f"(goal: <= 10 sbatch calls, hpctrain < 5 s)")
+        figure(f"submit {args.tasks} tasks, hpctrain time", total - submit_slurm, "s", "< 5 s", total - submit_slurm < 5)
+        figure(f"submit {args.tasks} tasks, sbatch calls", client.calls["sbatch"], "calls", "<= 10",
+               client.calls["sbatch"] <= 10)
 
         # Status over 10,000 ledger rows: the arrays plus synthetic finished jobs.
         ledger.db.table("jobs").insert_all(
@@ -65,6 +69,8 @@ def main() -> None:
         raw_s = time.perf_counter() - t0
         print(f"status over {len(rows)} ledger rows ({len(raw)} jobs, {args.tasks} array tasks): "
               f"{client.calls['sacct']} sacct call(s)")
+        ours = poll_total - client.slurm_seconds
+        figure("status over 10,000 ledger rows, hpctrain time", ours, "s", "< 1 s", ours < 1)
         print(f"  total {poll_total:.3f} s = Slurm {client.slurm_seconds:.3f} s + hpctrain "
               f"{poll_total - client.slurm_seconds:.3f} s (goal < 1 s); raw SELECT of all jobs {raw_s:.3f} s "
               f"-> {(poll_total - client.slurm_seconds) / raw_s:.1f}x")

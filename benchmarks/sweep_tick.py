@@ -23,6 +23,7 @@ from hpctrain.sweep import store
 from hpctrain.sweep.spec import SweepSpec
 from hpctrain.sweep.tick import tick_all
 
+from _figures import figure
 from _timing import TimedClient
 
 TASKS_PER_JOB = 1000
@@ -85,6 +86,8 @@ def main() -> None:
                     print(f"  {method:6} {label:26} total {total:.2f} s = Slurm {slurm:.2f} s + hpctrain "
                           f"{total - slurm:.2f} s (goal < 2 s); submitted {len(results[0].submitted)}; "
                           f"calls {calls}")
+                    figure(f"{method} {label}, {args.trials} trials, hpctrain time", total - slurm, "s", "< 2 s",
+                           total - slurm < 2 and calls.get("sacct", 0) <= 1)
             finally:
                 client.scancel([r["slurm_job_id"] for r in ledger.rows("jobs", "CAST(slurm_job_id AS INTEGER) < 9000000")])
 
