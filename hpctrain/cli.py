@@ -65,6 +65,14 @@ class _Group(click.Group):
             for line in str(exc).splitlines():
                 click.echo(f"hpctrain: error: {line}", err=True)
             ctx.exit(2)
+        except Exception as exc:
+            import sqlite3  # only here: the CLI starts without it
+
+            if not isinstance(exc, sqlite3.DatabaseError):
+                raise
+            # Damage inside the ledger file shows only when a query reaches it; the file is left as it is.
+            click.echo(f"hpctrain: error: the ledger is damaged ({exc}); restore it from a copy", err=True)
+            ctx.exit(2)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -13,6 +13,10 @@ class SlurmError(HpctrainError):
     """A Slurm command is missing, failed, or the controller is unreachable."""
 
 
+class SlurmTimeout(SlurmError):
+    """A Slurm command gave no answer in time: what it asked for may or may not have happened."""
+
+
 class LedgerError(HpctrainError):
     """The ledger file cannot be opened or migrated."""
 

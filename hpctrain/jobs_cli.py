@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -19,7 +20,7 @@ def open_site(site: str | None) -> tuple[Any, Any, Any]:
     from hpctrain.slurm import SlurmClient
 
     cfg = load_site(site)
-    return cfg, Ledger(cfg.ledger.path), SlurmClient.for_site(cfg)
+    return cfg, Ledger(cfg.ledger.path, mode=cfg.ledger.mode), SlurmClient.for_site(cfg)
 
 
 def _steps(start: int | None, end: int | None) -> str:
@@ -44,15 +45,11 @@ def _when(ts: float | None) -> str:
 def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool, wait: bool) -> None:
     """Render SPEC for the site and submit it (a job, or arrays split past MaxArraySize)."""
     from hpctrain.config import load_job_spec
-    from hpctrain.config.job import ArraySpec
     from hpctrain.submit import Submitter
 
     spec = load_job_spec(spec_path)
-    if array:
-        count, _, throttle = array.partition("%")
-        if not count.isdigit() or int(count) < 1 or (throttle and not throttle.isdigit()):
-            raise click.BadParameter(f"expected N or N%T with whole numbers, got {array!r}", param_hint="--array")
-        spec.array = ArraySpec(count=int(count), throttle=int(throttle) if throttle else None)
+    if array is not None:
+        spec.array = _array_option(array)
     cfg, ledger, client = open_site(site)
     with ledger:
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
@@ -74,6 +71,22 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
         sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
 
 
+def _array_option(text: str) -> Any:
+    """--array N[%T] as an ArraySpec: N copies, at most T at once."""
+    from pydantic import ValidationError
+
+    from hpctrain.config.job import ArraySpec
+
+    m = re.fullmatch(r"([0-9]{1,9})(?:%([0-9]{1,9}))?", text)
+    try:
+        if m is None:
+            raise ValueError
+        return ArraySpec(count=int(m[1]), throttle=int(m[2]) if m[2] else None)
+    except (ValueError, ValidationError):
+        raise click.BadParameter(f"expected N or N%T, whole numbers from 1 (N at most 100000), got {text!r}",
+                                 param_hint="--array") from None
+
+
 def _wait_finished(cfg: Any, ledger_ids: list[int]) -> dict[int, str]:
     """Poll (one sacct call each time, backing off from 1 s to 15 s) until the jobs are finished."""
     from hpctrain.ledger import Ledger
@@ -81,7 +94,7 @@ def _wait_finished(cfg: Any, ledger_ids: list[int]) -> dict[int, str]:
     from hpctrain.status import TERMINAL, Poller, next_interval
 
     interval = 1.0
-    with Ledger(cfg.ledger.path) as ledger:
+    with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:
         poller = Poller(ledger, SlurmClient.for_site(cfg), cfg.name)
         while True:
             changed = poller.refresh()
@@ -110,11 +123,13 @@ def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
 @click.option("--all", "show_all", is_flag=True, help="include finished jobs")
 @click.option("--json", "as_json", is_flag=True, help="print rows as JSON")
 @click.option("--watch", is_flag=True, help="keep polling, backing off while nothing changes")
-@click.option("--interval", default=5.0, show_default=True, help="first poll interval (s) with --watch")
-@click.option("--max-interval", default=300.0, show_default=True, help="longest poll interval (s) with --watch")
-@click.option("--count", type=int, default=None, help="stop --watch after this many polls")
+@click.option("--interval", default=5.0, show_default=True, callback=lambda c, p, v: _seconds(p, v),
+              help="first poll interval (s) with --watch")
+@click.option("--max-interval", default=300.0, show_default=True, callback=lambda c, p, v: _seconds(p, v),
+              help="longest poll interval (s) with --watch")
+@click.option("--count", type=click.IntRange(1, 10**9), default=None, help="stop --watch after this many polls")
 @click.option("--no-refresh", is_flag=True, help="show the ledger as it is, without asking Slurm")
-@click.option("--limit", default=200, show_default=True, help="rows shown")
+@click.option("--limit", type=click.IntRange(1, 10**9), default=200, show_default=True, help="rows shown")
 def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interval: float, max_interval: float,
            count: int | None, no_refresh: bool, limit: int) -> None:
     """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
@@ -129,7 +144,7 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
     with ledger:
         while True:
             # Backs off on job state changes only: new metrics arrive all the time.
-            changed = 0 if no_refresh else reconcile(ledger, client, cfg.name, supervise_runs=False).changed_jobs
+            changed = 0 if no_refresh else warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
             polls += 1
             rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
             alerts = job_alerts(ledger, rows, cfg.alerts)
@@ -146,10 +161,23 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             time.sleep(wait)
 
 
+def warn(result: Any) -> Any:
+    """Print a refresh's warning (accounting down: states from squeue) on stderr; returns the result."""
+    if result.warning:
+        click.echo(f"hpctrain: warning: {result.warning}", err=True)
+    return result
+
+
+def _seconds(param: click.Parameter, value: float) -> float:
+    if not 0.1 <= value <= 86400:  # also refuses nan
+        raise click.BadParameter(f"expected seconds from 0.1 to 86400, got {value}", param_hint=param.opts[0])
+    return value
+
+
 def find_job(ledger: Any, job: str) -> dict[str, Any]:
     from hpctrain.errors import HpctrainError
 
-    row = ledger.get("jobs", int(job)) if job.isdigit() else None
+    row = ledger.get("jobs", int(job)) if re.fullmatch(r"[0-9]{1,18}", job) else None
     if row is None:
         raise HpctrainError(f"job {job!r}: no such ledger id (see `hpctrain status --all`)")
     return row
@@ -294,7 +322,7 @@ def reconcile(site: str | None) -> None:
 
     cfg, ledger, client = open_site(site)
     with ledger:
-        result = run_reconcile(ledger, client, cfg.name)
+        result = warn(run_reconcile(ledger, client, cfg.name))
     click.echo(f"reconciled: {result.changed_jobs} job(s) changed state, "
                f"{result.records} new record(s) from {result.journals} journal(s)")
     for d in result.decisions:

@@ -15,12 +15,12 @@ FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
 
 def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
     """The site config and its ledger, with job states and journals folded in first unless told not to."""
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.jobs_cli import open_site, warn
     from hpctrain.reconcile import reconcile
 
     cfg, ledger, client = open_site(site)
     if not no_refresh:
-        reconcile(ledger, client, cfg.name, supervise_runs=False)
+        warn(reconcile(ledger, client, cfg.name, supervise_runs=False))
     return cfg, ledger
 
 
@@ -79,7 +79,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     from hpctrain.accounting import totals, usage
 
     try:
-        since_ts = datetime.fromisoformat(since).timestamp() if since else None
+        since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
     except ValueError:
         raise click.BadParameter(f"expected a date such as 2026-11-01, got {since!r}", param_hint="--since") from None
     cfg, ledger = _refreshed(site, no_refresh)

@@ -25,12 +25,14 @@ class ReconcileResult:
     journals: int
     records: int
     decisions: list[Decision]
+    warning: str | None = None  # accounting (sacct) down: states came from squeue
 
 
 def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bool = True) -> ReconcileResult:
     """One sacct call for every active job, every journal of active or recently ended jobs, then (unless
     ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one."""
-    changed = Poller(ledger, client, site).refresh()
+    poller = Poller(ledger, client, site)
+    changed = poller.refresh()
     cutoff = time.time() - RECENT_S
     placeholders = ",".join("?" * len(TERMINAL))
     rows = ledger.db.query(
@@ -40,4 +42,5 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     )
     journals = [Journal(Path(r["job_dir"]) / "journal") for r in rows]
     records = sum(ingest_journal(ledger, j) for j in journals)
-    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site) if supervise_runs else [])
+    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site) if supervise_runs else [],
+                           poller.warning)

@@ -16,6 +16,7 @@ from typing import Any
 
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import CAUSE_OF_STATE
+from hpctrain.errors import SlurmError
 from hpctrain.slurm.client import SlurmClient
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
@@ -129,10 +130,11 @@ def array_state(states: list[str]) -> str:
 
 
 class Poller:
-    """Refreshes every active tracked job of a site with one sacct call."""
+    """Refreshes every active tracked job of a site with one sacct call (one squeue call while sacct fails)."""
 
     def __init__(self, ledger: Ledger, client: SlurmClient, site: str):
         self.ledger, self.client, self.site = ledger, client, site
+        self.warning: str | None = None  # set while states come from squeue instead of sacct
 
     def active_jobs(self) -> list[dict[str, Any]]:
         placeholders = ",".join("?" * len(TERMINAL))
@@ -144,16 +146,22 @@ class Poller:
         jobs = self.active_jobs()
         if not jobs:
             return 0
-        found = histories(self.client.sacct([j["slurm_job_id"] for j in jobs], SACCT_FIELDS))
+        ids = [j["slurm_job_id"] for j in jobs]
+        try:
+            found, self.warning = histories(self.client.sacct(ids, SACCT_FIELDS)), None
+        except SlurmError as exc:
+            # slurmdbd down: the controller still knows pending, running and recently ended jobs.
+            found = histories(self.client.squeue_states(ids))
+            self.warning = f"{exc}; job states from squeue until accounting is back (no attempt history)"
         changed = 0
         with self.ledger.transaction():
             for job in jobs:
                 tasks = found.get(job["slurm_job_id"])
-                if tasks and self._apply(job, tasks):
+                if tasks and self._apply(job, tasks, attempts_known=self.warning is None):
                     changed += 1
         return changed
 
-    def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory]) -> bool:
+    def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory], attempts_known: bool = True) -> bool:
         db, now = self.ledger.db, time.time()
         requeue = json.loads(job["spec_json"] or "{}").get("requeue", True)
         base = job["attempt_base"]
@@ -161,7 +169,7 @@ class Poller:
                                         "GROUP BY task_index", [job["id"]]).fetchall())
         for index, history in tasks.items():
             history.requeue = requeue
-            for n, a in enumerate(history.attempts):
+            for n, a in enumerate(history.attempts if attempts_known else ()):
                 db.table("attempts").upsert(
                     {"job_id": job["id"], "task_index": index, "attempt": base + n, "slurm_job_id": job["slurm_job_id"]
                      + (f"_{index}" if index >= 0 else ""), "state": a.state, "node_list": a.node_list,
@@ -171,20 +179,22 @@ class Poller:
                 )
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
             # not list yet: still requeued, not finished.
-            history.requeued_by_us = requeued_upto.get(index, -1) >= base + history.restarts
+            history.requeued_by_us = attempts_known and requeued_upto.get(index, -1) >= base + history.restarts
             if index >= 0:
-                db.execute("UPDATE array_tasks SET state = ?, restarts = ?, updated_at = ? WHERE job_id = ? AND task_index = ?",
-                           [history.state, history.restarts, now, job["id"], index])
+                db.execute("UPDATE array_tasks SET state = ?, restarts = max(restarts, ?), updated_at = ? "
+                           "WHERE job_id = ? AND task_index = ?", [history.state, history.restarts, now, job["id"], index])
         db.execute(_FILL_CAUSE_SQL, [job["id"]])
         if job["is_array"]:
             known = {r["task_index"]: r["state"] for r in self.ledger.rows("array_tasks", "job_id = ?", [job["id"]])}
             state = array_state(list(known.values()))
         else:
             state = tasks[-1].state if -1 in tasks else job["state"]
-        starts = [a.start for h in tasks.values() for a in h.attempts if a.start]
-        ends = [a.end for h in tasks.values() for a in h.attempts if a.end]
-        fields = {"state": state, "started_at": min(starts, default=None),
-                  "ended_at": max(ends, default=None) if state in TERMINAL else None}
+        fields: dict[str, Any] = {"state": state}
+        if attempts_known:
+            starts = [a.start for h in tasks.values() for a in h.attempts if a.start]
+            ends = [a.end for h in tasks.values() for a in h.attempts if a.end]
+            fields.update(started_at=min(starts, default=None),
+                          ended_at=max(ends, default=None) if state in TERMINAL else None)
         if any(job.get(k) != v for k, v in fields.items()):
             self.ledger.update("jobs", job["id"], {**fields, "updated_at": now})
             return True

@@ -63,8 +63,8 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
     if go:
         try:
             why = f"{why} by reconcile: {_run_again(ledger, client, job, task, len(attempts))}"
-        except HpctrainError as exc:
-            go, why = False, f"could not requeue: {exc}"
+        except HpctrainError as exc:  # Slurm down, a secret missing: left undecided, the next reconcile tries again
+            return Decision(job["id"], task, False, f"requeue failed, will retry: {exc}")
     last = attempts[-1]
     with ledger.transaction():
         ledger.upsert("attempts", {"job_id": job["id"], "task_index": task, "attempt": last["attempt"],

@@ -4,15 +4,11 @@ jobs, checkpoints and requeues itself each time, and ends bitwise identical to a
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from hpctrain.checkpoint import load_flat
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec, Model
 from hpctrain.ledger import Ledger
@@ -23,7 +19,7 @@ from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 
 from conftest import run_cli, wait_until
-from train_helpers import TINY_MODEL, trainer_spec
+from train_helpers import TINY_MODEL, assert_bitwise_equal, straight_run, trainer_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 STEPS = 150
@@ -37,10 +33,6 @@ HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
 
 def records(journal: Journal, kind: str) -> list[dict]:
     return [r for _, r in journal.records() if r["kind"] == kind]
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.reshape(-1).view(torch.uint8)
 
 
 @pytest.fixture(params=[20, 0], ids=["grace20s", "grace0"])
@@ -78,11 +70,7 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
             wait_until(lambda: len(records(journal, "requeue")) == k, 120, 0.5, f"preemption {k} to checkpoint and requeue")
 
         # The run never preempted, the same layout and data, meanwhile under torchrun.
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        straight = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
-                                   "4", "-m", "hpctrain.train", "--spec", str(specs["straight"]), "--steps", str(STEPS)],
-                                  capture_output=True, text=True, env=env, timeout=600)
-        assert straight.returncode == 0, straight.stderr[-3000:]
+        straight_run(specs["straight"], STEPS)
 
         poller = Poller(ledger, SlurmClient.for_site(site), "dev")
 
@@ -96,10 +84,7 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
     requeues = records(journal, "requeue")
     assert [r["cause"] for r in requeues] == ["preemption"] * 3
     assert all(r["checkpointed"] for r in requeues)
-    final = f"step_{STEPS:08d}"
-    a, b = load_flat(tmp_path / "ck-preempted" / final), load_flat(tmp_path / "ck-straight" / final)
-    assert a.keys() == b.keys() and len(a) > 10
-    assert all(torch.equal(bits(a[k]), bits(b[k])) for k in a), [k for k in a if not torch.equal(bits(a[k]), bits(b[k]))]
+    assert_bitwise_equal(tmp_path / "ck-preempted", tmp_path / "ck-straight", STEPS)
 
     # Every attempt, and why it ended, is in the ledger.
     assert run_cli("reconcile").returncode == 0
@@ -133,12 +118,7 @@ def test_time_limit_checkpoints_on_the_notice_and_requeues(dev_cluster, isolated
         wait_until(done, 400, 3.0, "the time-limited job to finish")
         assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
     # The uninterrupted run afterwards, not alongside: sharing the 2 cores would slow both.
-    straight = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node",
-                               "4", "-m", "hpctrain.train", "--spec", str(specs["straight"]), "--steps", str(steps)],
-                              capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    straight_run(specs["straight"], steps)
     requeues = records(journal, "requeue")
     assert requeues and {r["cause"] for r in requeues} == {"timeout"} and all(r["checkpointed"] for r in requeues)
-    final = f"step_{steps:08d}"
-    a, b = load_flat(tmp_path / "ck-limited" / final), load_flat(tmp_path / "ck-straight" / final)
-    assert a.keys() == b.keys() and all(torch.equal(bits(a[k]), bits(b[k])) for k in a)
+    assert_bitwise_equal(tmp_path / "ck-limited", tmp_path / "ck-straight", steps)

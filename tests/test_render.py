@@ -90,7 +90,7 @@ NASTY = ["a\n#SBATCH --uid=0", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "it'
 def test_values_cannot_add_directives_or_commands(site, value):
     s = spec(command=["echo", value], env={"V": value}, workdir=f"/tmp/{value}", launcher="none")
     script = render_script(s, site, PLACEMENT, FILES, "1")
-    assert header_directives(script) == directives(s, site, PLACEMENT, FILES, None, [])
+    assert header_directives(script) == directives(s, site, PLACEMENT, FILES, None, [], "1")
     # The script's own lines, run by bash, give back each value verbatim.
     lines = script.splitlines()
     export = next(i for i, ln in enumerate(lines) if ln.startswith("export V="))

@@ -212,7 +212,7 @@ def test_cli_writes_the_report_and_loads_no_plotting_library_for_help(reports, t
     assert "cumulative GPU-hours per account" in (tmp_path / "a.html").read_text()
     out = run_cli("report", "--site", "dev", "999", env=env)
     assert out.returncode == 2
-    assert out.stderr == "hpctrain: error: job 999: no such ledger id (see `hpctrain status --all`)\n"
+    assert out.stderr == "hpctrain: error: job '999': no such ledger id (see `hpctrain status --all`)\n"
     code = ("import sys\nfrom click.testing import CliRunner\nfrom hpctrain.cli import cli\n"
             "r = CliRunner().invoke(cli, ['report', '--help'])\nassert r.exit_code == 0, r.output\n"
             "print(sorted(m for m in ('matplotlib', 'numpy', 'torch', 'jinja2') if m in sys.modules))\n")

@@ -90,6 +90,27 @@ def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.Complet
     return done
 
 
+def straight_run(spec: Path, steps: int, nproc: int = 4) -> None:
+    """The reference trainer never interrupted, under torchrun: what an interrupted run must end as."""
+    torchrun(nproc, "-m", "hpctrain.train", "--spec", str(spec), "--steps", str(steps), timeout=600)
+
+
+def assert_bitwise_equal(a_dir: Path, b_dir: Path, step: int) -> None:
+    """Both runs' checkpoints of ``step`` hold bit for bit the same model and optimizer state."""
+    import torch
+
+    from hpctrain.checkpoint import load_flat
+
+    def bits(t):
+        return t.reshape(-1).view(torch.uint8)
+
+    name = f"step_{step:08d}"
+    a, b = load_flat(a_dir / name), load_flat(b_dir / name)
+    assert a.keys() == b.keys() and len(a) > 10
+    differ = [k for k in a if not torch.equal(bits(a[k]), bits(b[k]))]
+    assert not differ, differ
+
+
 def run_scenario(tmp_path: Path, nproc: int, **scenario: Any) -> dict[str, Any]:
     """Run ``_worker`` on ``nproc`` ranks; returns what rank 0 wrote."""
     job, out = tmp_path / "scenario.json", tmp_path / "result.json"

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, FiniteFloat, model_validator
 
 from hpctrain.config.loading import Loc, StrictModel, load_model, validate
-from hpctrain.config.types import ExpandedPath, MiB, Seconds
+from hpctrain.config.types import ENV_NAME, ExpandedPath, MiB, Seconds, SlurmName
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
+
+
+def _slurm_job_id(value: str) -> str:
+    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", value):
+        raise ValueError("expected a Slurm job id such as '1234' or '1234_5'")
+    return value
+
+
+def _argv(value: list[str]) -> list[str]:
+    if not value[0].strip():
+        raise ValueError("expected the program to run as the first item")
+    return value
 
 
 class Resources(StrictModel):
@@ -24,9 +37,9 @@ class Resources(StrictModel):
     cpus_per_task: int = Field(1, ge=1)
     mem: MiB | None = Field(None, description="per node")
     time: Seconds | None = Field(None, description="default: the site's")
-    partition: str | None = None
-    account: str | None = Field(None, description="an account name, or 'auto' for the best fairshare")
-    qos: str | None = None
+    partition: SlurmName | None = None
+    account: SlurmName | None = Field(None, description="an account name, or 'auto' for the best fairshare")
+    qos: SlurmName | None = None
     preemptible: bool = Field(False, description="run in the site's preemptible QOS")
 
     @property
@@ -67,13 +80,13 @@ class Data(StrictModel):
     index: ExpandedPath | None = Field(None, description="the shard index written by `hpctrain data pack`")
     workers: int = Field(2, ge=0)
     shuffle_buffer: int = Field(1000, ge=0)
-    max_quarantined_fraction: float = Field(0.05, ge=0, le=1)
+    max_quarantined_fraction: FiniteFloat = Field(0.05, ge=0, le=1)
 
 
 class CheckpointPolicy(StrictModel):
     dir: ExpandedPath | None = Field(None, description="default: <site checkpoints>/<job name>")
     every_steps: int | None = Field(None, ge=1)
-    every_minutes: float | None = Field(None, gt=0)
+    every_minutes: FiniteFloat | None = Field(None, gt=0)
     keep_last: int = Field(3, ge=1)
     async_save: bool = Field(True, alias="async")
 
@@ -82,8 +95,9 @@ class ArraySpec(StrictModel):
     """Run the job once per parameter set, as a Slurm job array (split past MaxArraySize)."""
 
     params: list[dict[str, Any]] = Field(default_factory=list, description="explicit parameter sets")
-    grid: dict[str, list[Any]] = Field(default_factory=dict, description="cartesian product of these lists")
-    count: int | None = Field(None, ge=1, description="plain copies, when there are no parameters")
+    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+        default_factory=dict, description="cartesian product of these lists")
+    count: int | None = Field(None, ge=1, le=MAX_ARRAY_TASKS, description="plain copies, when there are no parameters")
     throttle: int | None = Field(None, ge=1, description="at most this many tasks at once (%N)")
 
     def parameter_sets(self) -> list[dict[str, Any]]:
@@ -94,9 +108,17 @@ class ArraySpec(StrictModel):
             return list(self.params)
         return [{} for _ in range(self.count or 0)]
 
+    @property
+    def size(self) -> int:
+        """How many tasks ``parameter_sets`` gives, without building them."""
+        if self.grid:
+            return math.prod(map(len, self.grid.values()))
+        return len(self.params) or self.count or 0
+
 
 class Dependency(StrictModel):
-    after: list[str] = Field(default_factory=list, description="Slurm job ids this job waits for")
+    after: list[Annotated[str, AfterValidator(_slurm_job_id)]] = Field(
+        default_factory=list, description="Slurm job ids this job waits for")
     kind: Literal["afterok", "afterany", "afternotok"] = "afterok"
     singleton: bool = False
 
@@ -130,7 +152,8 @@ class EnvVar(StrictModel):
 
 class JobSpec(StrictModel):
     name: str = Field(pattern=JOB_NAME)
-    command: list[str] = Field(min_length=1, description="argv run once per task, e.g. ['python', 'train.py']")
+    command: Annotated[list[str], AfterValidator(_argv)] = Field(
+        min_length=1, description="argv run once per task, e.g. ['python', 'train.py']")
     workdir: ExpandedPath | None = None
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)
@@ -148,15 +171,15 @@ class JobSpec(StrictModel):
 
     def problems(self) -> Iterator[tuple[Loc, str]]:
         for key in self.env:
-            if not re.match(ENV_NAME, key):
+            if not re.fullmatch(ENV_NAME, key):
                 yield ("env", key), "expected an environment variable name (letters, digits, _)"
-        for i, job in enumerate(self.dependency.after):
-            if not re.fullmatch(r"\d+(_\d+)?", job):
-                yield ("dependency", "after", i), f"expected a Slurm job id such as '1234' or '1234_5', got {job!r}"
         if self.array is not None:
             a = self.array
             if sum(map(bool, (a.params, a.grid, a.count))) != 1:
                 yield ("array",), "expected exactly one of params, grid or count"
+            elif a.size > MAX_ARRAY_TASKS:
+                yield ("array", "grid" if a.grid else "params"), (
+                    f"{a.size} tasks, more than the {MAX_ARRAY_TASKS} one submission may have")
         yield from self._layout_problems()
 
     def _layout_problems(self) -> Iterator[tuple[Loc, str]]:

@@ -1,4 +1,4 @@
-"""Read TOML/YAML files into pydantic models; turn every validation problem into one line."""
+"""Read TOML/JSON/YAML files into pydantic models; turn every validation problem into one line."""
 
 from __future__ import annotations
 
@@ -27,41 +27,57 @@ class StrictModel(BaseModel):
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
-    """Parse a TOML (.toml) or YAML (.yaml/.yml) file into a dict."""
+    """Parse a TOML (.toml), JSON (.json) or YAML (.yaml/.yml) file into a dict."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
-    if path.suffix == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    elif path.suffix in (".yaml", ".yml"):
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-        data = {} if data is None else data
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (undecodable byte at offset {exc.start})") from None
+    kind = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}.get(path.suffix, "TOML")
+    try:
+        data = _parse(kind, text)
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid {kind}: nested too deeply") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except ValueError as exc:  # also TOML and JSON integers past Python's 4300-digit limit
+        raise ConfigError(f"{path}: invalid {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of keys at the top level, got {type(data).__name__}")
     return data
 
 
+def _parse(kind: str, text: str) -> Any:
+    if kind == "JSON":
+        return json.loads(text)
+    if kind == "TOML":
+        return tomllib.loads(text)
+    data = yaml.safe_load(text)
+    try:
+        json.dumps(data, default=str, skipkeys=True)
+    except ValueError:  # an anchor used inside itself: validation and the ledger would recurse forever
+        raise ValueError("an alias refers to the node that contains it") from None
+    return {} if data is None else data
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def format_loc(loc: Loc) -> str:
-    """('partitions', 'gpu', 'nodes', 0) -> 'partitions.gpu.nodes[0]'."""
+    """('partitions', 'gpu', 'nodes', 0) -> 'partitions.gpu.nodes[0]'; other keys are quoted as in TOML."""
     out = ""
     for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+            continue
+        # Quoted (escaped where unprintable, so one problem stays one line) unless a bare key.
+        key = part if _BARE_KEY.fullmatch(part) else json.dumps(part, ensure_ascii=not part.isprintable())
+        out += f".{key}" if out else key
     return out or "(top level)"
 
 
@@ -84,6 +100,7 @@ _EXPECTED = {
     "model_type": "expected a table",
     "model_attributes_type": "expected a table",
     "tuple_type": "expected a list",
+    "finite_number": "expected a finite number",
 }
 
 
@@ -102,6 +119,8 @@ def describe_error(err: dict[str, Any]) -> str:
         op = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}[kind]
         limit = next(iter(ctx.values()), "?")
         return f"expected a number {op} {limit}{got}"
+    if kind == "too_short":
+        return f"expected at least {ctx.get('min_length', 1)} item(s){got}"
     if kind == "literal_error":
         return f"expected one of {ctx.get('expected', '?')}{got}"
     if kind == "string_pattern_mismatch":
@@ -152,8 +171,9 @@ def expand_vars(text: str) -> str:
     return _VAR.sub(sub, text)
 
 
-def expand_path(value: Any) -> Any:
-    """Expand ~ and environment variables in path-like strings."""
-    if isinstance(value, (str, os.PathLike)):
-        return Path(expand_vars(str(value))).expanduser()
-    return value
+def expand_path(value: Any) -> Path:
+    """Expand ~ and environment variables in a path string."""
+    text = str(value) if isinstance(value, (str, os.PathLike)) else ""
+    if not text or "\0" in text:
+        raise ValueError("expected a path")
+    return Path(expand_vars(text)).expanduser()

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterable, Iterator, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.config.loading import Loc, StrictModel, load_model
-from hpctrain.config.types import ExpandedPath, MiB, Seconds
+from hpctrain.config.types import ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, MiB, Seconds, SlurmName
 from hpctrain.errors import ConfigError
-
-NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 
 
 class SlurmAccess(StrictModel):
@@ -20,13 +19,13 @@ class SlurmAccess(StrictModel):
 
     conf: ExpandedPath | None = Field(None, description="SLURM_CONF for every Slurm command (None: inherit)")
     bin_dir: ExpandedPath | None = Field(None, description="where sbatch, squeue, ... live (None: PATH)")
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: FiniteFloat = Field(60.0, gt=0)
     max_array_size: int | None = Field(None, ge=1, description="None: read MaxArraySize from scontrol")
 
 
 class Partition(StrictModel):
     gpus_per_node: int = Field(ge=0)
-    gpu_type: str | None = None
+    gpu_type: SlurmName | None = None
     cpus_per_node: int = Field(gt=0)
     mem_per_node: MiB
     nodes: int | None = Field(None, ge=1)
@@ -41,10 +40,10 @@ class Qos(StrictModel):
 
 
 class Defaults(StrictModel):
-    account: str = Field("auto", pattern=NAME)
-    partition: str = Field(pattern=NAME)
-    qos: str = Field("normal", pattern=NAME)
-    preemptible_qos: str | None = Field(None, pattern=NAME)
+    account: SlurmName = "auto"
+    partition: SlurmName
+    qos: SlurmName = "normal"
+    preemptible_qos: SlurmName | None = None
     time: Seconds = 3600
     signal_lead_s: int = Field(120, ge=10, description="seconds of notice before the time limit")
 
@@ -58,13 +57,15 @@ class Paths(StrictModel):
 
 class LedgerConfig(StrictModel):
     path: ExpandedPath = Path("~/.local/share/hpctrain/ledger.db").expanduser()
+    mode: int = Field(0o600, ge=0, le=0o777, description="permissions of a new ledger file (TOML: 0o640 to share "
+                                                            "with the group)")
 
 
 class Alerts(StrictModel):
     """When `hpctrain status` flags a running job."""
 
-    stall_minutes: float = Field(15.0, gt=0, description="no training step for this long")
-    data_wait_fraction: float = Field(0.25, gt=0, le=1, description="share of step time spent waiting for data")
+    stall_minutes: FiniteFloat = Field(15.0, gt=0, description="no training step for this long")
+    data_wait_fraction: FiniteFloat = Field(0.25, gt=0, le=1, description="share of step time spent waiting for data")
 
 
 class Launch(StrictModel):
@@ -73,18 +74,18 @@ class Launch(StrictModel):
 
 
 class SiteConfig(StrictModel):
-    name: str = Field(pattern=NAME)
+    name: SlurmName
     description: str = ""
     slurm: SlurmAccess = Field(default_factory=SlurmAccess)
     defaults: Defaults
     partitions: dict[str, Partition] = Field(min_length=1)
-    accounts: list[str] = Field(min_length=1)
+    accounts: list[SlurmName] = Field(min_length=1)
     qos: dict[str, Qos] = Field(min_length=1)
     paths: Paths
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     network_env: dict[str, str] = Field(default_factory=dict, description="NCCL/InfiniBand settings")
     setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
-    gpu_hour_price: dict[str, float] = Field(default_factory=dict, description="per partition")
+    gpu_hour_price: dict[str, FiniteFloat] = Field(default_factory=dict, description="per partition")
     launch: Launch = Field(default_factory=Launch)
     alerts: Alerts = Field(default_factory=Alerts)
     templates_dir: ExpandedPath | None = None
@@ -96,7 +97,14 @@ class SiteConfig(StrictModel):
         return str(self._source) if self._source else self.name
 
     def problems(self) -> Iterator[tuple[Loc, str]]:
-        """Cross-references between sections that the field types cannot express."""
+        """Names used as keys, and cross-references between sections: what the field types cannot express."""
+        for section, names in (("partitions", self.partitions), ("qos", self.qos)):
+            for name in names:
+                if not re.fullmatch(SLURM_NAME, name):
+                    yield (section, name), SLURM_NAME_RULE
+        for name in self.network_env:
+            if not re.fullmatch(ENV_NAME, name):
+                yield ("network_env", name), "expected an environment variable name (letters, digits, _)"
         d = self.defaults
         if d.partition not in self.partitions:
             yield ("defaults", "partition"), _unknown("partition", d.partition, self.partitions)
@@ -121,8 +129,9 @@ class SiteConfig(StrictModel):
             yield ("launch", "master_port_range"), f"expected [low, high] with 1024 <= low < high <= 65535, got [{lo}, {hi}]"
 
 
-def _unknown(kind: str, value: str, known: object) -> str:
-    return f"{kind} {value!r} is not defined in this site config (defined: {', '.join(sorted(known))})"
+def _unknown(kind: str, value: str, known: Iterable[str]) -> str:
+    names = (n if re.fullmatch(SLURM_NAME, n) else repr(n) for n in sorted(known))
+    return f"{kind} {value!r} is not defined in this site config (defined: {', '.join(names)})"
 
 
 def site_search_path() -> list[Path]:

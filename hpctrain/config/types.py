@@ -6,11 +6,21 @@ import re
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 from hpctrain.config.loading import expand_path
 
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
+# Partition, QOS and account names go on #SBATCH lines: letters, digits and _.- only.
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+SLURM_NAME_RULE = "expected a Slurm name: a letter or digit, then letters, digits, _ . or -"
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def check_slurm_name(value: str) -> str:
+    if not re.fullmatch(SLURM_NAME, value):
+        raise ValueError(SLURM_NAME_RULE)
+    return value
 
 
 def parse_slurm_time(value: Any) -> int:
@@ -26,6 +36,9 @@ def parse_slurm_time(value: Any) -> int:
         raise ValueError("expected a Slurm time such as '04:00:00' or '1-12:00:00'")
     days, a, b, c = m.groups()
     nums = [int(x) for x in (a, b, c) if x is not None]
+    # The leading field is unbounded ('90' minutes, '48:00:00'); the ones after it count within it.
+    if any(n >= 60 for n in nums[1:]) or (days is not None and nums[0] >= 24):
+        raise ValueError("expected a Slurm time with minutes and seconds below 60 (and hours below 24 after 'D-')")
     if days is not None:  # D-HH[:MM[:SS]]
         h, mi, s = (nums + [0, 0])[:3]
         total = int(days) * 86400 + h * 3600 + mi * 60 + s
@@ -49,7 +62,7 @@ def format_slurm_time(seconds: int) -> str:
     return f"{days}-{hms}" if days else hms
 
 
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE | re.ASCII)
 _MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -72,3 +85,4 @@ def parse_memory(value: Any) -> int:
 Seconds = Annotated[int, BeforeValidator(parse_slurm_time), PlainSerializer(format_slurm_time, return_type=str)]
 MiB = Annotated[int, BeforeValidator(parse_memory), PlainSerializer(lambda mb: f"{mb}M", return_type=str)]
 ExpandedPath = Annotated[Path, BeforeValidator(expand_path)]
+SlurmName = Annotated[str, AfterValidator(check_slurm_name)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -20,15 +21,24 @@ from hpctrain.errors import LedgerError
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 
 BUSY_TIMEOUT_S = 60.0
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 class Ledger:
     """Open (creating and migrating as needed) the ledger at ``path``."""
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S):
+    def __init__(self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S, mode: int = 0o600):
+        """A new ledger file gets ``mode`` (owner-only by default: jobs, specs and lineage are private);
+        SQLite gives its -wal and -shm files the same."""
         self.path = Path(path).expanduser()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, mode))  # umask may only narrow it
+            with open(self.path, "rb") as fh:
+                head = fh.read(len(SQLITE_HEADER))
+            # SQLite would take a short file for an empty database and write a new one over it.
+            if head and head != SQLITE_HEADER:
+                raise LedgerError(f"{self.path}: cannot open ledger: file is not a database")
             conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
             self.db = sqlite_utils.Database(conn)
             self.db.enable_wal()

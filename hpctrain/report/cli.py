@@ -24,7 +24,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     """Write a self-contained HTML page with PNG plots, viewable without a server: a job by ledger id (loss,
     throughput, checkpoint durations, data wait), a sweep by name, or GPU-hours per account over time."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.jobs_cli import find_job, open_site
     from hpctrain.report import account_report, job_report, sweep_report
 
     if (target is None) == (account is None):
@@ -36,8 +36,8 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
         if account is not None:
             html = account_report(ledger, cfg, account or None, since.timestamp() if since else None)
             what = f"account-{account}" if account else "accounts"
-        elif target.isdigit():
-            html, what = job_report(ledger, cfg, int(target)), f"job-{target}"
+        elif target.isascii() and target.isdigit():
+            html, what = job_report(ledger, cfg, find_job(ledger, target)["id"]), f"job-{target}"
         else:
             html, what = sweep_report(ledger, cfg, target), f"sweep-{target}"
     path = Path(out or f"report-{what}.html")

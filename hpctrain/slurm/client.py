@@ -13,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain.errors import SlurmError
+from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class SlurmClient:
         except FileNotFoundError:
             raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
+            raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
         if proc.returncode != 0:
             raise SlurmError(f"{command} {' '.join(args[:3])}: {_first_error_line(proc.stderr or proc.stdout)}")
         return proc.stdout
@@ -100,6 +100,12 @@ class SlurmClient:
             return []
         out = self.run("sacct", "-X", "-D", "--parsable2", "--format=" + ",".join(fields), "-j", ",".join(job_ids))
         return parse_parsable_with_header(out)
+
+    def squeue_states(self, job_ids: list[str]) -> list[dict[str, str]]:
+        """The controller's view when accounting is down: one `squeue` call, array tasks expanded, rows
+        shaped like sacct's (JobID, State) for the jobs it still holds."""
+        out = self.run("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids))
+        return [dict(zip(("JobID", "State"), line.split("|"))) for line in out.splitlines() if "|" in line]
 
     def scancel(self, job_ids: list[str], signal: str | None = None, batch_only: bool = False) -> None:
         if not job_ids:

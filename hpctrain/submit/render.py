@@ -69,8 +69,13 @@ def gpu_directive(spec: JobSpec, site: SiteConfig, partition: str) -> str | None
     return f"--gpus-per-node={gpus}"
 
 
+def submission_tag(files: JobFiles, job_id: str) -> str:
+    """Unique to one sbatch of one ledger job: how a submission whose answer was lost is found again."""
+    return f"hpctrain:{files.job_dir.name}:{job_id}"
+
+
 def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles,
-               chunk: ArrayChunk | None, after: list[str]) -> list[str]:
+               chunk: ArrayChunk | None, after: list[str], job_id: str) -> list[str]:
     """The #SBATCH options, each validated to be a single safe token."""
     r = spec.resources
     out_name = "slurm-%A_%a.out" if chunk else "slurm-%j.out"
@@ -86,6 +91,7 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
         f"--mem={r.mem}M" if r.mem else None,
         f"--time={format_slurm_time(r.time or site.defaults.time)}",
         f"--output={files.job_dir / out_name}",
+        f"--comment={submission_tag(files, job_id)}",
         "--open-mode=append",  # a requeued run appends to the log instead of truncating it
         "--requeue" if spec.requeue else "--no-requeue",
         f"--signal=B:{NOTICE_SIGNAL}@{site.defaults.signal_lead_s}",
@@ -145,7 +151,7 @@ def template_name(spec: JobSpec) -> str:
 def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles, job_id: str,
                   chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
-    sbatch = directives(spec, site, placement, files, chunk, after or [])
+    sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)
     python = Path(site.launch.python or sys.executable)
     context = {
         "version": __version__,

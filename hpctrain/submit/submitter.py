@@ -15,7 +15,7 @@ from typing import Any, Callable
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
-from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import write_json_atomic
 from hpctrain.lineage import lineage as build_lineage
@@ -23,7 +23,7 @@ from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.limits import max_array_size
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.placement import Placement, choose_placement
-from hpctrain.submit.render import JobFiles, render_script
+from hpctrain.submit.render import JobFiles, render_script, submission_tag
 
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
@@ -66,6 +66,18 @@ class Submitter:
         self.client = client or SlurmClient.for_site(site)
         self.user = user or getpass.getuser()
 
+    def _find_tagged(self, tag: str) -> str | None:
+        """The Slurm id of this user's job carrying ``tag`` (see submission_tag), if the controller has it."""
+        try:
+            out = self.client.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k")
+        except HpctrainError:
+            return None
+        for line in out.splitlines():
+            slurm_id, _, comment = line.partition("|")
+            if comment == tag:
+                return slurm_id.split("_")[0]
+        return None
+
     def _chunks(self, spec: JobSpec, params: list[dict[str, Any]]) -> list[ArrayChunk | None]:
         if spec.array is None:
             return [None]
@@ -105,7 +117,7 @@ class Submitter:
                 "script_path": str(path), "job_dir": str(files.job_dir),
                 "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
             })
-            previous = [self._sbatch(int(job_id), script, secret_values)]
+            previous = [self._sbatch(int(job_id), script, secret_values, submission_tag(files, job_id))]
             sub.ledger_ids.append(int(job_id))
             sub.slurm_ids.extend(previous)
         return sub
@@ -144,13 +156,18 @@ class Submitter:
                 on_record(job_id, chunk)
         return job_id
 
-    def _sbatch(self, job_id: int, script: str, secret_values: dict[str, str]) -> str:
+    def _sbatch(self, job_id: int, script: str, secret_values: dict[str, str], tag: str) -> str:
         try:
             slurm_id = self.client.sbatch(script, env=secret_values)
         except HpctrainError as exc:
-            self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": str(exc), "updated_at": time.time()})
-            self.ledger.event("submit_failed", str(exc), job_id=job_id)
-            raise
+            # No answer is not no: a busy controller may have taken the job. Submitting it again later
+            # would run it twice, so look for it first.
+            found = self._find_tagged(tag) if isinstance(exc, SlurmTimeout) else None
+            if found is None:
+                self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": str(exc), "updated_at": time.time()})
+                self.ledger.event("submit_failed", str(exc), job_id=job_id)
+                raise
+            slurm_id = found
         now = time.time()
         self.ledger.update("jobs", job_id, {"slurm_job_id": slurm_id, "state": "PENDING", "submitted_at": now, "updated_at": now})
         self.ledger.event("submitted", f"slurm job {slurm_id}", job_id=job_id, slurm_job_id=slurm_id)

@@ -51,7 +51,8 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
     from hpctrain.sweep.tick import tick_all, tick_lock
 
     with tick_lock(ledger.path):
-        results = tick_all(ledger, client, cfg, sweep_ids)
+        results = tick_all(ledger, client, cfg, sweep_ids,
+                           on_warning=lambda w: click.echo(f"hpctrain: warning: {w}", err=True))
     for r in results:
         parts = [f"{len(r.submitted)} submitted", f"{len(r.resubmitted)} resubmitted", f"{len(r.stopped)} stopped early"]
         click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")

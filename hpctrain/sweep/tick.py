@@ -13,7 +13,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
@@ -59,10 +59,13 @@ def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None) -> list[TickResult]:
+def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None,
+             on_warning: Callable[[str], None] = lambda _: None) -> list[TickResult]:
     """Tick the given sweeps (default: every active one) after one controller check and one sacct call."""
     client.ping()  # the controller down: fail here, before anything is written
-    reconcile(ledger, client, site.name)
+    refreshed = reconcile(ledger, client, site.name)
+    if refreshed.warning:
+        on_warning(refreshed.warning)
     if sweep_ids is None:
         sweep_ids = [r["id"] for r in ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
     return [tick(ledger, client, site, sweep_id) for sweep_id in sweep_ids]

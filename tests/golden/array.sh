@@ -10,6 +10,7 @@
 #SBATCH --mem=256M
 #SBATCH --time=00:05:00
 #SBATCH --output=/shared/logs/job-42/slurm-%A_%a.out
+#SBATCH --comment=hpctrain:job-42:42
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR2@60

@@ -11,6 +11,7 @@
 #SBATCH --mem=1024M
 #SBATCH --time=00:05:00
 #SBATCH --output=/shared/logs/job-42/slurm-%j.out
+#SBATCH --comment=hpctrain:job-42:42
 #SBATCH --open-mode=append
 #SBATCH --requeue
 #SBATCH --signal=B:USR2@60
