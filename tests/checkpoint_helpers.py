@@ -1,11 +1,12 @@
 """Shared pieces of the checkpoint tests: bit patterns, damage, and the child processes (crash writer, ranks).
 
-Run as a script for the crash test's writer: ``python checkpoint_helpers.py crash-writer DIR``.
+Run as a script for the crash writer: ``python checkpoint_helpers.py crash-writer DIR [WORLD ROWS [SAVES]]``.
 It imports numpy and tensorstore only (no torch), so that each of the many children starts fast.
 """
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -79,35 +80,89 @@ def ranks_save(directory: Path, states: list[dict], step: int = 1, **kw: object)
                 ck.close()
 
 
-def crash_state(step: int) -> dict:
-    """The state the crash writer saves at ``step``: its content says which step it belongs to."""
+def crash_state(step: int, rank: int = 0, world: int = 1, rows: int = 64) -> dict:
+    """Rank ``rank``'s state in the crash tests at ``step``, its content telling the step: ``w`` and ``m``
+    split into row shards of ``rows`` rows across the ``world`` ranks, ``b`` replicated (rank 0 writes it).
+    About ``rows`` KiB per rank."""
+    from hpctrain.checkpoint import Shard
+
+    first = rank * rows
+    w = np.arange(first * 192, (first + rows) * 192, dtype=np.float32).reshape(rows, 192) + step
+    m = np.arange(first * 32, (first + rows) * 32, dtype=np.int64).reshape(rows, 32) * step
     return {
-        "model": {"w": np.full((64, 64), step, np.float32) + np.arange(64, dtype=np.float32),
-                  "b": (np.arange(1000, dtype=np.uint16) + step).view(ml_dtypes.bfloat16)},
-        "optim": {"m": np.arange(4000, dtype=np.int64) * step, "flag": np.array(step % 2 == 0)},
+        "model": {"w": Shard(w, (world * rows, 192), (first, 0)),
+                  "b": (np.arange(8 * rows, dtype=np.uint16) + step).view(ml_dtypes.bfloat16)},
+        "optim": {"m": Shard(m, (world * rows, 32), (first, 0)), "flag": np.array(step % 2 == 0)},
         "step": step,
     }
 
 
-def crash_writer(directory: str) -> None:
-    """Resume from the newest checkpoint (checking it), say 'ready', then save step after step until killed."""
+def check_checkpoint(path: Path, step: int, world: int = 1, rows: int = 64) -> None:
+    """Assert that ``path`` verifies and every rank's saved tree is that rank's ``crash_state(step)``."""
+    from hpctrain.checkpoint import load, verify
+
+    assert verify(path).step == step
+    for rank in range(world):
+        assert leaves_equal(load(path, rank=rank, to="numpy"), _unsharded(crash_state(step, rank, world, rows))), \
+            f"{path}: rank {rank}'s state differs from step {step}'s"
+
+
+def _unsharded(state: dict) -> dict:
+    """``state`` with each Shard replaced by its data: a rank's tree as ``load`` returns it."""
+    from hpctrain.checkpoint import Shard
+
+    if isinstance(state, dict):
+        return {k: _unsharded(v) for k, v in state.items()}
+    return state.data if isinstance(state, Shard) else state
+
+
+def start_crash_writer(directory: Path, world: int = 1, rows: int = 64,
+                       saves: int | None = None) -> subprocess.Popen[str]:
+    """A crash writer process (see ``crash_writer``), returned once it has resumed and is about to save."""
+    args = [str(a) for a in (world, rows, *([saves] if saves is not None else []))]
+    child = subprocess.Popen([sys.executable, str(HERE / "checkpoint_helpers.py"), "crash-writer", str(directory),
+                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if child.stdout.readline() != "ready\n":
+        child.kill()
+        raise AssertionError(f"crash writer failed to resume:\n{child.communicate()[1]}")
+    return child
+
+
+def crash_writer(directory: str, world: int = 1, rows: int = 64, saves: int | None = None) -> None:
+    """``world`` ranks (threads of this process) resume from the newest checkpoint, checking it, say 'ready',
+    then save step after step (odd steps async), ``saves`` times (then say 'saved') or until killed."""
+    import threading
+    import uuid
+    from concurrent.futures import ThreadPoolExecutor
+
     from hpctrain.checkpoint import Checkpointer, Retention
     from hpctrain.ledger.journal import Journal
 
-    ck = Checkpointer(directory, retention=Retention(keep_last=2), journal=Journal(Path(directory) / "journal"))
-    restored = ck.load_latest(to="numpy")
+    attempt = uuid.uuid4().hex[:12]
+    cks = [Checkpointer(directory, rank=r, world_size=world, attempt=attempt, retention=Retention(keep_last=2),
+                        journal=Journal(Path(directory) / "journal"), commit_timeout_s=60) for r in range(world)]
+    restored = cks[0].load_latest(to="numpy")
     if restored is None:
-        step = 0
-        ck.save(step, crash_state(step)).result()
+        start = 0
+        with ThreadPoolExecutor(world) as pool:
+            list(pool.map(lambda r: cks[r].save(0, crash_state(0, r, world, rows)).result(), range(world)))
     else:
-        step = restored.step
-        expected = crash_state(step)
-        assert restored.state["step"] == step
-        assert all(same_bits(restored.state[k][n], expected[k][n]) for k in ("model", "optim") for n in expected[k])
+        start = restored.step
+        check_checkpoint(restored.path, start, world, rows)
     print("ready", flush=True)
-    while True:
-        step += 1
-        ck.save(step, crash_state(step), async_=step % 2 == 1)
+    lockstep = threading.Barrier(world)  # as training's collectives keep real ranks together
+
+    def run(rank: int) -> None:
+        step = start
+        while saves is None or step < start + saves:
+            step += 1
+            cks[rank].save(step, crash_state(step, rank, world, rows), async_=step % 2 == 1)
+            lockstep.wait()
+        cks[rank].close()
+
+    with ThreadPoolExecutor(world) as pool:
+        list(pool.map(run, range(world)))
+    print("saved", flush=True)
 
 
 def global_tensors(step: int) -> dict[str, np.ndarray]:
@@ -186,4 +241,4 @@ def rank_main(rank: int, world: int, directory: str, init_file: str) -> None:
 
 
 if __name__ == "__main__" and sys.argv[1] == "crash-writer":
-    crash_writer(sys.argv[2])
+    crash_writer(sys.argv[2], *map(int, sys.argv[3:]))

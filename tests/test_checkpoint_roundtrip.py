@@ -12,6 +12,7 @@ import zarr
 from checkpoint_helpers import chunk_file, flip_byte, same_bits, special_array
 from hpctrain.checkpoint import (Checkpointer, Shard, capture_rng_state, load, load_flat, restore_rng_state,
                                  verify)
+from hpctrain.checkpoint import reader
 from hpctrain.checkpoint.format import to_torch
 from hpctrain.errors import CheckpointError
 
@@ -112,6 +113,25 @@ def test_big_full_tensors_are_stored_as_row_blocks_each_verified(tmp_path, monke
     assert same_bits(load(path, {"big": middle})["big"].data, big[30:40])  # reads blocks 1 and 2 only
     with pytest.raises(CheckpointError, match="tensor 'big' chunk c/0/0: checksum mismatch"):
         load(path)
+
+
+def test_chunks_read_straight_from_their_files_match_tensorstore_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr("hpctrain.checkpoint.writer._MAX_CHUNK", 1000)  # row blocks, the last one padded
+    state = {d: special_array(d, (50, 7), seed=i) for i, d in enumerate(DTYPES)}
+    state["scalar"] = np.array(-0.0, np.float32)
+    path = save_one(tmp_path, state)
+    read_chunk, files_read = reader._read_chunk, []
+    monkeypatch.setattr(reader, "_read_chunk", lambda *a: files_read.append(a[2]) or read_chunk(*a))
+    direct = load(path, to="numpy")
+    in_place = load(path, {"bfloat16": torch.empty(50, 7, dtype=torch.bfloat16),
+                           "int64": Shard(np.zeros((10, 7), np.int64), (50, 7), (30, 0))})
+    assert len(files_read) == 9 + 1 + 2  # every chunk, then bf16's one and int64's blocks 1 and 2
+    monkeypatch.setattr(reader, "_direct", lambda entry, box: False)
+    via_tensorstore = load(path, to="numpy")
+    for name, expected in state.items():
+        assert same_bits(direct[name], expected) and same_bits(via_tensorstore[name], expected), name
+    assert same_bits(in_place["bfloat16"], to_torch(state["bfloat16"]))
+    assert same_bits(in_place["int64"].data, state["int64"][30:40])
 
 
 def test_load_flat_reads_full_tensors_by_name(tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +21,9 @@ from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, unflatten
 from hpctrain.errors import CheckpointError
 
 _VERIFY_BATCH = 512 << 20  # bytes read at once by verify()
+# Chunk files read at a time: page faults of new memory and copies from the page cache spread over
+# cores (checksums run meanwhile on the caller's thread), and a parallel file system sees several requests.
+_READ_STREAMS = 4
 
 
 @dataclass(frozen=True)
@@ -57,40 +63,85 @@ def check_files(m: Manifest, entry: TensorEntry, box: Box | None = None) -> None
 def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = False) -> list[np.ndarray]:
     """Each request's box of its tensor; every chunk touched is read whole and checked against its CRC32C.
 
-    New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``)."""
-    stores: dict[str, Any] = {}
+    New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``). Chunks that are
+    contiguous runs of their target are read from their files straight into it, in order (see
+    ``_direct``): tensorstore would read each into a new buffer of its own and copy it over, paying
+    twice the copies and page faults. The rest go through tensorstore, all issued before any is awaited.
+    """
+    targets, direct = [], []
     for r in requests:
         check_files(m, r.entry, r.box)
-        if r.entry.name not in stores:
-            stores[r.entry.name] = ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True,
-                                           context=ts_context())
-    targets, reads = [], []
-    for r in requests:
         aligned = r.entry.meta.aligned_box(r.box)
-        direct = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
-        target = r.out if direct else empty(aligned[1], numpy_dtype(r.entry.meta.dtype), torch_memory=torch_memory)
+        into_out = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
+        targets.append((aligned, r.out if into_out else empty(aligned[1], numpy_dtype(r.entry.meta.dtype),
+                                                              torch_memory=torch_memory)))
+        direct.append(_direct(r.entry, aligned))
+    stores = {r.entry.name: ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True, context=ts_context())
+              for r, (_, target), d in zip(requests, targets, direct) if target.size and not d}
+    pool = ThreadPoolExecutor(_READ_STREAMS, thread_name_prefix="hpctrain-ckpt-read")
+    try:
+        reads: list[list[Any]] = []  # tensorstore or direct-read futures
+        for r, (aligned, target), d in zip(requests, targets, direct):
+            if not target.size:
+                reads.append([])
+            elif d:
+                reads.append([pool.submit(_read_chunk, m, r.entry, index, run)
+                              for index, run in _chunk_runs(r.entry, aligned, target)])
+            else:
+                with _naming(m, r.entry):
+                    source = stores[r.entry.name].result()[box_slices(aligned)]
+                    reads.append([ts.array(to_storage(target), copy=False, write=True).write(source)])
+        return [_finish(m, r, aligned, target, read) for r, (aligned, target), read in zip(requests, targets, reads)]
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def _direct(entry: TensorEntry, aligned: Box) -> bool:
+    """Whether every chunk in ``aligned`` is a contiguous run of it and a prefix of its file: chunks span the
+    box in all but the first dimension (zarr's bytes codec stores C order, little-endian)."""
+    return sys.byteorder == "little" and tuple(aligned[1][1:]) == entry.meta.chunks[1:]
+
+
+def _chunk_runs(entry: TensorEntry, aligned: Box, target: np.ndarray) -> Iterator[tuple[tuple[int, ...], memoryview]]:
+    """(chunk index, the bytes of ``target`` it fills) for each chunk in ``aligned`` (a ``_direct`` box)."""
+    flat = memoryview(target.reshape(-1).view(np.uint8))
+    row = target.nbytes // target.shape[0] if target.ndim else target.nbytes
+    for index in entry.meta.chunks_in(aligned):
+        offset, shape = entry.meta.chunk_box(index)
+        start = (offset[0] - aligned[0][0]) * row if target.ndim else 0
+        yield index, flat[start:start + math.prod(shape) * target.itemsize]
+
+
+def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: memoryview) -> None:
+    """Fill ``out`` from the start of the chunk's file."""
+    try:
+        with open(_array_dir(m, entry) / chunk_key(index), "rb", buffering=0) as fh:
+            done = 0
+            while done < len(out):  # a read returns at most about 2 GiB
+                n = fh.readinto(out[done:])
+                if not n:
+                    raise OSError("file shorter than its records say (changed while being read)")
+                done += n
+    except OSError as exc:
+        raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: {exc}") from exc
+
+
+def _finish(m: Manifest, r: _Request, aligned: Box, target: np.ndarray, reads: list[Any]) -> np.ndarray:
+    """Wait for the request's reads, verify its chunks and return its box (in ``r.out`` if given)."""
+    for read in reads:
         with _naming(m, r.entry):
-            source = stores[r.entry.name].result()[box_slices(aligned)]
-            reads.append(ts.array(to_storage(target), copy=False, write=True).write(source) if target.size else None)
-        targets.append((aligned, target))
-    results = []
-    for r, (aligned, target), read in zip(requests, targets, reads):
-        if read is not None:
-            with _naming(m, r.entry):
-                read.result()
-        for index in r.entry.meta.chunks_in(r.box):
-            box = r.entry.meta.chunk_box(index)
-            if checksum(target[box_slices(box, aligned[0])]) != r.entry.chunks[index].crc32c:
-                raise CheckpointError(f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: "
-                                      "checksum mismatch (data corrupt)")
-        if target is r.out:
-            results.append(target)
-        elif r.out is not None:
-            np.copyto(r.out, target[box_slices(r.box, aligned[0])])
-            results.append(r.out)
-        else:
-            results.append(target if aligned == r.box else target[box_slices(r.box, aligned[0])].copy())
-    return results
+            read.result()
+    for index in r.entry.meta.chunks_in(r.box):
+        box = r.entry.meta.chunk_box(index)
+        if checksum(target[box_slices(box, aligned[0])]) != r.entry.chunks[index].crc32c:
+            raise CheckpointError(f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: "
+                                  "checksum mismatch (data corrupt)")
+    if target is r.out:
+        return target
+    if r.out is not None:
+        np.copyto(r.out, target[box_slices(r.box, aligned[0])])
+        return r.out
+    return target if aligned == r.box else target[box_slices(r.box, aligned[0])].copy()
 
 
 def _convert(a: np.ndarray, to: str) -> Any:
