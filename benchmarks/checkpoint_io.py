@@ -88,11 +88,32 @@ def torch_save(path: Path, state: dict[str, torch.Tensor]) -> None:
     fsync_dir(path.parent)
 
 
+def training_step(ck: Checkpointer, step: int, state: dict[str, torch.Tensor], compute_s: float) -> float:
+    """A training step that saves the state it starts from with copy="background": forward and backward
+    (``compute_s`` of matrix products, not touching the state) run while the state is copied, then the
+    optimizer step changes it in place once ``wait_snapshot`` lets it. Returns the time training was blocked."""
+    start = time.perf_counter()
+    ck.save(step, state, async_=True, copy="background")
+    blocked = time.perf_counter() - start
+    a = torch.randn(256, 256)
+    while time.perf_counter() - start < compute_s:
+        a = torch.tanh(a @ a)
+    start = time.perf_counter()
+    ck.wait_snapshot()
+    blocked += time.perf_counter() - start
+    with torch.no_grad():
+        for t in state.values():
+            t.add_(1.0)
+    return blocked
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024, help="state size in MiB (default 1024)")
     parser.add_argument("--tensors", type=int, default=16, help="number of fp32 tensors (default 16)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--step-s", type=float, default=0.5,
+                        help="forward+backward time of the simulated training step (default 0.5 s)")
     parser.add_argument("--dir", type=Path, default=Path.cwd(), help="where to write (a temp dir is made inside)")
     args = parser.parse_args()
 
@@ -104,7 +125,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-", dir=args.dir))
     t: dict[str, list[float]] = {k: [] for k in ("raw write", "raw read", "torch.save", "torch.load",
                                                  "hpctrain save", "hpctrain load", "hpctrain load (in place)",
-                                                 "async stall (first)", "async stall", "async save total")}
+                                                 "async stall (first)", "async stall", "async stall (background copy)",
+                                                 "async save total")}
     load_before = os.getloadavg()[0]
     raw, pt = work / "raw.bin", work / "state.pt"
     try:
@@ -139,6 +161,10 @@ def main() -> None:
                     saver.wait()
                     t["async save total"].append(time.perf_counter() - start)
                     t["async stall" if i else "async stall (first)"].append(stall)
+                for _ in range(3):
+                    step += 1
+                    t["async stall (background copy)"].append(training_step(saver, step, state, args.step_s))
+                    saver.wait()
         ck.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -153,6 +179,7 @@ def main() -> None:
         print(f"{k:32} {med[k]:8.3f} {nbytes / med[k] / 1e9:6.2f}   {best[k]:8.3f} {nbytes / best[k] / 1e9:6.2f}")
     for k, label in (("async stall (first)", "async stall, first save"),
                      ("async stall", "async stall, 2nd and later saves"),
+                     ("async stall (background copy)", "async stall, copy in background"),
                      ("async save total", "async save, call to committed")):
         print(f"{label:32} {med[k]:8.3f} {'':6}   {best[k]:8.3f}")
     print(f"{'hpctrain rate / other rate':32} {'median':>8} {'best':>8}   goal")
@@ -167,11 +194,13 @@ def main() -> None:
             figure(f"hpctrain {label} rate, {nbytes >> 20} MiB (best of {args.repeats})", ratio, "x",
                    f"{goal} x", ratio >= float(goal.removeprefix(">= ")))
     print(f"{'async stall / sync save':32} {'median':>8} {'fastest':>8}")
-    for k, label, goal in (("async stall", "2nd and later saves", "<= 5%"), ("async stall (first)", "first save", "")):
+    for k, label, goal in (("async stall (background copy)", f"copy overlapping a {args.step_s} s step", "<= 5%"),
+                           ("async stall", "copy before save returns", ""), ("async stall (first)", "first save", "")):
         print(f"{label:32} {100 * med[k] / med['hpctrain save']:7.1f}% {100 * med[k] / best['hpctrain save']:7.1f}%   "
               f"{goal}".rstrip())
-    stall = 100 * med["async stall"] / med["hpctrain save"]
-    figure("async save: training blocked / sync save (median)", stall, "%", "<= 5 %", stall <= 5)
+    stall = 100 * med["async stall (background copy)"] / med["hpctrain save"]
+    figure(f"async save: training blocked / sync save (median; {args.step_s} s steps)", stall, "%", "<= 5 %",
+           stall <= 5)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """The commit protocol, async saves, retention and journal records (ranks simulated by threads)."""
 
+import json
+import os
+import stat
 import threading
 
 import numpy as np
@@ -9,7 +12,7 @@ import hpctrain.checkpoint.checkpointer as checkpointer_module
 from checkpoint_helpers import chunk_file, ranks_save, same_bits
 from hpctrain.checkpoint import Checkpointer, Retention, Shard, latest_valid, load
 from hpctrain.checkpoint.commit import write_skip
-from hpctrain.checkpoint.manifest import Manifest, sha256
+from hpctrain.checkpoint.manifest import VERSION, Manifest, sha256
 from hpctrain.checkpoint.naming import list_dirs, tmp_name
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger import Ledger
@@ -153,6 +156,31 @@ def test_retention_counts_only_valid_checkpoints_so_the_newest_valid_survives(tm
         ck.save(3, {"w": np.ones(4)})
     assert [d.step for d in list_dirs(tmp_path)] == [3, 10]
     assert latest_valid(tmp_path) == tmp_path / "step_00000003"
+
+
+def test_retention_never_deletes_a_checkpoint_of_a_newer_format(tmp_path):
+    with Checkpointer(tmp_path, retention=Retention(keep_last=1), journal=None) as ck:
+        ck.save(1, {"w": np.ones(4)})
+        manifest = tmp_path / "step_00000001" / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "version": VERSION + 1}))
+        ck.save(2, {"w": np.ones(4)})
+        ck.save(3, {"w": np.ones(4)})
+    assert [d.step for d in list_dirs(tmp_path)] == [1, 3]
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.parametrize("kw, mode", [({}, 0o600), ({"mode": 0o640}, 0o640)])
+def test_manifest_and_fragments_are_owner_only_unless_asked_otherwise(tmp_path, umask_022, kw, mode):
+    w = np.zeros((4, 2), np.float32)
+    path = ranks_save(tmp_path, [{"w": Shard(w[2 * r:2 * r + 2], (4, 2), (2 * r, 0))} for r in range(2)], **kw)[0]
+    assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in path.glob("*.json")} == {
+        "manifest.json": mode, "rank-0.json": mode, "rank-1.json": mode}
 
 
 @pytest.mark.parametrize("keep_last, keep_best, metric, mode", [(0, 0, None, "min"), (1, 1, None, "min"),

@@ -4,6 +4,7 @@ import json
 import random
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -12,7 +13,7 @@ import zarr
 from checkpoint_helpers import chunk_file, flip_byte, same_bits, special_array
 from hpctrain.checkpoint import (Checkpointer, Shard, capture_rng_state, load, load_flat, restore_rng_state,
                                  verify)
-from hpctrain.checkpoint import reader
+from hpctrain.checkpoint import reader, writer
 from hpctrain.checkpoint.format import to_torch
 from hpctrain.errors import CheckpointError
 
@@ -126,12 +127,36 @@ def test_chunks_read_straight_from_their_files_match_tensorstore_reads(tmp_path,
     in_place = load(path, {"bfloat16": torch.empty(50, 7, dtype=torch.bfloat16),
                            "int64": Shard(np.zeros((10, 7), np.int64), (50, 7), (30, 0))})
     assert len(files_read) == 9 + 1 + 2  # every chunk, then bf16's one and int64's blocks 1 and 2
-    monkeypatch.setattr(reader, "_direct", lambda entry, box: False)
+    monkeypatch.setattr(reader, "contiguous_chunks", lambda meta, box: False)
     via_tensorstore = load(path, to="numpy")
     for name, expected in state.items():
         assert same_bits(direct[name], expected) and same_bits(via_tensorstore[name], expected), name
     assert same_bits(in_place["bfloat16"], to_torch(state["bfloat16"]))
     assert same_bits(in_place["int64"].data, state["int64"][30:40])
+
+
+def test_chunk_files_written_directly_are_those_tensorstore_writes_and_zarr_python_reads_them(tmp_path, monkeypatch):
+    monkeypatch.setattr("hpctrain.checkpoint.writer._MAX_CHUNK", 1000)  # row blocks, the last one padded
+    monkeypatch.setattr("hpctrain.checkpoint.writer._WRITE_BLOCK", 96)  # each chunk file in several writes
+    state = {d: special_array(d, (50, 7), seed=i) for i, d in enumerate(DTYPES)}
+    state |= {"vector": special_array("float16", (777,)), "scalar": np.array(-0.0, np.float32),
+              "empty": np.empty((0, 3), ml_dtypes.bfloat16)}
+    write_chunk, direct_writes = writer._write_chunk, []
+    monkeypatch.setattr(writer, "_write_chunk", lambda *a: direct_writes.append(a[0]) or write_chunk(*a))
+    direct = save_one(tmp_path / "direct", state)
+    assert len(direct_writes) == 9 + 2  # every chunk (float32 and int64 padded), and the vector's two
+    monkeypatch.setattr(writer, "contiguous_chunks", lambda meta, box: False)
+    via_tensorstore = save_one(tmp_path / "tensorstore", state)
+    assert len(direct_writes) == 11
+
+    def files(path: Path) -> dict[str, bytes]:
+        return {f.relative_to(path).as_posix(): f.read_bytes() for f in (path / "tensors").rglob("*") if f.is_file()}
+
+    assert files(direct) == files(via_tensorstore)
+    for name, expected in state.items():
+        arr = zarr.open_array(direct / "tensors" / name, mode="r")
+        stored = expected.view(np.uint16) if name in ("bfloat16", "empty") else expected
+        assert arr.shape == expected.shape and same_bits(np.asarray(arr[...]), stored), name
 
 
 def test_load_flat_reads_full_tensors_by_name(tmp_path):

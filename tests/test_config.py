@@ -180,6 +180,14 @@ def test_site_missing_section(tmp_path):
     assert site_error(tmp_path, text).splitlines() == ["site.toml: paths: missing required key", "site.toml: unused: unknown key"]
 
 
+def test_site_checkpoint_mode_is_permission_bits(tmp_path):
+    assert load_site("dev").checkpoint.mode == 0o600
+    shared = write(tmp_path, DEV.replace("# mode = 0o640", "mode = 0o640"), "shared.toml")
+    assert load_site(str(shared)).checkpoint.mode == 0o640
+    assert site_error(tmp_path, DEV.replace("# mode = 0o640", "mode = 0o1640")) == (
+        "site.toml: checkpoint.mode: expected permission bits from 0o000 to 0o777, such as 0o640, got 928")
+
+
 def test_site_ledger_env_override(tmp_path, monkeypatch):
     monkeypatch.setenv("HPCTRAIN_LEDGER", str(tmp_path / "l.db"))
     assert load_site("dev").ledger.path == tmp_path / "l.db"

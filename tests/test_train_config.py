@@ -1,10 +1,11 @@
-"""The DeepSpeed config generated from a job spec."""
+"""The DeepSpeed config generated from a job spec; checkpoint permissions taken from the site config."""
 
 import subprocess
 import sys
 
 import pytest
 
+from conftest import REPO
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError
 from hpctrain.train.ds_config import ds_config
@@ -57,3 +58,14 @@ def test_generating_the_config_imports_neither_torch_nor_deepspeed():
     code = "import sys, hpctrain.train.ds_config; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_checkpoint_permissions_come_from_the_jobs_site_config(tmp_path, monkeypatch):
+    from hpctrain.train.checkpointing import checkpoint_mode
+
+    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
+    assert checkpoint_mode() == 0o600
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640"))
+    monkeypatch.setenv("HPCTRAIN_SITE", str(site))
+    assert checkpoint_mode() == 0o640

@@ -8,7 +8,9 @@
     restored = ck.load_latest(like=state)   # fills state's tensors in place; None on a fresh start
     if restored:
         restore_rng_state(restored.rng); loader.seek(restored.cursor)
-    ck.save(step, state, cursor=loader.cursor(), metrics={"val_loss": v}, async_=True)
+    ck.save(step, state, cursor=loader.cursor(), metrics={"val_loss": v}, async_=True, copy="background")
+    loss = forward_backward(batch)           # runs while the state is copied to host memory
+    ck.wait_snapshot(); opt.step()           # the copy must be done before the state changes
     ck.close()                               # waits for the last save; raises its error
 
 Layout of a checkpoint: ``step_<N>/manifest.json`` (written last), ``rank-<r>.json`` and one zarr

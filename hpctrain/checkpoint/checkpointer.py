@@ -20,7 +20,8 @@ from hpctrain.checkpoint.resume import Restored, load_latest
 from hpctrain.checkpoint.retention import Retention, apply_retention
 from hpctrain.checkpoint.rng import capture_rng_state
 from hpctrain.checkpoint.tree import flatten
-from hpctrain.checkpoint.writer import HostBuffers, Piece, plan, write_pieces
+from hpctrain.checkpoint.snapshot import COPY_MODES, HostBuffers, Snapshot
+from hpctrain.checkpoint.writer import plan, write_pieces
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger.journal import Journal
 
@@ -37,13 +38,14 @@ class Checkpointer:
     variables, else agreed over torch.distributed; a random one for a single rank). One training job
     writes a directory at a time: a new Checkpointer removes the unfinished saves of other attempts.
     Checkpoint records go to ``journal`` (default: the job's journal when run by hpctrain's sbatch script).
+    Manifests and rank fragments (RNG states, lineage) are created with ``mode``: owner-only by default.
     """
 
     def __init__(self, directory: str | Path, *, rank: int = 0, world_size: int = 1, attempt: str | None = None,
                  writes_replicated: bool | None = None, committer: int = 0, retention: Retention | None = None,
                  layout: dict[str, Any] | None = None, lineage: dict[str, Any] | None = None,
                  journal: Journal | Literal["env"] | None = "env", if_busy: str = "wait",
-                 commit_timeout_s: float = 600.0):
+                 commit_timeout_s: float = 600.0, mode: int = 0o600):
         if if_busy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', not {if_busy!r}")
         if not 0 <= rank < world_size or not 0 <= committer < world_size:
@@ -55,9 +57,10 @@ class Checkpointer:
         self.retention = retention or Retention()
         self.layout, self.lineage = layout or {}, dict(lineage or {})
         self.journal = Journal.from_env() if journal == "env" else journal
-        self.if_busy, self.commit_timeout_s = if_busy, commit_timeout_s
+        self.if_busy, self.commit_timeout_s, self.mode = if_busy, commit_timeout_s, mode
         self._saves = 0  # save() calls, skipped ones included: the same number on every rank
         self._inflight: Future[Path | None] | None = None
+        self._snapshot: Snapshot | None = None  # of the save in flight
         self._buffers = HostBuffers()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-save")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -69,16 +72,21 @@ class Checkpointer:
         return self.rank == self.committer
 
     def save(self, step: int, state: Any, *, cursor: dict[str, Any] | None = None,
-             metrics: dict[str, float] | None = None, async_: bool = False) -> Future[Path | None]:
+             metrics: dict[str, float] | None = None, async_: bool = False,
+             copy: str = "now") -> Future[Path | None]:
         """Save ``state`` (a mapping of tensors, Shards, nested containers and JSON values) as step ``step``.
 
-        Sync: returns once committed. Async: returns once the state is copied to host buffers; the
-        write and commit run on a background thread. The future's result is the committed path on the
-        committing rank, else None. With a save in flight this waits, or skips if ``if_busy="skip"``.
-        Raises the error of an earlier background save.
+        Sync: returns once committed. Async: the write and commit run on a background thread, from
+        host copies of the state made as ``copy`` says (see ``snapshot``): "now" returns once they
+        are made; "background" at once, and the caller calls ``wait_snapshot()`` before it changes
+        saved tensors in place; "none" writes from the caller's tensors, which it must leave alone.
+        The future's result is the committed path on the committing rank, else None. With a save in
+        flight this waits, or skips if ``if_busy="skip"``. Raises the error of an earlier background save.
         """
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, not {step!r}")
+        if copy not in COPY_MODES:
+            raise ValueError(f"copy must be one of {', '.join(COPY_MODES)}, not {copy!r}")
         self._saves += 1
         tmp = self.directory / tmp_name(step, f"{self.attempt}.{self._saves}")
         if self.if_busy == "skip" and self._inflight is not None and not self._inflight.done():
@@ -94,20 +102,34 @@ class Checkpointer:
                          "host": socket.gethostname(), "pid": os.getpid()}
             job = (step, tmp, rank_info, dict(metrics or {}), async_, time.monotonic())
             if not async_:
-                return _done(self._write_and_commit(pieces, *job))
-            self._inflight = self._executor.submit(self._write_and_commit, self._buffers.snapshot(pieces), *job)
+                return _done(self._write_and_commit(Snapshot(pieces), *job))
+            self._snapshot = self._buffers.snapshot(pieces, copy)
+            self._inflight = self._executor.submit(self._write_and_commit, self._snapshot, *job)
             return self._inflight
+
+    def wait_snapshot(self) -> None:
+        """Wait until the save in flight no longer reads the caller's tensors, so that they may be changed
+        (needed after ``save(async_=True, copy="background")``; returns at once otherwise). An error of the
+        save is raised by the save, not here."""
+        snapshot, self._snapshot = self._snapshot, None
+        if snapshot is not None:
+            try:
+                snapshot.copied()
+            except CheckpointError:
+                pass
 
     def wait(self) -> Path | None:
         """Wait for the save in flight; raises its error. Returns its committed path (committer only)."""
-        inflight, self._inflight = self._inflight, None
+        inflight, self._inflight, self._snapshot = self._inflight, None, None
         return inflight.result() if inflight is not None else None
 
-    def _write_and_commit(self, pieces: list[Piece], step: int, tmp: Path, rank_info: dict[str, Any],
+    def _write_and_commit(self, snapshot: Snapshot, step: int, tmp: Path, rank_info: dict[str, Any],
                           metrics: dict[str, float], async_: bool, started: float) -> Path | None:
         with self._announcing_failure(tmp):
             tmp.mkdir(parents=True, exist_ok=True)
-            write_fragment(tmp, self.rank, {**rank_info, "tensors": write_pieces(tmp, pieces)})
+            tensors = write_pieces(tmp, snapshot.copied())
+            snapshot.written()
+            write_fragment(tmp, self.rank, {**rank_info, "tensors": tensors}, mode=self.mode)
         if not self.is_committer:
             return None
         fragments = await_fragments(tmp, self.world_size, self.commit_timeout_s)
@@ -117,7 +139,7 @@ class Checkpointer:
         header = {"step": step, "created": time.time(), "attempt": self.attempt, "world_size": self.world_size,
                   "layout": self.layout, "lineage": self.lineage, "metrics": metrics}
         tag = tmp.name.partition(".tmp-")[2]
-        final = commit(tmp, fragments, header, tag)
+        final = commit(tmp, fragments, header, tag, mode=self.mode)
         if self.journal:
             metric = self.retention.metric if self.retention.metric in metrics else None
             self.journal.write(

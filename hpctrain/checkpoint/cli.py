@@ -72,9 +72,10 @@ def ls(directory: Path) -> None:
 @click.argument("path", type=_path)
 def verify(path: Path) -> None:
     """Read every chunk of checkpoint PATH (or of every checkpoint in directory PATH) against its checksum."""
+    from hpctrain.checkpoint.manifest import NewerFormatError
     from hpctrain.checkpoint.naming import MANIFEST, parse
     from hpctrain.checkpoint.reader import verify as verify_one
-    from hpctrain.checkpoint.resume import report_corrupt, statuses
+    from hpctrain.checkpoint.resume import record_corrupt, statuses
     from hpctrain.errors import CheckpointError
     from hpctrain.ledger.journal import Journal
 
@@ -82,8 +83,10 @@ def verify(path: Path) -> None:
     if (path / MANIFEST).exists() or parse(path):
         try:
             m = verify_one(path)
+        except NewerFormatError:  # not corrupt: nothing to journal
+            raise
         except CheckpointError as exc:
-            report_corrupt(path, getattr(parse(path), "step", -1), str(exc), journal)
+            record_corrupt(path, getattr(parse(path), "step", -1), str(exc), journal)
             raise
         chunks = sum(len(e.chunks) for e in m.tensors.values())
         click.echo(f"ok: {path} (step {m.step}): {len(m.tensors)} tensors, {chunks} chunks, "
@@ -91,8 +94,8 @@ def verify(path: Path) -> None:
         return
     found = list(statuses(path, full=True))
     for s in found:
-        if s.problem:
-            report_corrupt(s.dir.path, s.dir.step, s.problem, journal)
+        if s.problem and not s.newer:
+            record_corrupt(s.dir.path, s.dir.step, s.problem, journal)
     _print_table(f"verify {path}", ("step", "name", "result"),
                  [(s.dir.step, s.dir.path.name, _problem(s.problem, s.dir.path)) for s in found])
     bad = [s for s in found if s.problem]

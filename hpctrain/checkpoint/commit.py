@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.checkpoint.manifest import merge
+from hpctrain.checkpoint.manifest import NewerFormatError, merge
 from hpctrain.checkpoint.naming import MANIFEST, committed_name, list_dirs, trash_name
 from hpctrain.checkpoint.reader import quick_check
 from hpctrain.errors import CheckpointError
@@ -23,9 +23,9 @@ from hpctrain.ledger.journal import fsync_dir, write_json_atomic
 log = logging.getLogger("hpctrain.checkpoint")
 
 
-def write_fragment(tmp: Path, rank: int, fragment: dict[str, Any]) -> None:
-    """Announce that this rank's writes into ``tmp`` are durable (call after they are)."""
-    write_json_atomic(tmp / f"rank-{rank}.json", {"rank": rank, **fragment})
+def write_fragment(tmp: Path, rank: int, fragment: dict[str, Any], *, mode: int) -> None:
+    """Announce that this rank's writes into ``tmp`` are durable (call after they are); the file gets ``mode``."""
+    write_json_atomic(tmp / f"rank-{rank}.json", {"rank": rank, **fragment}, mode)
 
 
 def write_skip(tmp: Path, rank: int) -> None:
@@ -63,17 +63,22 @@ def await_fragments(tmp: Path, world_size: int, timeout_s: float) -> list[dict[s
         pause = min(pause * 2, 0.2)
 
 
-def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], tag: str) -> Path:
-    """Merge the fragments into manifest.json (written last), rename ``tmp`` to ``step_<N>``, fsync.
+def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], tag: str, *, mode: int) -> Path:
+    """Write the fragments' merged manifest.json (last, with ``mode``), rename ``tmp`` to ``step_<N>``, fsync.
 
-    A valid checkpoint already committed for this step wins over this one; an invalid one is discarded.
+    A valid checkpoint already committed for this step wins over this one; an invalid one is discarded,
+    but one of a newer format is kept and this save fails.
     """
     manifest = merge(fragments, header)
-    write_json_atomic(tmp / MANIFEST, manifest)
+    write_json_atomic(tmp / MANIFEST, manifest, mode)
     step = header["step"]
     for old in (d for d in list_dirs(tmp.parent) if d.step == step):
         try:
             quick_check(old.path)
+        except NewerFormatError as exc:
+            discard(tmp, step, tag)
+            raise CheckpointError(f"{exc}: not saving step {step} over a checkpoint of a newer hpctrain; "
+                                  "upgrade hpctrain or move it away") from None
         except CheckpointError as exc:
             log.warning("replacing invalid checkpoint: %s", exc)
             discard(old.path, step, tag)

@@ -95,6 +95,24 @@ def chunk_key(index: tuple[int, ...]) -> str:
     return "/".join(["c", *map(str, index)])
 
 
+def contiguous_chunks(meta: TensorMeta, box: Box) -> bool:
+    """Whether every chunk in ``box`` (whole chunks) is a contiguous run of the box in C order and, as stored
+    (zarr's bytes codec: C order, little-endian), a prefix of its chunk file: the chunks span the box in all
+    but the first dimension."""
+    return sys.byteorder == "little" and tuple(box[1][1:]) == meta.chunks[1:]
+
+
+def chunk_runs(meta: TensorMeta, box: Box, array: np.ndarray) -> Iterator[tuple[tuple[int, ...], memoryview]]:
+    """(chunk index, the bytes of ``array`` it holds) for each chunk in ``box``: a ``contiguous_chunks`` box,
+    non-empty, that the C-contiguous ``array`` holds."""
+    flat = memoryview(array.reshape(-1).view(np.uint8))
+    row = array.nbytes // array.shape[0] if array.ndim else array.nbytes
+    for index in meta.chunks_in(box):
+        offset, shape = meta.chunk_box(index)
+        start = (offset[0] - box[0][0]) * row if array.ndim else 0
+        yield index, flat[start:start + math.prod(shape) * array.itemsize]
+
+
 def box_slices(box: Box, origin: tuple[int, ...] | None = None) -> tuple[slice, ...]:
     offset, shape = box
     origin = origin or (0,) * len(offset)

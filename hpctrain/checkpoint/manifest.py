@@ -24,6 +24,10 @@ FORMAT = "hpctrain.checkpoint"
 VERSION = 1
 
 
+class NewerFormatError(CheckpointError):
+    """A checkpoint written by a newer hpctrain: not corrupt, so never skipped, replaced or deleted."""
+
+
 @dataclass(frozen=True)
 class ChunkRecord:
     rank: int
@@ -93,8 +97,11 @@ class Manifest:
             raise CheckpointError(f"{file}: unreadable: {exc}") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise CheckpointError(f"{file}: not an hpctrain checkpoint manifest")
-        if data.get("version") != VERSION:
-            raise CheckpointError(f"{file}: format version {data.get('version')}, this hpctrain reads {VERSION}")
+        version = data.get("version")
+        if version != VERSION:
+            newer = isinstance(version, int) and version > VERSION
+            raise (NewerFormatError if newer else CheckpointError)(
+                f"{file}: format version {version}, this hpctrain reads {VERSION}")
         manifest = cls(ckpt, data)
         try:
             manifest._check()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,8 +11,9 @@ from typing import Any, Iterator
 import numpy as np
 import tensorstore as ts
 
-from hpctrain.checkpoint.format import (Box, array_spec, as_numpy, box_slices, checksum, chunk_key, dtype_name, empty,
-                                        is_host, is_tensor, numpy_dtype, to_storage, to_torch, ts_context, ts_message)
+from hpctrain.checkpoint.format import (Box, array_spec, as_numpy, box_slices, checksum, chunk_key, chunk_runs,
+                                        contiguous_chunks, dtype_name, empty, is_host, is_tensor, numpy_dtype,
+                                        to_storage, to_torch, ts_context, ts_message)
 from hpctrain.checkpoint.manifest import Manifest, TensorEntry
 from hpctrain.checkpoint.naming import TENSORS
 from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, unflatten
@@ -65,7 +64,7 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
 
     New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``). Chunks that are
     contiguous runs of their target are read from their files straight into it, in order (see
-    ``_direct``): tensorstore would read each into a new buffer of its own and copy it over, paying
+    ``format.contiguous_chunks``): tensorstore would read each into a new buffer of its own and copy it over, paying
     twice the copies and page faults. The rest go through tensorstore, all issued before any is awaited.
     """
     targets, direct = [], []
@@ -75,7 +74,7 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
         into_out = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
         targets.append((aligned, r.out if into_out else empty(aligned[1], numpy_dtype(r.entry.meta.dtype),
                                                               torch_memory=torch_memory)))
-        direct.append(_direct(r.entry, aligned))
+        direct.append(contiguous_chunks(r.entry.meta, aligned))
     stores = {r.entry.name: ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True, context=ts_context())
               for r, (_, target), d in zip(requests, targets, direct) if target.size and not d}
     pool = ThreadPoolExecutor(_READ_STREAMS, thread_name_prefix="hpctrain-ckpt-read")
@@ -86,7 +85,7 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
                 reads.append([])
             elif d:
                 reads.append([pool.submit(_read_chunk, m, r.entry, index, run)
-                              for index, run in _chunk_runs(r.entry, aligned, target)])
+                              for index, run in chunk_runs(r.entry.meta, aligned, target)])
             else:
                 with _naming(m, r.entry):
                     source = stores[r.entry.name].result()[box_slices(aligned)]
@@ -94,22 +93,6 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
         return [_finish(m, r, aligned, target, read) for r, (aligned, target), read in zip(requests, targets, reads)]
     finally:
         pool.shutdown(cancel_futures=True)
-
-
-def _direct(entry: TensorEntry, aligned: Box) -> bool:
-    """Whether every chunk in ``aligned`` is a contiguous run of it and a prefix of its file: chunks span the
-    box in all but the first dimension (zarr's bytes codec stores C order, little-endian)."""
-    return sys.byteorder == "little" and tuple(aligned[1][1:]) == entry.meta.chunks[1:]
-
-
-def _chunk_runs(entry: TensorEntry, aligned: Box, target: np.ndarray) -> Iterator[tuple[tuple[int, ...], memoryview]]:
-    """(chunk index, the bytes of ``target`` it fills) for each chunk in ``aligned`` (a ``_direct`` box)."""
-    flat = memoryview(target.reshape(-1).view(np.uint8))
-    row = target.nbytes // target.shape[0] if target.ndim else target.nbytes
-    for index in entry.meta.chunks_in(aligned):
-        offset, shape = entry.meta.chunk_box(index)
-        start = (offset[0] - aligned[0][0]) * row if target.ndim else 0
-        yield index, flat[start:start + math.prod(shape) * target.itemsize]
 
 
 def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: memoryview) -> None:

@@ -1,4 +1,4 @@
-"""One rank's part of a save: pick what it owns, snapshot it to host buffers, write its chunks durably."""
+"""One rank's part of a save: pick what it owns, write its chunks durably."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 import os
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,15 +14,16 @@ import numpy as np
 import tensorstore as ts
 
 from hpctrain.checkpoint.format import (Box, TensorMeta, array_spec, as_numpy, box_slices, checksum, chunk_key,
-                                        dtype_name, empty, is_host, is_tensor, numpy_dtype, to_storage, ts_context,
-                                        ts_message)
+                                        chunk_runs, contiguous_chunks, dtype_name, is_tensor, numpy_dtype,
+                                        to_storage, ts_context, ts_message)
 from hpctrain.checkpoint.naming import TENSORS
 from hpctrain.checkpoint.tree import Shard
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger.journal import fsync_dir
 
-_COPY_BLOCK = 64 << 20  # bytes per copy task: big enough to amortise, small enough to spread over threads
 _MAX_CHUNK = 128 << 20  # full tensors above this are stored as row blocks: written in parallel, read in part
+_WRITE_STREAMS = 4  # chunk files written at a time (see write_pieces)
+_WRITE_BLOCK = 8 << 20  # bytes written to a chunk file at a time (see _write_chunk)
 
 
 @dataclass(frozen=True)
@@ -75,86 +76,77 @@ def _shard_piece(name: str, shard: Shard) -> Piece:
     return Piece(name, meta, offset, shard.data)
 
 
-class HostBuffers:
-    """Host copies of the pieces of an async save, reused from save to save (fresh memory costs page faults)."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[tuple[str, tuple[int, ...]], Any] = {}
-        self._pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="hpctrain-ckpt-copy")
-
-    def snapshot(self, pieces: list[Piece]) -> list[Piece]:
-        """Copies of ``pieces`` that the caller may not change; returns once every copy is done."""
-        old, self._buffers = self._buffers, {}  # buffers of tensors no longer saved are let go
-        copies, jobs, devices = [], [], False
-        for p in pieces:
-            if is_host(p.data):
-                buf = self._buffer(old, p, lambda: empty(tuple(p.data.shape), numpy_dtype(p.meta.dtype),
-                                                         torch_memory=not isinstance(p.data, np.ndarray)))
-                jobs += _blocks(buf, as_numpy(p.data))
-            else:  # accelerator -> pinned host memory, asynchronously; synchronised below
-                import torch
-
-                buf = self._buffer(old, p, lambda: torch.empty(p.data.shape, dtype=p.data.dtype, pin_memory=True))
-                buf.copy_(p.data.detach(), non_blocking=True)
-                devices = True
-            copies.append(replace(p, data=buf))
-        list(self._pool.map(lambda job: np.copyto(*job), jobs))
-        if devices:
-            import torch
-
-            torch.cuda.synchronize()
-        return copies
-
-    def _buffer(self, old: dict[tuple[str, tuple[int, ...]], Any], p: Piece, make: Any) -> Any:
-        key = (p.name, p.offset)
-        buf = old.get(key)
-        if buf is None or tuple(buf.shape) != tuple(p.data.shape) or dtype_name(buf) != p.meta.dtype:
-            buf = make()
-        self._buffers[key] = buf
-        return buf
-
-    def close(self) -> None:
-        self._pool.shutdown()
-        self._buffers.clear()
-
-
-def _blocks(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(dst, src) pairs that together copy ``src`` into ``dst``, split so that threads can share the work."""
-    if not src.flags.c_contiguous or src.nbytes <= _COPY_BLOCK:
-        return [(dst, src)]
-    d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    return [(d[i:i + _COPY_BLOCK], s[i:i + _COPY_BLOCK]) for i in range(0, s.size, _COPY_BLOCK)]
-
-
 def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     """Write ``pieces`` under checkpoint directory ``root``, durably; returns the fragment's tensor records.
 
-    The rank holding a tensor's first chunk writes its zarr metadata; the others write only their chunks.
-    All opens and writes are issued before any is awaited.
+    tensorstore writes every array's zarr metadata (the rank holding its first chunk does). Pieces whose
+    chunks are contiguous runs of their data (``format.contiguous_chunks``) are written straight from it
+    into their chunk files, a few at a time: tensorstore would copy each chunk into a buffer of its own,
+    write it to a temp file, rename it and fsync the directory. tensorstore writes the other pieces. All
+    writes are issued before any is awaited; checksums are computed meanwhile.
     """
     arrays = [(p, as_numpy(p.data)) for p in pieces]
-    opened = [ts.open(array_spec(root / TENSORS / p.name, p.meta), context=ts_context(),
+    direct = [a.flags.c_contiguous and contiguous_chunks(p.meta, p.box) for p, a in arrays]
+    opened = [None if d and any(p.offset) else
+              ts.open(array_spec(root / TENSORS / p.name, p.meta), context=ts_context(),
                       **({"open": True, "assume_metadata": True} if any(p.offset) else {"create": True}))
-              for p, _ in arrays]
+              for (p, _), d in zip(arrays, direct)]
     records: dict[str, dict[str, Any]] = {}
-    writes = []
-    for (p, a), store in zip(arrays, opened):
-        records.setdefault(p.name, {**p.meta.to_json(), "chunks_written": []})
-        with _naming(p, root):
-            region = store.result()[box_slices(p.box)]
-            writes.append(region.write(to_storage(a), can_reference_source_data_indefinitely=True) if a.size else None)
     written = []
-    for (p, a), write in zip(arrays, writes):
-        if write is None:
-            continue
-        indices = list(p.meta.chunks_in(p.box))
-        crcs = [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices]  # while tensorstore writes
-        with _naming(p, root):
-            write.result()
-        records[p.name]["chunks_written"] += [{"index": list(i), "crc32c": c} for i, c in zip(indices, crcs)]
-        written += [root / TENSORS / p.name / chunk_key(i) for i in indices]
+    pool = ThreadPoolExecutor(_WRITE_STREAMS, thread_name_prefix="hpctrain-ckpt-write")
+    try:
+        pending = [_start(root, p, a, d, store, pool) for (p, a), d, store in zip(arrays, direct, opened)]
+        for (p, a), futures in zip(arrays, pending):
+            indices = list(p.meta.chunks_in(p.box)) if a.size else []
+            crcs = [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices]  # while writing
+            with _naming(p, root):
+                for future in futures:
+                    future.result()
+            record = records.setdefault(p.name, {**p.meta.to_json(), "chunks_written": []})
+            record["chunks_written"] += [{"index": list(i), "crc32c": c} for i, c in zip(indices, crcs)]
+            written += [root / TENSORS / p.name / chunk_key(i) for i in indices]
+    finally:
+        pool.shutdown(cancel_futures=True)
     _fsync_tree(root, written)
     return records
+
+
+def _start(root: Path, piece: Piece, a: np.ndarray, direct: bool, store: Any, pool: ThreadPoolExecutor) -> list[Any]:
+    """Issue the piece's writes; returns their futures (tensorstore's or the pool's), the metadata's included."""
+    if direct:
+        array_dir = root / TENSORS / piece.name
+        size = piece.meta.chunk_file_bytes
+        chunks = [pool.submit(_write_chunk, array_dir / chunk_key(i), run, size)
+                  for i, run in (chunk_runs(piece.meta, piece.box, a) if a.size else [])]
+        return chunks + ([store] if store is not None else [])
+    if not a.size:
+        return [store]
+    with _naming(piece, root):
+        region = store.result()[box_slices(piece.box)]
+        return [region.write(to_storage(a), can_reference_source_data_indefinitely=True)]
+
+
+def _write_chunk(path: Path, data: memoryview, size: int) -> None:
+    """Write a chunk file as zarr stores it, durably: ``data``, padded to ``size`` bytes with the fill value
+    (zero bytes for every dtype, as is the hole that extending the file leaves).
+
+    The page cache keeps little of the file: block by block, writeback starts and what is on disk
+    already is dropped, so new blocks reuse those pages. Fresh memory for a whole checkpoint's pages can
+    cost more than the disk writes (reclaimed from other caches, or faulted in from a VM's host).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        done = 0
+        while done < len(data):
+            done += os.write(fd, data[done:done + _WRITE_BLOCK])
+            os.posix_fadvise(fd, 0, done, os.POSIX_FADV_DONTNEED)  # on Linux this starts writeback too
+        if size > done:
+            os.ftruncate(fd, size)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 @contextmanager

@@ -10,7 +10,8 @@ from typing import Iterable, Iterator, Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.config.loading import Loc, StrictModel, load_model
-from hpctrain.config.types import ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, MiB, Seconds, SlurmName
+from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, FileMode, MiB, Seconds,
+                                   SlurmName)
 from hpctrain.errors import ConfigError
 
 
@@ -57,8 +58,12 @@ class Paths(StrictModel):
 
 class LedgerConfig(StrictModel):
     path: ExpandedPath = Path("~/.local/share/hpctrain/ledger.db").expanduser()
-    mode: int = Field(0o600, ge=0, le=0o777, description="permissions of a new ledger file (TOML: 0o640 to share "
-                                                            "with the group)")
+    mode: FileMode = Field(0o600, description="permissions of a new ledger file (TOML: 0o640 to share with the group)")
+
+
+class CheckpointConfig(StrictModel):
+    mode: FileMode = Field(0o600, description="permissions of the checkpoint manifests and rank fragments hpctrain "
+                                              "writes (RNG states, lineage; TOML: 0o640 to share with the group)")
 
 
 class Alerts(StrictModel):
@@ -83,6 +88,7 @@ class SiteConfig(StrictModel):
     qos: dict[str, Qos] = Field(min_length=1)
     paths: Paths
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     network_env: dict[str, str] = Field(default_factory=dict, description="NCCL/InfiniBand settings")
     setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
     gpu_hour_price: dict[str, FiniteFloat] = Field(default_factory=dict, description="per partition")

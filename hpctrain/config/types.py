@@ -23,6 +23,12 @@ def check_slurm_name(value: str) -> str:
     return value
 
 
+def check_file_mode(value: int) -> int:
+    if not 0 <= value <= 0o777:
+        raise ValueError("expected permission bits from 0o000 to 0o777, such as 0o640")
+    return value
+
+
 def parse_slurm_time(value: Any) -> int:
     """Slurm time string (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) or minutes -> seconds."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
@@ -86,3 +92,4 @@ Seconds = Annotated[int, BeforeValidator(parse_slurm_time), PlainSerializer(form
 MiB = Annotated[int, BeforeValidator(parse_memory), PlainSerializer(lambda mb: f"{mb}M", return_type=str)]
 ExpandedPath = Annotated[Path, BeforeValidator(expand_path)]
 SlurmName = Annotated[str, AfterValidator(check_slurm_name)]
+FileMode = Annotated[int, AfterValidator(check_file_mode)]  # TOML: 0o640

@@ -30,10 +30,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON to ``path`` so that readers see the old file, or the whole new one: never a part."""
+def write_json_atomic(path: Path, data: Any, mode: int = 0o666) -> None:
+    """Write JSON to ``path`` so that readers see the old file, or the whole new one: never a part.
+
+    The file is created with ``mode`` (narrowed by the umask), so it is never readable more widely, not even briefly.
+    """
     tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as fh:
         json.dump(data, fh, sort_keys=True, default=str)
         fh.flush()
         os.fsync(fh.fileno())

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint import Checkpointer, Retention, Shard, restore_rng_state
 from hpctrain.config.job import JobSpec
+from hpctrain.config.site import CheckpointConfig, load_site
 from hpctrain.train.engine import StepResult
 from hpctrain.train.state import load_local_state, local_state, placements
 
@@ -17,6 +19,13 @@ def engine_tree(engine: Any) -> dict[str, Shard]:
     return {k: Shard(t, where[k].global_shape, where[k].offset, write=where[k].writer) for k, t in state.items()}
 
 
+def checkpoint_mode() -> int:
+    """Permissions of checkpoint metadata: those of the site config named by $HPCTRAIN_SITE (which hpctrain's
+    sbatch script exports), else the default."""
+    site = os.environ.get("HPCTRAIN_SITE")
+    return load_site(site).checkpoint.mode if site else CheckpointConfig().mode
+
+
 class TrainCheckpoints:
     """Saves every ``checkpoint.every_steps`` steps (async by default) and resumes from the newest valid one."""
 
@@ -25,7 +34,7 @@ class TrainCheckpoints:
         self.spec, self.engine, self.loader = spec, engine, loader
         self.ck = Checkpointer(directory, rank=engine.global_rank, world_size=engine.world_size,
                                layout={"dp": p.dp, "tp": p.tp, "pp": p.pp},
-                               retention=Retention(keep_last=spec.checkpoint.keep_last))
+                               retention=Retention(keep_last=spec.checkpoint.keep_last), mode=checkpoint_mode())
         self.last_step: int | None = None
 
     def resume(self) -> int:
@@ -43,7 +52,9 @@ class TrainCheckpoints:
 
     def save(self, step: int, loss: float, async_: bool) -> None:
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
-        self.ck.save(step, engine_tree(self.engine), cursor=cursor, metrics={"loss": loss}, async_=async_)
+        # local_state's tensors are fresh copies that nothing else changes: written without another copy
+        self.ck.save(step, engine_tree(self.engine), cursor=cursor, metrics={"loss": loss}, async_=async_,
+                     copy="none")
         self.last_step = step
 
     def finish(self, step: int, loss: float) -> None:
