@@ -8,10 +8,13 @@ reads and every read its own write (on a virtual disk, writes right after other 
 slower, and pauses between cases made everything slower). Page cache: dropping it needs root, so
 before each read the files' cached pages are evicted with posix_fadvise(DONTNEED) (after fsync they
 are clean, so the kernel drops them); reads then come from the device, or whatever caches sit below
-a virtual disk. hpctrain load: into new tensors (``load(path)``, as a fresh process resumes) and in
-place (into the caller's tensors, ``load(path, like)``). Async stall: how long save(async_=True)
-blocks the caller, for the 2nd and later saves of a Checkpointer (its host buffers reused: the figure
-held against the goal) and for its first save (buffers allocated), as a fraction of a sync save.
+a virtual disk. Every case starts on recently used memory (``recycle_memory``). hpctrain load: into
+new tensors (``load(path)``, as a fresh process resumes) and in place (into the caller's tensors,
+``load(path, like)``). Async stall, as a fraction of a sync save: the time training is blocked by
+save(async_=True, copy="background") in a simulated training step (``training_step``: the copy runs
+during forward and backward, ``--step-s``; wait_snapshot() before the optimizer step), the figure
+held against the goal; and, for comparison, how long save(async_=True) blocks with copy="now", for
+the 2nd and later saves of a Checkpointer (host buffers reused) and its first (buffers allocated).
 Figures: the median and the best of the repeats; other load on the machine, and a virtual disk's
 throttling, slow cases down at random (the load average is shown), so the best is the steadier figure.
 The stall itself hardly varies: it is held against both the median and the fastest sync save.
@@ -47,6 +50,13 @@ def evict(root: Path) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def recycle_memory(nbytes: int) -> None:
+    """Touch and free ``nbytes`` of memory, so that the next case starts, as every case here does, on
+    memory recently in use: on this virtual machine, pages that sat free cost 3-5x more to touch
+    (the host backs them again), and which case got those depended on the order of the cases."""
+    torch.ones(nbytes, dtype=torch.uint8)
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -148,6 +158,7 @@ def main() -> None:
                 for name, files, fn in cases:
                     if files is not None:
                         evict(files)
+                    recycle_memory(2 * nbytes)
                     t[name].append(timed(fn))
             raw.unlink()
             pt.unlink()

@@ -13,7 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from hpctrain.checkpoint.commit import await_fragments, clean_stale, commit, write_failure, write_fragment, write_skip
+from hpctrain.checkpoint.commit import (await_fragments, commit, remove, stale_dirs, write_failure, write_fragment,
+                                        write_skip)
 from hpctrain.checkpoint.manifest import Manifest, sha256
 from hpctrain.checkpoint.naming import MANIFEST, tmp_name
 from hpctrain.checkpoint.resume import Restored, load_latest
@@ -63,9 +64,11 @@ class Checkpointer:
         self._snapshot: Snapshot | None = None  # of the save in flight
         self._buffers = HostBuffers()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-save")
+        # deleting a checkpoint takes a third of the time of writing one: not on the saving thread
+        self._cleaner = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-clean")
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.is_committer:
-            clean_stale(self.directory, self.attempt, committed_step=-1)
+            remove(stale_dirs(self.directory, self.attempt, committed_step=-1))
 
     @property
     def is_committer(self) -> bool:
@@ -148,8 +151,9 @@ class Checkpointer:
                 metric_name=metric, metric_value=metrics[metric] if metric else None,
                 note=f"{'async' if async_ else 'sync'} save by {self.world_size} rank(s)")
         try:
-            clean_stale(self.directory, self.attempt, committed_step=step)
             apply_retention(self.directory, self.retention, tag, self.journal)
+            # listed now: a later save's tmp directory must not be taken for a stale one
+            self._cleaner.submit(remove, stale_dirs(self.directory, self.attempt, committed_step=step))
         except OSError as exc:  # the checkpoint is committed; failing to tidy up must not fail the save
             log.warning("after committing %s: cleaning up failed: %s", final, exc)
         return final
@@ -181,6 +185,7 @@ class Checkpointer:
             self.wait()
         finally:
             self._executor.shutdown()
+            self._cleaner.shutdown()
             self._buffers.close()
 
     def __enter__(self) -> "Checkpointer":

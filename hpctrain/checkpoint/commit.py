@@ -95,22 +95,30 @@ def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], t
     return final
 
 
-def discard(path: Path, step: int, tag: str) -> None:
-    """Take ``path`` out of sight atomically (rename to trash), then delete it."""
+def to_trash(path: Path, step: int, tag: str) -> Path:
+    """Take ``path`` out of sight atomically: rename it to trash (see ``stale_dirs``); returns the trash."""
     trash = path.with_name(trash_name(step, tag))
     os.rename(path, trash)
     fsync_dir(path.parent)
-    shutil.rmtree(trash, ignore_errors=True)
+    return trash
 
 
-def clean_stale(directory: Path, attempt: str, committed_step: int) -> None:
-    """Remove trash, and the tmp directories of other attempts or of steps up to ``committed_step``.
+def discard(path: Path, step: int, tag: str) -> None:
+    """Take ``path`` out of sight atomically, then delete it."""
+    shutil.rmtree(to_trash(path, step, tag), ignore_errors=True)
+
+
+def stale_dirs(directory: Path, attempt: str, committed_step: int) -> list[Path]:
+    """Trash, and the tmp directories of other attempts or of steps up to ``committed_step``, as of now.
 
     Tags are ``<attempt>.<save number>``; tmp directories of this attempt beyond the committed step
     may still be receiving writes from other ranks and are left alone.
     """
-    for d in list_dirs(directory, kind=None):
-        stale = d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt
-                                                            or d.step <= committed_step))
-        if stale:
-            shutil.rmtree(d.path, ignore_errors=True)
+    return [d.path for d in list_dirs(directory, kind=None)
+            if d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt
+                                                           or d.step <= committed_step))]
+
+
+def remove(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)

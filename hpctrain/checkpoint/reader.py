@@ -64,8 +64,9 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
 
     New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``). Chunks that are
     contiguous runs of their target are read from their files straight into it, in order (see
-    ``format.contiguous_chunks``): tensorstore would read each into a new buffer of its own and copy it over, paying
-    twice the copies and page faults. The rest go through tensorstore, all issued before any is awaited.
+    ``format.contiguous_chunks``): tensorstore would read each into a new buffer of its own and copy it
+    over, paying twice the copies and page faults. The rest go through tensorstore, all issued before any
+    is awaited.
     """
     targets, direct = [], []
     for r in requests:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.checkpoint.commit import discard
+from hpctrain.checkpoint.commit import to_trash
 from hpctrain.checkpoint.naming import list_dirs
 from hpctrain.checkpoint.reader import quick_check
 from hpctrain.errors import CheckpointError
@@ -44,7 +44,8 @@ class Retention:
 
 
 def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journal | None) -> list[Path]:
-    """Delete the checkpoints ``policy`` lets go, after the newest commit; returns what was deleted.
+    """Take the checkpoints ``policy`` lets go out of sight (to trash: see ``commit.stale_dirs``),
+    after the newest commit; returns them.
 
     Only valid checkpoints count (so the newest valid one always survives); invalid ones are left for
     a person to look at.
@@ -59,7 +60,7 @@ def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journ
     deleted = []
     for step in policy.doomed(scores):
         path = valid[step][0]
-        discard(path, step, tag)
+        to_trash(path, step, tag)
         log.info("retention: deleted %s", path)
         if journal:
             journal.write("checkpoint", step=step, path=str(path), state="deleted", note="retention")

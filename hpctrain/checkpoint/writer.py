@@ -81,9 +81,10 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
 
     tensorstore writes every array's zarr metadata (the rank holding its first chunk does). Pieces whose
     chunks are contiguous runs of their data (``format.contiguous_chunks``) are written straight from it
-    into their chunk files, a few at a time: tensorstore would copy each chunk into a buffer of its own,
-    write it to a temp file, rename it and fsync the directory. tensorstore writes the other pieces. All
-    writes are issued before any is awaited; checksums are computed meanwhile.
+    into their chunk files, a few at a time, keeping little of them in the page cache (see ``_write_chunk``;
+    tensorstore's file writes keep it all, and write a temp file, rename it and fsync the directory for each
+    chunk). tensorstore writes the other pieces. All writes are issued before any is awaited; checksums are
+    computed meanwhile.
     """
     arrays = [(p, as_numpy(p.data)) for p in pieces]
     direct = [a.flags.c_contiguous and contiguous_chunks(p.meta, p.box) for p, a in arrays]
@@ -159,8 +160,8 @@ def _naming(piece: Piece, root: Path) -> Iterator[None]:
 
 
 def _fsync_tree(root: Path, files: list[Path]) -> None:
-    """fsync every directory between ``root`` and ``files``: tensorstore fsyncs each file and its parent
-    directory, but not the directories it created above them."""
+    """fsync every directory between ``root`` and ``files``, once each: the files are fsynced, and tensorstore
+    fsyncs the parent directories of its own, but not the directories it created above them."""
     dirs = {root}
     for f in files:
         dirs.update(d for d in f.parents if d.is_relative_to(root))
