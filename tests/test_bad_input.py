@@ -400,29 +400,18 @@ def test_every_base_spec_is_valid_as_written(tmp_path):
             assert load_job_spec(write_config(tmp_path, spec, fmt)).name == spec["name"]
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('name = "x"\ncommand = ["a"]\nseed = ' + "9" * 5000 + "\n", "invalid TOML: Exceeds the limit"),
-    ('name = "x"\ncommand = ["a"]\nhyperparameters = ' + "[" * 2000 + "]" * 2000 + "\n", "invalid TOML: nested too deeply"),
-    ("name = 'x'\ncommand = ['a']\n[resources]\nmem = nan\n", "resources.mem: expected a memory size"),
-    ("name = 'x'\ncommand = ['a']\n\"weird\\nkey\" = 1\n", '"weird\\nkey": unknown key'),
+@pytest.mark.parametrize("suffix, text, problem", [
+    ("toml", 'name = "x"\ncommand = ["a"]\nseed = ' + "9" * 5000 + "\n", "invalid TOML: Exceeds the limit"),
+    ("toml", 'name = "x"\ncommand = ["a"]\nhyperparameters = ' + "[" * 2000 + "]" * 2000 + "\n", "invalid TOML: nested too deeply"),
+    ("toml", "name = 'x'\ncommand = ['a']\n[resources]\nmem = nan\n", "resources.mem: expected a memory size"),
+    ("toml", "name = 'x'\ncommand = ['a']\n\"weird\\nkey\" = 1\n", '"weird\\nkey": unknown key'),
+    ("yaml", "name: x\ncommand: [a]\nhyperparameters: &h {a: *h}\n", "invalid YAML: an alias refers to the node that contains it"),
+    ("yaml", "name: x\ncommand: [a]\nseed: 2001-13-45\n", "invalid YAML: month must be in 1..12"),
+    ("yaml", "name: x\ncommand: [a]\nworkdir: !!python/name:os.system\n", "invalid YAML (line 3, column 10): could not determine"),
+    ("yaml", "name: x\ncommand: [a]\nresources: {time: 2020-01-01}\n", "resources.time: expected a Slurm time"),
 ])
-def test_odd_toml(tmp_path, text, problem):
-    path = tmp_path / "spec.toml"
-    path.write_text(text)
-    with pytest.raises(ConfigError) as info:
-        load_job_spec(path)
-    (line,) = problem_lines(str(info.value), path)
-    assert line.startswith(problem)
-
-
-@pytest.mark.parametrize("text, problem", [
-    ("name: x\ncommand: [a]\nhyperparameters: &h {a: *h}\n", "invalid YAML: an alias refers to the node that contains it"),
-    ("name: x\ncommand: [a]\nseed: 2001-13-45\n", "invalid YAML: month must be in 1..12"),
-    ("name: x\ncommand: [a]\nworkdir: !!python/name:os.system\n", "invalid YAML (line 3, column 10): could not determine"),
-    ("name: x\ncommand: [a]\nresources: {time: 2020-01-01}\n", "resources.time: expected a Slurm time"),
-])
-def test_odd_yaml(tmp_path, text, problem):
-    path = tmp_path / "spec.yaml"
+def test_odd_spec_files(tmp_path, suffix, text, problem):
+    path = tmp_path / f"spec.{suffix}"
     path.write_text(text)
     with pytest.raises(ConfigError) as info:
         load_job_spec(path)
