@@ -22,7 +22,9 @@ from conftest import run_cli, wait_until
 from train_helpers import TINY_MODEL, assert_bitwise_equal, straight_run, trainer_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-STEPS = 150
+# Long enough (about 0.1 s a step) to outlast GraceTime after a notice: were a notice lost, as once in
+# about 70 preemptions here, SIGTERM at the end of the grace still stops the run before it finishes.
+STEPS = 300
 
 
 RESOURCES = {"nodes": 2, "gpus_per_node": 2, "mem": "2G", "time": "00:15:00", "account": "teama", "preemptible": True}

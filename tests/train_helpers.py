@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,8 +87,15 @@ def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.Complet
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", *args]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{first_failure(done.stderr)}"
     return done
+
+
+def first_failure(stderr: str) -> str:
+    """The lines of the rank torchrun reports as the first to fail (the others' errors follow from it)."""
+    found = re.search(r"failed \(exitcode: -?\d+\) local_rank: (\d+)", stderr)
+    own = [line for line in stderr.splitlines() if found and line.startswith(f"[rank{found[1]}]:")]
+    return "\n".join(own)[-6000:] if own else stderr[-6000:]
 
 
 def straight_run(spec: Path, steps: int, nproc: int = 4) -> None:
