@@ -80,24 +80,25 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
               for r, (_, target), d in zip(requests, targets, direct) if target.size and not d}
     pool = ThreadPoolExecutor(_READ_STREAMS, thread_name_prefix="hpctrain-ckpt-read")
     try:
-        reads: list[list[Any]] = []  # tensorstore or direct-read futures
+        # per request: {chunk index: its direct read, whose result is its checksum} or {None: tensorstore's read}
+        reads: list[dict[Any, Any]] = []
         for r, (aligned, target), d in zip(requests, targets, direct):
             if not target.size:
-                reads.append([])
+                reads.append({})
             elif d:
-                reads.append([pool.submit(_read_chunk, m, r.entry, index, run)
-                              for index, run in chunk_runs(r.entry.meta, aligned, target)])
+                reads.append({index: pool.submit(_read_chunk, m, r.entry, index, run)
+                              for index, run in chunk_runs(r.entry.meta, aligned, target)})
             else:
                 with _naming(m, r.entry):
                     source = stores[r.entry.name].result()[box_slices(aligned)]
-                    reads.append([ts.array(to_storage(target), copy=False, write=True).write(source)])
+                    reads.append({None: ts.array(to_storage(target), copy=False, write=True).write(source)})
         return [_finish(m, r, aligned, target, read) for r, (aligned, target), read in zip(requests, targets, reads)]
     finally:
         pool.shutdown(cancel_futures=True)
 
 
-def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: memoryview) -> None:
-    """Fill ``out`` from the start of the chunk's file."""
+def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: memoryview) -> int:
+    """Fill ``out`` from the start of the chunk's file; returns its checksum."""
     try:
         with open(_array_dir(m, entry) / chunk_key(index), "rb", buffering=0) as fh:
             done = 0
@@ -108,16 +109,16 @@ def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: me
                 done += n
     except OSError as exc:
         raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: {exc}") from exc
+    return checksum(out)  # while the bytes are fresh in the cache, on this thread
 
 
-def _finish(m: Manifest, r: _Request, aligned: Box, target: np.ndarray, reads: list[Any]) -> np.ndarray:
+def _finish(m: Manifest, r: _Request, aligned: Box, target: np.ndarray, reads: dict[Any, Any]) -> np.ndarray:
     """Wait for the request's reads, verify its chunks and return its box (in ``r.out`` if given)."""
-    for read in reads:
-        with _naming(m, r.entry):
-            read.result()
+    with _naming(m, r.entry):
+        crcs = {index: read.result() for index, read in reads.items()}
     for index in r.entry.meta.chunks_in(r.box):
-        box = r.entry.meta.chunk_box(index)
-        if checksum(target[box_slices(box, aligned[0])]) != r.entry.chunks[index].crc32c:
+        crc = crcs[index] if index in crcs else checksum(target[box_slices(r.entry.meta.chunk_box(index), aligned[0])])
+        if crc != r.entry.chunks[index].crc32c:
             raise CheckpointError(f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: "
                                   "checksum mismatch (data corrupt)")
     if target is r.out:

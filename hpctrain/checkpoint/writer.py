@@ -83,8 +83,8 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     chunks are contiguous runs of their data (``format.contiguous_chunks``) are written straight from it
     into their chunk files, a few at a time, keeping little of them in the page cache (see ``_write_chunk``;
     tensorstore's file writes keep it all, and write a temp file, rename it and fsync the directory for each
-    chunk). tensorstore writes the other pieces. All writes are issued before any is awaited; checksums are
-    computed meanwhile.
+    chunk); their checksums are computed by the writing threads. tensorstore writes the other pieces, checksummed
+    meanwhile on this thread. All writes are issued before any is awaited.
     """
     arrays = [(p, as_numpy(p.data)) for p in pieces]
     direct = [a.flags.c_contiguous and contiguous_chunks(p.meta, p.box) for p, a in arrays]
@@ -97,11 +97,13 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     pool = ThreadPoolExecutor(_WRITE_STREAMS, thread_name_prefix="hpctrain-ckpt-write")
     try:
         pending = [_start(root, p, a, d, store, pool) for (p, a), d, store in zip(arrays, direct, opened)]
-        for (p, a), futures in zip(arrays, pending):
+        for (p, a), (chunk_writes, other_writes) in zip(arrays, pending):
             indices = list(p.meta.chunks_in(p.box)) if a.size else []
-            crcs = [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices]  # while writing
             with _naming(p, root):
-                for future in futures:
+                # tensorstore's pieces are checksummed here while it writes them
+                crcs = ([future.result() for future in chunk_writes] if chunk_writes
+                        else [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices])
+                for future in other_writes:
                     future.result()
             record = records.setdefault(p.name, {**p.meta.to_json(), "chunks_written": []})
             record["chunks_written"] += [{"index": list(i), "crc32c": c} for i, c in zip(indices, crcs)]
@@ -112,24 +114,26 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _start(root: Path, piece: Piece, a: np.ndarray, direct: bool, store: Any, pool: ThreadPoolExecutor) -> list[Any]:
-    """Issue the piece's writes; returns their futures (tensorstore's or the pool's), the metadata's included."""
+def _start(root: Path, piece: Piece, a: np.ndarray, direct: bool, store: Any,
+           pool: ThreadPoolExecutor) -> tuple[list[Any], list[Any]]:
+    """Issue the piece's writes: (direct chunk writes, whose results are the chunks' checksums, in chunk
+    order; the other futures, tensorstore's, the metadata's included)."""
     if direct:
         array_dir = root / TENSORS / piece.name
         size = piece.meta.chunk_file_bytes
         chunks = [pool.submit(_write_chunk, array_dir / chunk_key(i), run, size)
                   for i, run in (chunk_runs(piece.meta, piece.box, a) if a.size else [])]
-        return chunks + ([store] if store is not None else [])
+        return chunks, [store] if store is not None else []
     if not a.size:
-        return [store]
+        return [], [store]
     with _naming(piece, root):
         region = store.result()[box_slices(piece.box)]
-        return [region.write(to_storage(a), can_reference_source_data_indefinitely=True)]
+        return [], [region.write(to_storage(a), can_reference_source_data_indefinitely=True)]
 
 
-def _write_chunk(path: Path, data: memoryview, size: int) -> None:
+def _write_chunk(path: Path, data: memoryview, size: int) -> int:
     """Write a chunk file as zarr stores it, durably: ``data``, padded to ``size`` bytes with the fill value
-    (zero bytes for every dtype, as is the hole that extending the file leaves).
+    (zero bytes for every dtype, as is the hole that extending the file leaves). Returns the data's checksum.
 
     The page cache keeps little of the file: block by block, writeback starts and what is on disk
     already is dropped, so new blocks reuse those pages. Fresh memory for a whole checkpoint's pages can
@@ -144,10 +148,12 @@ def _write_chunk(path: Path, data: memoryview, size: int) -> None:
             os.posix_fadvise(fd, 0, done, os.POSIX_FADV_DONTNEED)  # on Linux this starts writeback too
         if size > done:
             os.ftruncate(fd, size)
+        crc = checksum(data)  # while writeback runs
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+    return crc
 
 
 @contextmanager
