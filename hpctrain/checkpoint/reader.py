@@ -21,7 +21,7 @@ from hpctrain.errors import CheckpointError
 
 _VERIFY_BATCH = 512 << 20  # bytes read at once by verify()
 # Chunk files read at a time: page faults of new memory and copies from the page cache spread over
-# cores (checksums run meanwhile on the caller's thread), and a parallel file system sees several requests.
+# cores (each thread checksums what it read), and a parallel file system sees several requests.
 _READ_STREAMS = 4
 
 
