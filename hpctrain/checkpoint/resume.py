@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -12,6 +11,7 @@ from hpctrain.checkpoint.manifest import Manifest, NewerFormatError
 from hpctrain.checkpoint.naming import StepDir, list_dirs
 from hpctrain.checkpoint.reader import load, quick_check, verify
 from hpctrain.errors import CheckpointError
+from hpctrain.parallel.collective import all_reduce_int
 from hpctrain.ledger.journal import Journal
 
 log = logging.getLogger("hpctrain.checkpoint")
@@ -109,11 +109,4 @@ def load_latest(directory: str | Path, like: Any = None, *, rank: int = 0, to: s
 
 
 def _all_ranks_ok(ok: bool) -> bool:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
-        return ok
-    import torch
-
-    flag = torch.tensor([int(ok)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+    return bool(all_reduce_int(int(ok), "min"))

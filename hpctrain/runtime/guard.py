@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Callable
 
+from hpctrain.parallel.collective import all_reduce_int
+
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -62,16 +64,7 @@ class PreemptionGuard:
     def should_stop(self) -> bool:
         """Collective when torch.distributed is initialised: True on every rank once any rank got a signal
         (``signal`` then holds the highest signal number any rank got)."""
-        try:
-            import torch.distributed as dist
-        except ImportError:
-            return self.signal is not None
-        if dist.is_available() and dist.is_initialized():
-            import torch
-
-            flag = torch.tensor([self.signal or 0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            self.signal = int(flag.item()) or None
+        self.signal = all_reduce_int(self.signal or 0, "max") or None
         return self.signal is not None
 
     def cause(self) -> str:
