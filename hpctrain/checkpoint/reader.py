@@ -59,8 +59,10 @@ def check_files(m: Manifest, entry: TensorEntry, box: Box | None = None) -> None
                                   f"expected {entry.meta.chunk_file_bytes} (truncated or overwritten)")
 
 
-def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = False) -> list[np.ndarray]:
-    """Each request's box of its tensor; every chunk touched is read whole and checked against its CRC32C.
+def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = False) -> Iterator[np.ndarray]:
+    """Each request's box of its tensor, in order, each as soon as its chunks are read whole and checked
+    against their CRC32C, the reads of the later ones going on meanwhile (so that the caller can copy
+    one to a GPU while the next is read).
 
     New arrays are allocated by torch with ``torch_memory`` (see ``format.empty``). Chunks that are
     contiguous runs of their target are read from their files straight into it, in order (see
@@ -92,7 +94,8 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
                 with _naming(m, r.entry):
                     source = stores[r.entry.name].result()[box_slices(aligned)]
                     reads.append({None: ts.array(to_storage(target), copy=False, write=True).write(source)})
-        return [_finish(m, r, aligned, target, read) for r, (aligned, target), read in zip(requests, targets, reads)]
+        for r, (aligned, target), read in zip(requests, targets, reads):
+            yield _finish(m, r, aligned, target, read)
     finally:
         pool.shutdown(cancel_futures=True)
 
@@ -210,7 +213,12 @@ def verify(ckpt: str | Path) -> Manifest:
             batch.append(_Request(entry, entry.meta.chunk_box(index)))
             size += entry.meta.chunk_file_bytes
             if size >= _VERIFY_BATCH:
-                read_boxes(m, batch)
+                _drain(read_boxes(m, batch))
                 batch, size = [], 0
-    read_boxes(m, batch)
+    _drain(read_boxes(m, batch))
     return m
+
+
+def _drain(arrays: Iterator[np.ndarray]) -> None:
+    for _ in arrays:
+        pass
