@@ -104,8 +104,8 @@ class Checkpointer:
             rank_info = {"tree": skeleton, "cursor": cursor, "rng": capture_rng_state(),
                          "host": socket.gethostname(), "pid": os.getpid()}
             job = (step, tmp, rank_info, dict(metrics or {}), async_, time.monotonic())
-            if not async_:
-                return _done(self._write_and_commit(Snapshot(pieces), *job))
+            if not async_:  # accelerator tensors still go through the reused pinned buffers
+                return _done(self._write_and_commit(self._buffers.snapshot(pieces, "now", host=False), *job))
             self._snapshot = self._buffers.snapshot(pieces, copy)
             self._inflight = self._executor.submit(self._write_and_commit, self._snapshot, *job)
             return self._inflight

@@ -94,14 +94,17 @@ class HostBuffers:
         self._pool = ThreadPoolExecutor(max(2, min(8, os.cpu_count() or 2)), thread_name_prefix="hpctrain-ckpt-copy")
         self._streams: dict[Any, Any] = {}  # accelerator device -> its copy stream
 
-    def snapshot(self, pieces: list[Piece], copy: str) -> Snapshot:
-        """Start copying ``pieces`` as ``copy`` says (see the module docstring); with "now", return when done."""
+    def snapshot(self, pieces: list[Piece], copy: str, *, host: bool = True) -> Snapshot:
+        """Start copying ``pieces`` as ``copy`` says (see the module docstring); with "now", return when done.
+        Without ``host``, pieces already on the host are passed on as they are, not copied."""
         if copy == "none":
             return Snapshot(pieces, _handed_over=_Watched.of(pieces))
         old, self._buffers = self._buffers, {}  # buffers of tensors no longer saved are let go
         snap = Snapshot([], _copying=_Watched.of(pieces) if copy == "background" else [])
         for p in pieces:
-            if is_host(p.data):
+            if is_host(p.data) and not host:
+                buf = p.data
+            elif is_host(p.data):
                 buf = self._buffer(old, p, lambda: empty(tuple(p.data.shape), numpy_dtype(p.meta.dtype),
                                                          torch_memory=not isinstance(p.data, np.ndarray)))
                 blocks = _blocks(buf, as_numpy(p.data))
