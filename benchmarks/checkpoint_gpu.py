@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 
 from _figures import figure
-from checkpoint_io import evict, rotated, timed, torch_save
+from checkpoint_io import time_groups, time_table, torch_save
 from hpctrain.checkpoint import Checkpointer, Retention, load
 from hpctrain.checkpoint.naming import committed_name
 
@@ -69,28 +68,23 @@ def main() -> None:
     t: dict[str, list[float]] = {k: [] for k in ("hpctrain save", "torch.save", "hpctrain load", "torch.load",
                                                  "stall (copy now)", "stall (background copy)")}
     pt = work / "state.pt"
+    like = {k: torch.empty_like(v) for k, v in state.items()}
+    saves = ("now", "now", "background", "background")  # the async saves of each repeat
     try:
         ck = Checkpointer(work / "ck", retention=Retention(keep_last=1), journal=None)
-        like = {k: torch.empty_like(v) for k, v in state.items()}
-        step = 0
         for repeat in range(args.repeats):
-            step += 1
-            path = ck.directory / committed_name(step)
+            first = repeat * (1 + len(saves)) + 1  # this repeat's first step
+            path = ck.directory / committed_name(first)
             groups = {"torch": [("torch.save", None, lambda: torch_save(pt, state)),
                                 ("torch.load", pt, lambda: torch.load(pt, map_location="cuda", weights_only=True))],
-                      "hpctrain": [("hpctrain save", None, lambda: ck.save(step, state).result()),
+                      "hpctrain": [("hpctrain save", None, lambda: ck.save(first, state).result()),
                                    ("hpctrain load", path, lambda: load(path, like))]}
-            for _, cases in rotated(groups, repeat):
-                for name, files, fn in cases:
-                    if files is not None:
-                        evict(files)
-                    torch.cuda.synchronize()
-                    t[name].append(timed(lambda: (fn(), torch.cuda.synchronize())))
+            time_groups({k: [(name, files, lambda fn=fn: (fn(), torch.cuda.synchronize())) for name, files, fn in v]
+                         for k, v in groups.items()}, repeat, t, before=torch.cuda.synchronize)
             pt.unlink()
             with Checkpointer(ck.directory, retention=Retention(keep_last=1), journal=None) as saver:
-                for i, copy in enumerate(("now", "now", "background", "background")):
-                    step += 1
-                    stall = gpu_step(saver, step, state, args.step_s, copy)
+                for i, copy in enumerate(saves):
+                    stall = gpu_step(saver, first + 1 + i, state, args.step_s, copy)
                     saver.wait()
                     if i:  # the first save of a Checkpointer allocates its pinned buffers
                         t[f"stall ({'copy now' if copy == 'now' else 'background copy'})"].append(stall)
@@ -98,15 +92,11 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in t.items()}
-    best = {k: min(v) for k, v in t.items()}
     print(f"state on {torch.cuda.get_device_name()}: {args.tensors} fp32/bf16 tensors, {nbytes / 2**20:.0f} MiB; "
           f"{args.repeats} repeats; dir {args.dir}")
-    print(f"{'case':28} {'median s':>8} {'GB/s':>6}   {'best s':>8} {'GB/s':>6}")
-    for k in ("hpctrain save", "torch.save", "hpctrain load", "torch.load"):
-        print(f"{k:28} {med[k]:8.3f} {nbytes / med[k] / 1e9:6.2f}   {best[k]:8.3f} {nbytes / best[k] / 1e9:6.2f}")
+    med, best = time_table(t, ("hpctrain save", "torch.save", "hpctrain load", "torch.load"), nbytes)
     for k in ("stall (copy now)", "stall (background copy)"):
-        print(f"{k:28} {med[k]:8.3f} {'':6}   {best[k]:8.3f}")
+        print(f"{k:32} {med[k]:8.3f} {'':6}   {best[k]:8.3f}")
     for case, other in (("hpctrain save", "torch.save"), ("hpctrain load", "torch.load")):
         ratio = best[other] / best[case]
         print(f"{case} / {other} rate: median {med[other] / med[case]:.2f}x, best {ratio:.2f}x")

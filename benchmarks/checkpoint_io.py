@@ -132,6 +132,30 @@ def training_step(ck: Checkpointer, step: int, state: dict[str, torch.Tensor], c
     return blocked
 
 
+Case = tuple[str, Path | None, Callable[[], object]]  # name, files whose cached pages to evict, what to time
+
+
+def time_groups(groups: dict[str, list[Case]], repeat: int, t: dict[str, list[float]],
+                before: Callable[[], object]) -> None:
+    """Time every case into ``t``, the groups in an order rotated by ``repeat``, ``before`` run before each."""
+    for _, cases in rotated(groups, repeat):
+        for name, files, fn in cases:
+            if files is not None:
+                evict(files)
+            before()
+            t[name].append(timed(fn))
+
+
+def time_table(t: dict[str, list[float]], rated: tuple[str, ...], nbytes: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Print the median and best time and rate of the ``rated`` cases; returns the median and best of every case."""
+    med = {k: statistics.median(v) for k, v in t.items()}
+    best = {k: min(v) for k, v in t.items()}
+    print(f"{'case':32} {'median s':>8} {'GB/s':>6}   {'best s':>8} {'GB/s':>6}")
+    for k in rated:
+        print(f"{k:32} {med[k]:8.3f} {nbytes / med[k] / 1e9:6.2f}   {best[k]:8.3f} {nbytes / best[k] / 1e9:6.2f}")
+    return med, best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=1024, help="state size in MiB (default 1024)")
@@ -170,12 +194,7 @@ def main() -> None:
                 "hpctrain": [("hpctrain save", None, lambda: ck.save(step, state).result()),
                              ("hpctrain load", path, lambda: load(path)),
                              ("hpctrain load (in place)", path, lambda: load(path, like))]}
-            for _, cases in rotated(groups, repeat):
-                for name, files, fn in cases:
-                    if files is not None:
-                        evict(files)
-                    recycle_memory(2 * nbytes)
-                    t[name].append(timed(fn))
+            time_groups(groups, repeat, t, before=lambda: recycle_memory(2 * nbytes))
             raw.unlink()
             pt.unlink()
 
@@ -196,14 +215,10 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    med = {k: statistics.median(v) for k, v in t.items()}
-    best = {k: min(v) for k, v in t.items()}
     print(f"state: {args.tensors} fp32 tensors, {nbytes / 2**20:.0f} MiB; {args.repeats} repeats; dir {args.dir}; "
           f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after")
-    print(f"{'case':32} {'median s':>8} {'GB/s':>6}   {'best s':>8} {'GB/s':>6}")
-    for k in ("raw write", "raw write (streamed)", "torch.save", "hpctrain save", "raw read", "torch.load", "hpctrain load",
-              "hpctrain load (in place)"):
-        print(f"{k:32} {med[k]:8.3f} {nbytes / med[k] / 1e9:6.2f}   {best[k]:8.3f} {nbytes / best[k] / 1e9:6.2f}")
+    med, best = time_table(t, ("raw write", "raw write (streamed)", "torch.save", "hpctrain save", "raw read", "torch.load",
+                               "hpctrain load", "hpctrain load (in place)"), nbytes)
     for k, label in (("async stall (first)", "async stall, first save"),
                      ("async stall", "async stall, 2nd and later saves"),
                      ("async stall (background copy)", "async stall, copy in background"),
