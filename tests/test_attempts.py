@@ -132,6 +132,18 @@ def test_trainer_requeue_makes_the_batch_script_end_quiet(job, tmp_path, monkeyp
     assert [r["kind"] for _, r in journal.records()] == ["attempt_start", "requeue"]
 
 
+def test_a_notice_that_came_after_the_trainers_last_step_requeues_nothing(job, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    attempt("start")
+    commit(job, 150)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    journal.write("finished", step=150)
+    monkeypatch.delenv("SLURM_JOB_ID")
+    end = attempt("end", "--exit-code", "0", "--signal", "USR2", attempt_no="0")
+    assert end.returncode == 0 and end.stderr == ""
+    assert [(r["cause"], r["requeued"]) for _, r in journal.records(kinds=["attempt_end"])] == [("completed", False)]
+
+
 def test_attempt_records_and_sacct_meet_in_the_ledger(job, tmp_path, monkeypatch):
     journal = Journal(tmp_path / "journal")
     attempt("start")

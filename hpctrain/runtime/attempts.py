@@ -96,9 +96,9 @@ def checkpoint_dir(spec: dict[str, Any], task_index: int) -> Path | None:
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
     """This task's runs by number, from what its batch script (attempt_start/attempt_end) and trainer
-    (requeue) journaled; a run that wrote nothing is missing."""
+    (requeue, finished) journaled; a run that wrote nothing is missing."""
     runs: dict[int, Outcome] = {}
-    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue")):
+    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue", "finished")):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
             continue
         run = runs.setdefault(rec["attempt"], Outcome(None))
@@ -106,6 +106,8 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.step_start = rec.get("step")
         elif rec["kind"] == "attempt_end":
             run.cause, run.step_end = rec.get("cause"), rec.get("step_end")
+        elif run.cause is None and rec["kind"] == "finished":  # the trainer ran its last step
+            run.cause = "completed"
         elif run.cause is None:  # the trainer's checkpoint-and-requeue
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None

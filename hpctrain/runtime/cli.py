@@ -76,9 +76,12 @@ def end(exit_code: int, signal_name: str | None) -> None:
     number = run_number(os.environ)
     runs = journal_outcomes(journal, task)
     this = runs.setdefault(number, Outcome(None))
-    if this.cause is not None:
+    if this.cause not in (None, "completed"):
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
-    this.cause, requeued_by_slurm = _cause(exit_code, signal_name)
+    if this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
+        requeued_by_slurm = False
+    else:
+        this.cause, requeued_by_slurm = _cause(exit_code, signal_name)
     this.step_end = latest_committed_step(checkpoint_dir(spec, task))
     go, why = decide([o for n, o in runs.items() if n <= number], **_policy(spec))
     if go and requeued_by_slurm:

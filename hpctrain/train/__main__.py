@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
         if checkpoints:
             checkpoints.close()
+        journal = Journal.from_env()
+        if journal is not None and engine.global_rank == 0:  # so that a stop notice that came too late requeues nothing
+            journal.write("finished", step=args.steps, message=f"trained to step {args.steps}")
     finally:
         # Shuts the loader's workers down the orderly way: they ignore SIGTERM (preemption notices are
         # the trainer's), so the interpreter's exit-time terminate() could not stop them.
