@@ -60,6 +60,9 @@ def test_signal_requeue_and_never_usr1(site):
     assert "#SBATCH --requeue" in lines and "#SBATCH --open-mode=append" in lines
     assert "USR1" not in script
     assert "trap 'forward USR2' USR2" in script and "trap 'forward TERM' TERM" in script
+    # srun answers a TERM with SIGKILL for its tasks: it is passed the notice instead; a direct command the signal
+    assert "\nnotice=USR2\n" in script
+    assert "\nnotice=\n" in render_script(spec(launcher="none"), site, PLACEMENT, FILES, "1")
 
 
 def test_gres_syntax_with_gpu_type():

@@ -1,5 +1,6 @@
 """Requeue policy on the dev cluster: the cap on runs without progress, runs that die without a word
-(requeued by reconcile), and preemption of one array task (only that task is requeued)."""
+(requeued by reconcile), preemption of one array task (only that task is requeued), a stop signal sent
+to the batch shell alone, and a cancel (never requeued)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,25 @@ def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated
         (preempted, "preemption", 1)
     for t in (0, 1):  # each task ran its 150 steps exactly once across its runs
         assert json.loads((tmp_path / f"state-{t}").read_text()) == {"step": 150, "total": 150 * 151 // 2}
+
+
+def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_notice(dev_cluster, isolated_ledger,
+                                                                                      tmp_path):
+    """scancel --batch --signal=TERM: the shell passes USR2 on to srun (which answers a TERM by SIGKILLing its
+    tasks); the loop saves its state at once, and the requeued run finishes it, every step exactly once."""
+    loop = REPO / "scripts" / "examples" / "guarded_loop.py"
+    state = tmp_path / "state"
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "termed", "command": [sys.executable, str(loop), str(state), "150"],
+                              "resources": SMALL})
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
+        time.sleep(3)  # srun has started the loop, which handles the stop signals
+        SlurmClient.for_site(load_site("dev")).scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
+        saved = wait_until(lambda: state.exists() and json.loads(state.read_text()), 20, 0.2, "the state saved on TERM")
+        assert 0 < saved["step"] < 150
+        assert finish(ledger, job["id"], timeout=240) == "COMPLETED"
+    assert json.loads(state.read_text()) == {"step": 150, "total": 150 * 151 // 2}
 
 
 def test_a_cancelled_job_is_not_requeued(dev_cluster, isolated_ledger, tmp_path):

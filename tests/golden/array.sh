@@ -38,14 +38,17 @@ HPCTRAIN_PARAMS=$(sed -n "$((HPCTRAIN_PARAM_INDEX + 1))p" /shared/logs/job-42/pa
 export HPCTRAIN_PARAMS
 set +e
 
-# The --signal notice (USR2) reaches only this shell, and sites without preempt_send_user_signal
-# send SIGTERM alone: forward both (and HUP) to the job step so training can checkpoint.
+# The --signal notice (USR2) reaches only this shell, and a stop signal may be sent to it alone
+# (scancel --batch): pass every one on to the job step so training can checkpoint. Under srun it goes
+# on as USR2, the notice: srun answers SIGTERM and SIGHUP by SIGKILLing its tasks. (Preemption,
+# time limits and scancel signal the step's tasks themselves as well.)
 step_pid=
 stop_signal=
+notice=
 forward() {
-  echo "hpctrain: batch shell got SIG$1 at $(date +%s); forwarding to the job step" >&2
+  echo "hpctrain: batch shell got SIG$1 at $(date +%s); passing SIG${notice:-$1} to the job step" >&2
   stop_signal=$1
-  [ -n "$step_pid" ] && kill -s "$1" "$step_pid" 2>/dev/null
+  [ -n "$step_pid" ] && kill -s "${notice:-$1}" "$step_pid" 2>/dev/null
 }
 trap 'forward USR2' USR2
 trap 'forward TERM' TERM
@@ -63,7 +66,7 @@ esac
 bash -c 'echo "task $SLURM_ARRAY_TASK_ID param $HPCTRAIN_PARAM_INDEX $HPCTRAIN_PARAMS"' &
 step_pid=$!
 # A notice that came before the step existed is passed on now.
-[ -n "$stop_signal" ] && kill -s "$stop_signal" "$step_pid" 2>/dev/null
+[ -n "$stop_signal" ] && kill -s "${notice:-$stop_signal}" "$step_pid" 2>/dev/null
 # wait returns early whenever a trapped signal arrives: keep waiting until the step has exited.
 while :; do
   wait "$step_pid"
