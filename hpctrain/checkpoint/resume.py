@@ -11,8 +11,8 @@ from hpctrain.checkpoint.manifest import Manifest, NewerFormatError
 from hpctrain.checkpoint.naming import StepDir, list_dirs
 from hpctrain.checkpoint.reader import load, quick_check, verify
 from hpctrain.errors import CheckpointError
-from hpctrain.parallel.collective import all_reduce_int
 from hpctrain.ledger.journal import Journal
+from hpctrain.parallel.collective import all_reduce_int
 
 log = logging.getLogger("hpctrain.checkpoint")
 

@@ -12,7 +12,7 @@ def all_reduce_int(value: int, op: Literal["max", "min"]) -> int:
     NCCL reduces only GPU tensors, on the device the rank set as current; gloo only host tensors.
     """
     dist = sys.modules.get("torch.distributed")  # not imported: not initialised either
-    if dist is None or not dist.is_available() or not dist.is_initialized() or dist.get_world_size() == 1:
+    if dist is None or not dist.is_available() or not dist.is_initialized():
         return value
     import torch
 
