@@ -24,6 +24,29 @@ def test_signals_set_the_stop_flag_and_cause_follows_the_job_state(monkeypatch):
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
 
 
+def test_a_stop_the_batch_shell_wrote_down_is_taken_by_rank_0_at_start_or_at_a_step(tmp_path, monkeypatch):
+    notice = tmp_path / "notice-77.0"
+    monkeypatch.setenv("HPCTRAIN_NOTICE_FILE", str(notice))
+    monkeypatch.setenv("RANK", "0")
+    notice.write_text("TERM\n")  # before the guard existed (srun had not started the task yet)
+    guard = PreemptionGuard()
+    try:
+        assert guard.should_stop() and guard.signal == signal.SIGTERM
+    finally:
+        guard.uninstall()
+    notice.unlink()
+    for rank, stops in (("0", True), ("1", False)):  # one rank looks; the all-reduce tells the others
+        monkeypatch.setenv("RANK", rank)
+        guard = PreemptionGuard()
+        try:
+            assert not guard.should_stop()
+            notice.write_text("USR2\n")
+            assert guard.should_stop() is stops and guard.signal == (signal.SIGUSR2 if stops else None)
+        finally:
+            guard.uninstall()
+            notice.unlink()
+
+
 def test_cancel_is_told_from_preemption_by_the_job_state():
     far = time.time() + 3600
     # scancel: SIGTERM while the job is completing and Slurm has not requeued it.

@@ -4,6 +4,10 @@ USR2 is the sbatch notice (`--signal=B:USR2@lead`, forwarded by hpctrain's batch
 is what preemption sends on sites without user signals, SIGHUP covers a lost session. USR1 is
 never used: NCCL takes it. Every rank calls `should_stop()` after each step; one all-reduce of a
 single flag makes all of them stop at the same step, as Megatron does.
+
+The batch script also writes each stop signal it gets to ``$HPCTRAIN_NOTICE_FILE``, which rank 0
+looks at: srun drops a signal that comes before it has started its tasks, and a task gets none
+before its guard exists.
 """
 
 from __future__ import annotations
@@ -12,12 +16,20 @@ import os
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
-from typing import Callable
+from typing import Callable, Mapping
 
 from hpctrain.parallel.collective import all_reduce_int
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+NOTICE_FILE_ENV = "HPCTRAIN_NOTICE_FILE"
+
+
+def notice_file(env: Mapping[str, str] = os.environ) -> Path | None:
+    """Where the batch script writes down the stop signals it gets, on the one rank that looks (rank 0)."""
+    path, rank = env.get(NOTICE_FILE_ENV), env.get("RANK", env.get("SLURM_PROCID", "0"))
+    return Path(path) if path and rank == "0" else None
 
 
 def timeout_margin_s(env: "os._Environ[str] | dict[str, str]" = os.environ) -> float:
@@ -55,15 +67,28 @@ class PreemptionGuard:
         self.job_now, self.timeout_margin_s = job_now, timeout_margin_s
         self.signal: int | None = None
         self.received_at: float | None = None
+        self.notice_file = notice_file()
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        self._read_notice()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is None:
             self.signal, self.received_at = signum, time.time()
 
+    def _read_notice(self) -> None:
+        """Take a stop signal the batch shell wrote down (one a signal may never have brought here)."""
+        if self.signal is not None or self.notice_file is None:
+            return
+        try:
+            name, at = self.notice_file.read_text().strip(), self.notice_file.stat().st_mtime
+        except OSError:  # none yet (the usual case)
+            return
+        self.signal, self.received_at = getattr(signal, f"SIG{name}", signal.SIGUSR2), at
+
     def should_stop(self) -> bool:
         """Collective when torch.distributed is initialised: True on every rank once any rank got a signal
         (``signal`` then holds the highest signal number any rank got)."""
+        self._read_notice()
         self.signal = all_reduce_int(self.signal or 0, "max") or None
         return self.signal is not None
 

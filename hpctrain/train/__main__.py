@@ -72,7 +72,8 @@ def gpu_metrics() -> dict[str, float]:
 
 
 def preemption_guard(rank: int) -> Any:
-    """Installed before the data loader forks its workers, so they inherit the handlers instead of dying."""
+    """Installed before the data loader forks its workers, so they inherit the handlers instead of dying;
+    on ``rank`` 0 it asks Slurm for the job's state when a stop comes."""
     from hpctrain.runtime import PreemptionGuard, job_now
     from hpctrain.runtime.guard import timeout_margin_s
     from hpctrain.slurm import SlurmClient
@@ -84,6 +85,8 @@ def preemption_guard(rank: int) -> Any:
 def main(argv: list[str] | None = None) -> int:
     times = {"main": time.time()}  # start-up milestones, journaled after the first step
     args = parse_args(argv)
+    # First of all: a notice during the seconds of start-up is then kept rather than fatal (USR2's default)
+    guard = preemption_guard(int(os.environ.get("RANK", 0)))
     try:
         spec = load_job_spec(args.spec)
         if os.environ.get("HPCTRAIN_PARAMS"):  # an array task's (a sweep trial's) parameters
@@ -114,7 +117,6 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader)
         start = checkpoints.resume() if checkpoints else 0
         times["loaded"] = time.time()
-        guard = preemption_guard(engine.global_rank)
     except HpctrainError as exc:
         print(f"hpctrain.train: error: {exc}", file=sys.stderr)
         return 2

@@ -38,12 +38,16 @@ set +e
 # (scancel --batch): pass every one on to the job step so training can checkpoint. Under srun it goes
 # on as USR2, the notice: srun answers SIGTERM and SIGHUP by SIGKILLing its tasks. (Preemption,
 # time limits and scancel signal the step's tasks themselves as well.)
+# Each stop signal is also written down for the trainer's guard (hpctrain.runtime.PreemptionGuard):
+# srun drops one that comes before it has started its tasks.
+export HPCTRAIN_NOTICE_FILE="$HPCTRAIN_JOB_DIR/notice-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"
 step_pid=
 stop_signal=
 notice=
 forward() {
   echo "hpctrain: batch shell got SIG$1 at $(date +%s); passing SIG${notice:-$1} to the job step" >&2
   stop_signal=$1
+  echo "$1" > "$HPCTRAIN_NOTICE_FILE" 2>/dev/null
   [ -n "$step_pid" ] && kill -s "${notice:-$1}" "$step_pid" 2>/dev/null
 }
 trap 'forward USR2' USR2
