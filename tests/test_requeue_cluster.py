@@ -123,6 +123,8 @@ def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_n
         SlurmClient.for_site(load_site("dev")).scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
         saved = wait_until(lambda: state.exists() and json.loads(state.read_text()), 20, 0.2, "the state saved on TERM")
         assert 0 < saved["step"] < 150
+        notice = Path(job["job_dir"]) / f"notice-{job['slurm_job_id']}.0"  # for a guard the signal missed
+        assert notice.read_text().strip() == "TERM"
         assert finish(ledger, job["id"], timeout=240) == "COMPLETED"
     assert json.loads(state.read_text()) == {"step": 150, "total": 150 * 151 // 2}
 

@@ -6,8 +6,8 @@ never used: NCCL takes it. Every rank calls `should_stop()` after each step; one
 single flag makes all of them stop at the same step, as Megatron does.
 
 The batch script also writes each stop signal it gets to ``$HPCTRAIN_NOTICE_FILE``, which rank 0
-looks at: srun drops a signal that comes before it has started its tasks, and a task gets none
-before its guard exists.
+looks at: a signal that reaches srun before it has started its tasks can be lost, and one that
+reaches a task before its guard exists would end it.
 """
 
 from __future__ import annotations

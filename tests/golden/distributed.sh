@@ -37,7 +37,7 @@ set +e
 # on as USR2, the notice: srun answers SIGTERM and SIGHUP by SIGKILLing its tasks. (Preemption,
 # time limits and scancel signal the step's tasks themselves as well.)
 # Each stop signal is also written down for the trainer's guard (hpctrain.runtime.PreemptionGuard):
-# srun drops one that comes before it has started its tasks.
+# one that reaches srun before it has started its tasks can be lost.
 export HPCTRAIN_NOTICE_FILE="$HPCTRAIN_JOB_DIR/notice-$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}"
 step_pid=
 stop_signal=
