@@ -130,8 +130,11 @@ class Checkpointer:
                           metrics: dict[str, float], async_: bool, started: float) -> Path | None:
         with self._announcing_failure(tmp):
             tmp.mkdir(parents=True, exist_ok=True)
-            tensors = write_pieces(tmp, snapshot.copied())
-            snapshot.written()
+            try:
+                tensors = write_pieces(tmp, snapshot.copied())
+                snapshot.written()
+            finally:  # so that no tensor of this save is held once wait() returns
+                snapshot.release()
             write_fragment(tmp, self.rank, {**rank_info, "tensors": tensors}, mode=self.mode)
         if not self.is_committer:
             return None

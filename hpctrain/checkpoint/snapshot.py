@@ -85,6 +85,10 @@ class Snapshot:
         """Raises if a tensor handed over (``copy="none"``) changed while it was being written."""
         _check_unchanged(self._handed_over, "an async save (copy='none') was writing it")
 
+    def release(self) -> None:
+        """Let go of the tensors, sources and copies, once written: the save's thread and future outlive them."""
+        self.pieces, self._copying, self._handed_over = [], [], []
+
 
 class HostBuffers:
     """Host copies of the pieces of async saves, reused from save to save (fresh memory costs page faults)."""

@@ -41,35 +41,37 @@ def flatten(tree: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
     if not isinstance(tree, Mapping):
         raise CheckpointError(f"checkpoint state must be a mapping, not {type(tree).__name__}")
     leaves: dict[str, Any] = {}
+    return leaves, _walk(tree, (), leaves)
 
-    def walk(node: Any, path: tuple[str, ...]) -> Any:
-        name = "/".join(path)
-        if isinstance(node, Shard):
-            leaves[name] = node
-            return {"leaf": "shard", "path": name, "offset": list(node.offset), "shape": list(node.data.shape)}
-        if is_tensor(node):
-            leaves[name] = node
-            return {"leaf": "tensor", "path": name}
-        if isinstance(node, Mapping):
-            items = []
-            for key, child in node.items():
-                if isinstance(key, bool) or not isinstance(key, (str, int)) or not _COMPONENT.match(str(key)):
-                    raise CheckpointError(f"state key {key!r} at {name or '<root>'!r}: use str or int keys of "
-                                          "letters, digits and _.+=,@- (not starting with '.')")
-                items.append([key, walk(child, (*path, str(key)))])
-            return {"dict": items}
-        if isinstance(node, (list, tuple)):
-            kind = "tuple" if isinstance(node, tuple) else "list"
-            return {kind: [walk(child, (*path, str(i))) for i, child in enumerate(node)]}
-        value = node.item() if isinstance(node, np.generic) else node
-        if not isinstance(value, _SCALARS):
-            raise CheckpointError(f"state value at {name!r} has type {type(node).__name__}: "
-                                  "only tensors, Shards, dicts, lists, tuples and JSON scalars can be saved")
-        leaves[name] = value
-        return {"leaf": "value", "path": name, "value": value}
 
-    skeleton = walk(tree, ())
-    return leaves, skeleton
+# A module-level function, not a closure: a nested function that calls itself is a reference cycle
+# (function -> its cell -> function) that would keep ``leaves``, a whole state's tensors, alive until
+# the cyclic garbage collector runs, which may be never once the cycle reaches the oldest generation.
+def _walk(node: Any, path: tuple[str, ...], leaves: dict[str, Any]) -> Any:
+    name = "/".join(path)
+    if isinstance(node, Shard):
+        leaves[name] = node
+        return {"leaf": "shard", "path": name, "offset": list(node.offset), "shape": list(node.data.shape)}
+    if is_tensor(node):
+        leaves[name] = node
+        return {"leaf": "tensor", "path": name}
+    if isinstance(node, Mapping):
+        items = []
+        for key, child in node.items():
+            if isinstance(key, bool) or not isinstance(key, (str, int)) or not _COMPONENT.match(str(key)):
+                raise CheckpointError(f"state key {key!r} at {name or '<root>'!r}: use str or int keys of "
+                                      "letters, digits and _.+=,@- (not starting with '.')")
+            items.append([key, _walk(child, (*path, str(key)), leaves)])
+        return {"dict": items}
+    if isinstance(node, (list, tuple)):
+        kind = "tuple" if isinstance(node, tuple) else "list"
+        return {kind: [_walk(child, (*path, str(i)), leaves) for i, child in enumerate(node)]}
+    value = node.item() if isinstance(node, np.generic) else node
+    if not isinstance(value, _SCALARS):
+        raise CheckpointError(f"state value at {name!r} has type {type(node).__name__}: "
+                              "only tensors, Shards, dicts, lists, tuples and JSON scalars can be saved")
+    leaves[name] = value
+    return {"leaf": "value", "path": name, "value": value}
 
 
 def unflatten(skeleton: Any, leaf: Callable[[dict[str, Any]], Any]) -> Any:
