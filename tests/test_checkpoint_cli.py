@@ -51,6 +51,15 @@ def test_verify_a_checkpoint_and_a_directory(ckdir):
     assert isinstance(res.exception, CheckpointError) and "tensor 'model/w' chunk c/0/0" in str(res.exception)
 
 
+@pytest.mark.parametrize("kind, what", [("tmp", "an unfinished save"), ("trash", "a checkpoint being deleted")])
+def test_verify_refuses_a_directory_that_is_not_committed_even_with_a_manifest(ckdir, kind, what):
+    staged = ckdir / f"step_00000002.{kind}-a1.3"
+    (ckdir / "step_00000002").rename(staged)  # as a save that wrote its manifest but was not renamed yet
+    res = run("verify", staged)
+    assert isinstance(res.exception, CheckpointError) and "ok" not in res.output
+    assert str(res.exception) == f"{staged}: {what} of step 2, not a checkpoint (resume never reads it)"
+
+
 def test_inspect_shows_tensors_layout_and_cursor(ckdir):
     res = run("inspect", ckdir / "step_00000002")
     assert res.exit_code == 0, res.output

@@ -80,13 +80,17 @@ def verify(path: Path) -> None:
     from hpctrain.ledger.journal import Journal
 
     journal = Journal.from_env()
-    if (path / MANIFEST).exists() or parse(path):
+    named = parse(path)
+    if named and named.kind != "committed":  # a manifest in it does not make it one: the rename does
+        what = "an unfinished save" if named.kind == "tmp" else "a checkpoint being deleted"
+        raise CheckpointError(f"{path}: {what} of step {named.step}, not a checkpoint (resume never reads it)")
+    if (path / MANIFEST).exists() or named:
         try:
             m = verify_one(path)
         except NewerFormatError:  # not corrupt: nothing to journal
             raise
         except CheckpointError as exc:
-            record_corrupt(path, getattr(parse(path), "step", -1), str(exc), journal)
+            record_corrupt(path, getattr(named, "step", -1), str(exc), journal)
             raise
         chunks = sum(len(e.chunks) for e in m.tensors.values())
         click.echo(f"ok: {path} (step {m.step}): {len(m.tensors)} tensors, {chunks} chunks, "
