@@ -8,9 +8,23 @@ from hpctrain.launch.launcher import launch_env, srun_argv
 from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
 
 
+# every form `scontrol show hostnames` accepts (tests/test_launch_cluster.py compares the two)
+HOSTLISTS = ["n[1-3,7],gpu[08-10],login1", "rack[1-2]-n[01-02]", "r[1,3]c[2-3]s[9-10],x1", "a[1-2]b[3-4]c[5-6]d[7-8]",
+             "n[098-101]", "n[01-2]", "n[1-02]", "n[9-10]", "login1,login2", "gpu[7]", "a1-ib[2-3]"]
+
+
 def test_hostlist_expansion():
     assert expand_hostlist("n[1-3,7],gpu[08-10],login1") == ["n1", "n2", "n3", "n7", "gpu08", "gpu09", "gpu10", "login1"]
     assert expand_hostlist("a1-ib[2-3]x") == ["a1-ib2x", "a1-ib3x"]
+    assert expand_hostlist("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
+    assert expand_hostlist("n[098-101]") == ["n098", "n099", "n100", "n101"]
+    assert expand_hostlist("a[1-2]b[3-4]c[5-6]")[:5] == ["a1b3c5", "a1b3c6", "a2b3c5", "a2b3c6", "a1b4c5"]
+
+
+@pytest.mark.parametrize("bad", ["n[1-3", "n1-3]", "n[a-b]", "n[5-3]"])
+def test_a_hostlist_that_cannot_be_read_is_named(bad):
+    with pytest.raises(HpctrainError, match="hostlist"):
+        expand_hostlist(bad)
 
 
 def test_tasks_per_node_run_length_form():

@@ -59,3 +59,14 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
             assert data["network_env"] == {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
             spans.append(data["master_port"])
         assert len(ports) == 2 and set(spans) == ports
+
+
+def test_hostlists_expand_as_slurm_expands_them(dev_cluster):
+    import subprocess
+
+    from hpctrain.launch.rendezvous import expand_hostlist
+    from test_launch import HOSTLISTS
+
+    for expr in HOSTLISTS:
+        slurm = subprocess.run(["scontrol", "show", "hostnames", expr], capture_output=True, text=True, check=True)
+        assert expand_hostlist(expr) == slurm.stdout.split(), expr

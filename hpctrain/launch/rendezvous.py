@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import socket
 from typing import Callable, Mapping
@@ -10,19 +11,47 @@ from hpctrain.errors import HpctrainError
 
 
 def expand_hostlist(expr: str) -> list[str]:
-    """'n[1-3,7],gpu[01-02]' -> ['n1', 'n2', 'n3', 'n7', 'gpu01', 'gpu02'] (zero padding kept)."""
+    """Host names of a Slurm hostlist, in the order `scontrol show hostnames` gives them.
+
+    Comma-separated items; in each, every bracket holds numbers and ranges (zero padding as the lower
+    bound's). With several brackets Slurm varies the last fastest, then the first, the second, ...:
+    'rack[1-2]-n[01-02]' -> rack1-n01, rack1-n02, rack2-n01, rack2-n02; 'a[1-2]b[3-4]c[5-6]' -> a1b3c5,
+    a1b3c6, a2b3c5, a2b3c6, a1b4c5, ...
+    """
     hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", expr):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                hosts.append(f"{prefix}{i:0{len(lo)}d}{suffix}")
+    for item in _items(expr):
+        parts = re.split(r"\[([^\]]*)\]", item)  # text, bracket, text, ..., text (brackets balanced)
+        texts, brackets = parts[::2], [_numbers(p, expr) for p in parts[1::2]]
+        order = [*range(len(brackets) - 2, -1, -1), len(brackets) - 1] if brackets else []
+        for picked in itertools.product(*(brackets[b] for b in order)):
+            numbers = dict(zip(order, picked))
+            hosts.append("".join(t + numbers.get(i, "") for i, t in enumerate(texts)))
     return hosts
+
+
+def _items(expr: str) -> list[str]:
+    """The comma-separated items of a hostlist, commas inside brackets left alone."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(expr + ","):
+        depth += {"[": 1, "]": -1}.get(c, 0)
+        if depth not in (0, 1):
+            break
+        if c == "," and depth == 0:
+            items.append(expr[start:i].strip())
+            start = i + 1
+    if depth != 0:
+        raise HpctrainError(f"hostlist {expr!r}: unbalanced brackets")
+    return [item for item in items if item]
+
+
+def _numbers(ranges: str, expr: str) -> list[str]:
+    numbers = []
+    for r in ranges.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", r)
+        if not m or int(m[2] or m[1]) < int(m[1]):
+            raise HpctrainError(f"hostlist {expr!r}: cannot read the range {r!r}")
+        numbers += [f"{i:0{len(m[1])}d}" for i in range(int(m[1]), int(m[2] or m[1]) + 1)]
+    return numbers
 
 
 def tasks_on_node(tasks_per_node: str, node_index: int) -> int:
