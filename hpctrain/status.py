@@ -96,14 +96,20 @@ class TaskHistory:
 
 
 def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
-    """sacct rows -> {base job id: {task index (-1: not an array): history}}."""
+    """sacct rows -> {base job id: {task index (-1: not an array): history}}.
+
+    A pending-range row (``2_[6-11%3]``) stands for tasks that have not started; a task with a row of its
+    own is left out of it: sacct can list a throttled array's task in both for a while after it starts.
+    """
     out: dict[str, dict[int, TaskHistory]] = {}
+    own = {m.groups() for m in map(_JOBID.match, (row["JobID"] for row in rows)) if m and m[2] and m[2][0] != "["}
     for row in rows:
         m = _JOBID.match(row["JobID"])
         if not m:
             continue  # a step such as 12.batch
         base, task = m.groups()
-        tasks = [-1] if task is None else (expand_task_range(task) if task.startswith("[") else [int(task)])
+        tasks = [-1] if task is None else (
+            [t for t in expand_task_range(task) if (base, str(t)) not in own] if task.startswith("[") else [int(task)])
         gpus = _GPUS.search(row.get("AllocTRES", ""))
         attempt = Attempt(
             normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
@@ -177,6 +183,10 @@ class Poller:
                      "reason": a.reason, "elapsed_s": a.elapsed_s},
                     pk=("job_id", "task_index", "attempt"),
                 )
+            if attempts_known:  # runs sacct once listed and no longer does (a throttled array's task seen twice)
+                db.execute("DELETE FROM attempts WHERE job_id = ? AND task_index = ? AND attempt >= ? "
+                           "AND state = 'PENDING' AND started_at IS NULL AND step_start IS NULL AND cause IS NULL",
+                           [job["id"], index, base + len(history.attempts)])
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
             # not list yet: still requeued, not finished.
             history.requeued_by_us = attempts_known and requeued_upto.get(index, -1) >= base + history.restarts

@@ -27,6 +27,22 @@ def test_histories_group_attempts_and_expand_pending_ranges():
     assert h["9"][-1].state == "CANCELLED"
 
 
+# A throttled array (%3) recorded mid-run: task 6 has started and is still in the pending-range row too.
+THROTTLED = """\
+JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason
+2_[6-11%3]|PENDING|0:0|2026-11-22T03:33:36|Unknown|Unknown|None assigned||JobArrayTaskLimit
+2_5|COMPLETED|0:0|2026-11-22T03:33:36|2026-11-22T03:33:40|2026-11-22T03:33:44|n2|billing=1,cpu=1,mem=1G,node=1|None
+2_6|RUNNING|0:0|2026-11-22T03:33:36|2026-11-22T03:33:45|Unknown|n1|billing=1,cpu=1,mem=1G,node=1|None
+"""
+
+
+def test_a_started_task_still_listed_in_the_pending_range_is_one_run():
+    h = histories(parse_parsable_with_header(THROTTLED))["2"]
+    assert sorted(h) == [5, 6, 7, 8, 9, 10, 11]
+    assert [a.state for a in h[6].attempts] == ["RUNNING"] and h[6].restarts == 0 and h[6].state == "RUNNING"
+    assert [a.state for a in h[7].attempts] == ["PENDING"]
+
+
 def test_preempted_is_requeued_only_for_requeueable_jobs():
     h = histories(parse_parsable_with_header(RECORDED))["7"][-1]
     assert h.state == "REQUEUED" and h.attempts[0].gpus == 12

@@ -72,11 +72,26 @@ def test_specs_run_and_secrets_stay_out(dev_cluster, isolated_ledger, slurm_call
     assert not any(b"tok-5f0e1d2c" in p.read_bytes() for p in isolated_ledger.parent.glob("ledger.db*"))
 
 
-def test_throttle_holds(dev_cluster, isolated_ledger):
+def test_throttle_holds_and_status_counts_each_task_once(dev_cluster, isolated_ledger):
     sub = submit_spec({"name": "throttle", "command": ["sleep", "2"], "launcher": "none",
                        "resources": {"mem": "100M", "time": "5"}, "array": {"count": 20, "throttle": 3}},
                       isolated_ledger)
-    wait_finished(isolated_ledger, 180)
+    restarts = set()
+    with Ledger(isolated_ledger) as ledger:
+        poller = Poller(ledger, SlurmClient.for_site(load_site("dev")), "dev")
+
+        def done():
+            poller.refresh()
+            restarts.update(r["restarts"] for r in ledger.rows("array_tasks"))
+            return ledger.rows("jobs")[0]["state"] in TERMINAL
+
+        wait_until(done, 180, 0.5, "the array to finish")
+        # sacct lists a started task in the pending-range row too, for a while: never a second run
+        assert restarts == {0}
+        attempts = ledger.rows("attempts", order_by="task_index, attempt")
+        assert [(a["task_index"], a["attempt"], a["state"]) for a in attempts] == \
+            [(t, 0, "COMPLETED") for t in range(20)]
+        assert ledger.rows("jobs")[0]["state"] == "COMPLETED"
     rows = SlurmClient().sacct(sub.slurm_ids, ("JobID", "State", "Start", "End"))
     spans = [(r["Start"], r["End"]) for r in rows if r["State"] == "COMPLETED"]
     assert len(spans) == 20
