@@ -44,6 +44,12 @@ LAZY_COMMANDS: dict[str, str] = {
 }
 
 
+# top-level module -> the extra (setup.cfg) that installs it: login-node installs leave these out
+EXTRA_OF = {**dict.fromkeys(("numpy", "tensorstore", "crc32c", "ml_dtypes", "zarr"), "ckpt"),
+            **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
+            "optuna": "sweep", "matplotlib": "report"}
+
+
 class _Group(click.Group):
     """Loads LAZY_COMMANDS on demand; prints user errors (bad config, Slurm down, ...) as one line each."""
 
@@ -64,6 +70,13 @@ class _Group(click.Group):
         except HpctrainError as exc:
             for line in str(exc).splitlines():
                 click.echo(f"hpctrain: error: {line}", err=True)
+            ctx.exit(2)
+        except ModuleNotFoundError as exc:
+            extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {exc.name}, which this install "
+                       f"lacks: pip install 'hpctrain[{extra}]'", err=True)
             ctx.exit(2)
         except Exception as exc:
             import sqlite3  # only here: the CLI starts without it

@@ -123,3 +123,12 @@ def test_stats_count_samples_bytes_and_waiting(index):
     assert metrics["data_samples_per_s"] > 0 and metrics["data_bytes_per_s"] == pytest.approx(
         metrics["data_samples_per_s"] * SAMPLE_BYTES)
     assert 0 <= metrics["data_wait_s"] <= metrics["data_wait_total_s"]
+
+
+@pytest.mark.parametrize("name", ["000001.npy", "dir/000001.seg.npy", "a.b/c.d.e", "noext", "dir/", ".hidden", "x."])
+def test_samples_are_keyed_as_webdataset_keys_them(name):
+    from webdataset.tariterators import base_plus_ext
+
+    from hpctrain.data.tarshard import key_and_extension
+
+    assert key_and_extension(name) == base_plus_ext(name)

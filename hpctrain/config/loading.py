@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tomllib
+import sys
 from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
@@ -13,6 +13,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hpctrain.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # the same parser, before it joined the standard library
+    import tomli as tomllib
 
 M = TypeVar("M", bound=BaseModel)
 

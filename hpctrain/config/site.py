@@ -9,6 +9,7 @@ from typing import Iterable, Iterator, Literal
 
 from pydantic import Field, FiniteFloat, PrivateAttr
 
+from hpctrain.bundled import data_dir
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, FileMode, MiB, Seconds,
                                    SlurmName)
@@ -141,12 +142,12 @@ def _unknown(kind: str, value: str, known: Iterable[str]) -> str:
 
 
 def site_search_path() -> list[Path]:
-    """Where site names are looked up: $HPCTRAIN_SITE_DIR, ~/.config/hpctrain/sites, the repo's site_configs/."""
+    """Where site names are looked up: $HPCTRAIN_SITE_DIR, ~/.config/hpctrain/sites, hpctrain's site_configs/."""
     dirs = []
     if env := os.environ.get("HPCTRAIN_SITE_DIR"):
         dirs.append(Path(env))
     dirs.append(Path("~/.config/hpctrain/sites").expanduser())
-    dirs.append(Path(__file__).resolve().parents[2] / "site_configs")
+    dirs.append(data_dir("site_configs"))
     return dirs
 
 

@@ -3,18 +3,27 @@
 webdataset's tariterators stream every byte of a shard, so resuming mid-shard, or starting a
 shard split between two readers at sample k, would read the whole prefix. Here the tar is opened
 seekable: the samples before the wanted ones cost their headers only, and the rest is one
-sequential read. Samples are grouped by key as webdataset does (`base_plus_ext`).
+sequential read. Samples are grouped by key as webdataset does (``key_and_extension``).
 """
 
 from __future__ import annotations
 
 import itertools
+import re
 import tarfile
 from typing import Iterator, Sequence
 
-from webdataset.tariterators import base_plus_ext
-
 from hpctrain.data.index import ShardIndex, ShardInfo
+
+# webdataset's own rule (tariterators.base_plus_ext), kept here: importing webdataset imports torch, and
+# `hpctrain data verify` runs on login nodes; tests/test_data_loader.py checks the two agree.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+
+
+def key_and_extension(name: str) -> tuple[str | None, str | None]:
+    """'dir/000001.seg.npy' -> ('dir/000001', 'seg.npy'): a member's sample key and its field."""
+    m = _KEY_EXT.match(name)
+    return (m[1], m[2]) if m else (None, None)
 
 
 class ShardCorrupt(Exception):
@@ -92,7 +101,7 @@ class Shard:
         """(member, sample key, extension) of the regular files, read lazily: each member's data is read
         or seeked over before the next header."""
         for member in self._tar:
-            key, extension = base_plus_ext(member.name)
+            key, extension = key_and_extension(member.name)
             self._tar.members = []  # tarfile keeps every header it reads; a shard may hold 100k samples
             if member.isreg() and key is not None:
                 yield member, key, extension

@@ -24,6 +24,9 @@ def _problem(index: ShardIndex, shard: ShardInfo) -> str | None:
         return str(exc)
     if count != shard.samples:
         return f"{count} samples, index says {shard.samples}"
+    hashed = hashlib.sha256()
     with open(index.shard_path(shard), "rb") as fh:
-        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        while block := fh.read(1 << 20):
+            hashed.update(block)
+    digest = hashed.hexdigest()
     return None if digest == shard.sha256 else f"sha256 {digest}, index says {shard.sha256}"

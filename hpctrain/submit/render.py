@@ -16,6 +16,7 @@ from pathlib import Path
 import jinja2
 
 from hpctrain import __version__
+from hpctrain.bundled import data_dir
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.config.types import format_slurm_time
@@ -23,7 +24,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk
 from hpctrain.submit.placement import Placement
 
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
+TEMPLATE_DIR = data_dir("sbatch_templates")
 # Values on #SBATCH lines cannot be quoted reliably: allow only what needs no quoting.
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_@%:,./+=\-\[\]]+$")
 NOTICE_SIGNAL = "USR2"  # never USR1: NCCL uses it
