@@ -15,6 +15,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
+from hpctrain.slurm.version import SlurmVersion
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "9p"}
@@ -40,6 +41,7 @@ class Doctor:
         controller = self._guard("controller", self._controller)
         checks.append(controller)
         cluster_checks: list[tuple[str, Callable[[], Iterable[Check]]]] = [
+            ("slurm version", lambda: [self._version()]),
             ("accounting", lambda: [self._accounting()]),
             ("partitions", self._partitions),
             ("accounts", self._accounts),
@@ -73,6 +75,13 @@ class Doctor:
 
     def _controller(self) -> Check:
         return Check("controller", "PASS", self.client.ping())
+
+    def _version(self) -> Check:
+        """The controller's release, and what hpctrain does differently because of it."""
+        version = SlurmVersion.parse(self._config.get("SLURM_VERSION", ""))  # as SlurmClient.version(), cached
+        supported = version.at_least(22, 5)
+        return Check("slurm version", "PASS" if supported else "WARN",
+                     f"{version}: {version.preemption_note()}" + ("" if supported else "; hpctrain is tested on 22.05+"))
 
     def _accounting(self) -> Check:
         clusters = [r["cluster"] for r in self.client.sacctmgr("cluster", fields="cluster")]

@@ -1,5 +1,7 @@
 """Parsers of Slurm's text output, on output recorded from the dev cluster and a real site."""
 
+import pytest
+
 from hpctrain.slurm.parse import gpus_in_gres, parse_kv_line, parse_parsable
 
 NODE = (
@@ -33,3 +35,22 @@ def test_gpus_in_gres_forms():
     assert gpus_in_gres("gpu:a100:2,gpu:v100:2") == 4
     assert gpus_in_gres("(null)") == 0
     assert gpus_in_gres("") == 0
+
+
+@pytest.mark.parametrize("text, version, slurm_requeues", [
+    ("slurm 22.05.8", "22.05.8", False), ("24.11.5", "24.11.5", True), ("slurm 26.05.5\n", "26.05.5", True),
+    ("slurm 23.11.0-rc1", "23.11.0", False)])
+def test_slurm_versions_and_what_they_change(text, version, slurm_requeues):
+    from hpctrain.slurm.version import SlurmVersion
+
+    v = SlurmVersion.parse(text)
+    assert str(v) == version and v.requeues_preempted_exit is slurm_requeues
+    assert ("leaves it to Slurm" in v.preemption_note()) is slurm_requeues
+
+
+def test_an_unreadable_slurm_version_is_a_slurm_error():
+    from hpctrain.errors import SlurmError
+    from hpctrain.slurm.version import SlurmVersion
+
+    with pytest.raises(SlurmError, match="cannot read a Slurm version from 'slurm unknown'"):
+        SlurmVersion.parse("slurm unknown")

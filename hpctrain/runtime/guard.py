@@ -39,11 +39,13 @@ def timeout_margin_s(env: "os._Environ[str] | dict[str, str]" = os.environ) -> f
 
 @dataclass
 class JobNow:
-    """This job as Slurm sees it now: its state, requeue count and when its time limit ends (epoch s)."""
+    """This job as Slurm sees it now: its state, requeue count, when its time limit ends (epoch s), and
+    whether it is being preempted (its PreemptTime is set)."""
 
     state: str | None = None
     restarts: int | None = None
     end_time: float | None = None
+    preempted: bool = False
 
 
 def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: float) -> str:

@@ -1,7 +1,9 @@
 """Requeue this job (or only this array task) from inside it, after its checkpoint is committed.
 
-Self-requeue matters: under a QOS GraceTime, a batch script that exits by itself during the grace
-ends COMPLETED or FAILED and Slurm does not requeue it.
+Self-requeue matters on Slurm 22.05: under a QOS GraceTime, a batch script that exits by itself during
+the grace ends COMPLETED or FAILED and Slurm does not requeue it. From 24.11 Slurm requeues such a
+preempted job itself, and on 24.11 a self-requeue during the grace costs a third run: a preempted job
+is then left to Slurm (see hpctrain.slurm.version).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         limit = job.get("TimeLimit", "UNLIMITED")
         end = None if limit in ("UNLIMITED", "Partition_Limit") else \
             datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
-        return JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end)
+        return JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end,
+                      preempted=job.get("PreemptTime", "None") not in ("None", "Unknown", ""))
     except (KeyError, ValueError, SlurmError):
         return None
 
@@ -45,6 +48,11 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
     """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
     starts after this one ends. Returns what was done, for the journal."""
     target = requeue_target(env)
+    now = job_now(client, env)
+    if now is not None and now.preempted:
+        version = client.version()
+        if version.requeues_preempted_exit:
+            return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     try:
         client.run("scontrol", "requeue", target)
         return f"scontrol requeue {target}"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
+from hpctrain.slurm.version import SlurmVersion
 
 if TYPE_CHECKING:
     from hpctrain.config.site import SiteConfig
@@ -64,6 +65,10 @@ class SlurmClient:
     def ping(self) -> str:
         """The 'UP' line of `scontrol ping`; SlurmError when the controller is down."""
         return self.run("scontrol", "ping").strip()
+
+    def version(self) -> SlurmVersion:
+        """The controller's release (SLURM_VERSION of `scontrol show config`): it decides how jobs are treated."""
+        return SlurmVersion.parse(self.config().get("SLURM_VERSION", ""))
 
     def config(self) -> dict[str, str]:
         """`scontrol show config` as a dict."""
