@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_preemptible_qos_not_preempted_fails(dev_cluster, tmp_path):
 
 def test_controller_unreachable_skips_cluster_checks(dev_cluster, tmp_path):
     conf = (tmp_path / "slurm.conf")
-    text = open(dev_cluster["SLURM_CONF"]).read().replace("SlurmctldPort=16817", "SlurmctldPort=16999")
+    text = re.sub(r"SlurmctldPort=\d+", "SlurmctldPort=16999", open(dev_cluster["SLURM_CONF"]).read())
     conf.write_text(text)
     (tmp_path / "gres.conf").write_text(open(os.path.join(os.path.dirname(dev_cluster["SLURM_CONF"]), "gres.conf")).read())
     site = site_file(tmp_path, DEV.replace('conf = "${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}/etc/slurm.conf"', f'conf = "{conf}"'))
