@@ -54,3 +54,15 @@ def test_an_unreadable_slurm_version_is_a_slurm_error():
 
     with pytest.raises(SlurmError, match="cannot read a Slurm version from 'slurm unknown'"):
         SlurmVersion.parse("slurm unknown")
+
+
+# `scontrol -o show job` recorded on the 26.05 lane (scripts/slurm-lane): SubmitLine holds the command line.
+JOB_26_05 = 'JobId=192 JobName=wrap UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=1666 Nice=0 Account=teama QOS=low JobState=RUNNING Reason=None Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A SubmitTime=2026-11-24T07:00:54 EligibleTime=2026-11-24T07:00:54 AccrueTime=2026-11-24T07:00:54 StartTime=2026-11-24T07:00:54 EndTime=2026-11-24T07:05:54 Deadline=N/A PreemptEligibleTime=2026-11-24T07:00:54 PreemptTime=None SuspendTime=None SecsPreSuspend=0 LastSchedEval=2026-11-24T07:00:54 Scheduler=Backfill Partition=gpu AllocNode:Sid=localhost:1152 ReqNodeList=(null) ExcNodeList=(null) NodeList=n1 BatchHost=n1 NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:* ReqTRES=cpu=1,mem=1G,node=1,billing=1 AllocTRES=cpu=1,mem=1G,node=1,billing=1 Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=* MinCPUsNode=1 MinMemoryCPU=1G MinTmpDiskNode=0 Features=(null) DelayBoot=00:00:00 OverSubscribe=NO Exclusive=NO Contiguous=0 Licenses=(null) LicensesAlloc=(null) Network=(null) Command=(null) SubmitLine=sbatch --parsable --qos=low --account=teama --signal=B:USR2@60 --time=5 --wrap sleep 30 # A=1 B=two words WorkDir=/work/main StdErr= StdIn=/dev/null StdOut=/work/main/slurm-192.out'
+
+
+@pytest.mark.parametrize("command_line", ["sleep 30 # A=1 B=two words", "echo JobState=PENDING Restarts=7 StartTime=x"])
+def test_a_26_05_submit_line_never_overrides_slurms_fields(command_line):
+    job = parse_kv_line(JOB_26_05.replace("sleep 30 # A=1 B=two words", command_line))
+    assert (job["JobState"], job["Restarts"], job["StartTime"]) == ("RUNNING", "0", "2026-11-24T07:00:54")
+    assert job["TimeLimit"] == "00:05:00" and job["PreemptTime"] == "None" and job["QOS"] == "low"
+    assert job["SubmitLine"].startswith("sbatch --parsable --qos=low") and job["WorkDir"] == "/work/main"

@@ -9,12 +9,16 @@ _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\-]*)=")
 
 
 def parse_kv_line(line: str) -> dict[str, str]:
-    """One `scontrol -o show ...` record: 'Key=Value Key2=Value with spaces' -> dict."""
+    """One `scontrol -o show ...` record: 'Key=Value Key2=Value with spaces' -> dict.
+
+    The first occurrence of a key wins: from 26.05 a job's ``SubmitLine=`` holds the user's command
+    line, whose own 'Key=...' words must not override Slurm's fields (they cut SubmitLine short there).
+    """
     record: dict[str, str] = {}
     matches = list(_KEY.finditer(line))
     for m, nxt in zip(matches, matches[1:] + [None]):
         end = nxt.start() if nxt else len(line)
-        record[m.group(1)] = line[m.end():end].strip()
+        record.setdefault(m.group(1), line[m.end():end].strip())
     return record
 
 
