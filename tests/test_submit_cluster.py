@@ -78,6 +78,9 @@ def test_throttle_holds_and_status_counts_each_task_once(dev_cluster, isolated_l
                       isolated_ledger)
     restarts = set()
     with Ledger(isolated_ledger) as ledger:
+        # a ledger written before the fix: task 0's pending-range twin as a second, never-started run
+        ledger.upsert("attempts", {"job_id": sub.ledger_ids[0], "task_index": 0, "attempt": 1, "state": "PENDING"},
+                      pk=("job_id", "task_index", "attempt"))
         poller = Poller(ledger, SlurmClient.for_site(load_site("dev")), "dev")
 
         def done():
