@@ -15,7 +15,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
-from hpctrain.slurm.version import SlurmVersion
+from hpctrain.slurm.version import SlurmFeatures
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "9p"}
@@ -78,10 +78,10 @@ class Doctor:
 
     def _version(self) -> Check:
         """The controller's release, and what hpctrain does differently because of it."""
-        version = SlurmVersion.parse(self._config.get("SLURM_VERSION", ""))  # as SlurmClient.version(), cached
-        supported = version.at_least(22, 5)
+        features = SlurmFeatures.from_config(self._config)  # as SlurmClient.features(), from the cached config
+        supported = features.version.at_least(22, 5)
         return Check("slurm version", "PASS" if supported else "WARN",
-                     f"{version}: {version.preemption_note()}" + ("" if supported else "; hpctrain is tested on 22.05+"))
+                     f"{features.version}: {'; '.join(features.notes())}" + ("" if supported else "; hpctrain is tested on 22.05+"))
 
     def _accounting(self) -> Check:
         clusters = [r["cluster"] for r in self.client.sacctmgr("cluster", fields="cluster")]

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -32,6 +33,19 @@ def test_dev_site_passes(dev_cluster):
     assert {c["verdict"] for c in checks.values()} == {"PASS"}
     assert checks["preemption"]["detail"] == "preempt/qos, high preempts low"
     assert checks["partition gpu"]["detail"] == "3 nodes, 4 GPUs per node"
+
+
+def test_doctor_names_the_release_and_what_hpctrain_does_on_it(dev_cluster):
+    """The dev cluster keeps cred_expire=10 and, on 25.11+, requeue_delay=2 (scripts/dev-cluster)."""
+    release = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
+    major, minor = map(int, release.split(".")[:2])
+    detail = doctor("dev")[1]["slurm version"]["detail"]
+    assert detail.startswith(f"{major}.{minor:02d}.")
+    delay = "2 s before it may start (SchedulerParameters requeue_delay)" if (major, minor) >= (25, 11) \
+        else "10 s before it may start (AuthInfo cred_expire)"
+    assert delay in detail
+    assert ("leaves it to Slurm" in detail) is ((major, minor) >= (24, 11))
+    assert ("squeue --only-job-state" in detail) is ((major, minor) >= (23, 11))
 
 
 def test_table_output_has_verdict(dev_cluster):

@@ -48,6 +48,22 @@ def test_slurm_versions_and_what_they_change(text, version, slurm_requeues):
     assert ("leaves it to Slurm" in v.preemption_note()) is slurm_requeues
 
 
+@pytest.mark.parametrize("conf, delay, source, only_state", [
+    ({"SLURM_VERSION": "22.05.8", "AuthInfo": "socket=/run/m.sock,cred_expire=10",
+      "SchedulerParameters": "requeue_delay=2"}, 10, "AuthInfo cred_expire", False),  # no requeue_delay before 25.11
+    ({"SLURM_VERSION": "24.11.5", "AuthInfo": "(null)"}, 120, "AuthInfo cred_expire", True),
+    ({"SLURM_VERSION": "26.05.5", "AuthInfo": "cred_expire=10", "SchedulerParameters": "bf_interval=1,requeue_delay=2"},
+     2, "SchedulerParameters requeue_delay", True),
+    ({"SLURM_VERSION": "26.05.5", "AuthInfo": "cred_expire=30", "SchedulerParameters": "bf_interval=1"},
+     30, "AuthInfo cred_expire", True)])
+def test_features_come_from_the_release_and_the_controllers_config(conf, delay, source, only_state):
+    from hpctrain.slurm.version import SlurmFeatures
+
+    f = SlurmFeatures.from_config(conf)
+    assert (f.requeue_delay_s, f.requeue_delay_from, f.version.has_only_job_state) == (delay, source, only_state)
+    assert f"waits {delay} s before it may start ({source})" in "; ".join(f.notes())
+
+
 def test_an_unreadable_slurm_version_is_a_slurm_error():
     from hpctrain.errors import SlurmError
     from hpctrain.slurm.version import SlurmVersion

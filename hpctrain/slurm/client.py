@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
-from hpctrain.slurm.version import SlurmVersion
+from hpctrain.slurm.version import SlurmFeatures, SlurmVersion
 
 if TYPE_CHECKING:
     from hpctrain.config.site import SiteConfig
@@ -29,6 +29,7 @@ class SlurmClient:
         self.bin_dir = bin_dir
         self.timeout_s = timeout_s
         self.calls: Counter[str] = Counter()
+        self._features: SlurmFeatures | None = None
 
     @classmethod
     def for_site(cls, site: "SiteConfig") -> "SlurmClient":
@@ -68,7 +69,13 @@ class SlurmClient:
 
     def version(self) -> SlurmVersion:
         """The controller's release (SLURM_VERSION of `scontrol show config`): it decides how jobs are treated."""
-        return SlurmVersion.parse(self.config().get("SLURM_VERSION", ""))
+        return self.features().version
+
+    def features(self) -> SlurmFeatures:
+        """What the controller's release and configuration offer; read once per client."""
+        if self._features is None:
+            self._features = SlurmFeatures.from_config(self.config())
+        return self._features
 
     def config(self) -> dict[str, str]:
         """`scontrol show config` as a dict."""
@@ -109,7 +116,8 @@ class SlurmClient:
     def squeue_states(self, job_ids: list[str]) -> list[dict[str, str]]:
         """The controller's view when accounting is down: one `squeue` call, array tasks expanded, rows
         shaped like sacct's (JobID, State) for the jobs it still holds."""
-        out = self.run("squeue", "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids))
+        state_only = ("--only-job-state",) if self.features().version.has_only_job_state else ()
+        out = self.run("squeue", *state_only, "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids))
         return [dict(zip(("JobID", "State"), line.split("|"))) for line in out.splitlines() if "|" in line]
 
     def scancel(self, job_ids: list[str], signal: str | None = None, batch_only: bool = False) -> None:

@@ -1,5 +1,6 @@
 """The running Slurm's release, and the behaviour of Slurm that differs between the releases hpctrain
-supports (22.05 to 26.05) and that hpctrain acts on: decided by the release, never guessed from symptoms.
+supports (22.05 to 26.05) and that hpctrain acts on: decided by the release and the controller's
+configuration, never guessed from symptoms.
 
 Measured on the dev cluster: a preempted job whose batch script exits during its QOS grace time is left
 COMPLETED by 22.05 but requeued by Slurm itself on 24.11 and 26.05; on 24.11 a job that requeues itself
@@ -35,6 +36,16 @@ class SlurmVersion:
         return (self.major, self.minor) >= (major, minor)
 
     @property
+    def has_only_job_state(self) -> bool:
+        """`squeue --only-job-state` (23.11+): a state-only RPC, cheaper for slurmctld than a full job list."""
+        return self.at_least(23, 11)
+
+    @property
+    def has_requeue_delay(self) -> bool:
+        """`SchedulerParameters=requeue_delay=` (25.11+); before, a requeued job waits AuthInfo's cred_expire."""
+        return self.at_least(25, 11)
+
+    @property
     def requeues_preempted_exit(self) -> bool:
         """Whether Slurm requeues a preempted job that ends by itself during its grace time."""
         return self.at_least(24, 11)
@@ -44,3 +55,38 @@ class SlurmVersion:
         if self.requeues_preempted_exit:
             return "a preempted job is requeued by Slurm when it exits (hpctrain leaves it to Slurm)"
         return "a preempted job that exits during its grace time is not requeued by Slurm (hpctrain requeues it)"
+
+
+@dataclass(frozen=True)
+class SlurmFeatures:
+    """What hpctrain uses of the running controller, from one `scontrol show config`."""
+
+    version: SlurmVersion
+    requeue_delay_s: int
+    requeue_delay_from: str
+
+    @classmethod
+    def from_config(cls, conf: dict[str, str]) -> "SlurmFeatures":
+        version = SlurmVersion.parse(conf.get("SLURM_VERSION", ""))
+        delay, source = _option(conf.get("AuthInfo", ""), "cred_expire", 120), "AuthInfo cred_expire"
+        if version.has_requeue_delay and (own := _option(conf.get("SchedulerParameters", ""), "requeue_delay")) is not None:
+            delay, source = own, "SchedulerParameters requeue_delay"
+        return cls(version, delay, source)
+
+    def notes(self) -> list[str]:
+        """One phrase per version-dependent behaviour, for `doctor`."""
+        return [
+            self.version.preemption_note(),
+            f"a requeued job waits {self.requeue_delay_s} s before it may start ({self.requeue_delay_from})",
+            "state polls while accounting is down use squeue --only-job-state" if self.version.has_only_job_state
+            else "state polls while accounting is down use a full squeue listing (--only-job-state is 23.11+)",
+        ]
+
+
+def _option(value: str, key: str, default: int | None = None) -> int | None:
+    """``key``'s integer in a comma-separated Slurm option list ('socket=/x,cred_expire=10')."""
+    for item in value.split(","):
+        name, _, number = item.strip().partition("=")
+        if name == key and number.isdigit():
+            return int(number)
+    return default
