@@ -54,8 +54,8 @@ def login_install(request, wheel, tmp_path_factory) -> Path:
     return venv / "bin"
 
 
-def hpctrain(bin_dir: Path, *args: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([bin_dir / "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+def hpctrain(bin_dir: Path, *args: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([bin_dir / "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **env})
 
 
@@ -86,6 +86,38 @@ def test_a_job_submitted_from_the_wheel_runs(dev_cluster, login_install, tmp_pat
     done = hpctrain(login_install, "submit", "--wait", str(spec), cwd=tmp_path, **env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "COMPLETED" in done.stdout.splitlines()[-1]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason="the wheel is built and installed on the host's lane")
+def test_the_wheel_with_the_compute_stack_runs_the_main_job(dev_cluster, wheel, tmp_path_factory):
+    """On 3.11, where the pinned torch has a local wheel: `hpctrain[train]` alone (no source tree) packs
+    the data and trains the main job, 2 nodes x tp=2 x pp=2 under DeepSpeed, to its last checkpoint."""
+    python = interpreter("3.11")
+    if python is None:
+        pytest.skip("no Python 3.11 on this machine")
+    work = tmp_path_factory.mktemp("main-job")
+    venv = work / "venv"
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", f"{wheel}[train]"], check=True,
+                   capture_output=True)
+    spec = (REPO / "scripts" / "examples" / "gpt-tiny.toml").read_text()
+    dev_root = "${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}"
+    assert spec.count(dev_root) == 2
+    (work / "job.toml").write_text(spec.replace(dev_root, str(work)))
+    env = {"HPCTRAIN_LEDGER": str(work / "l.db"), **dev_cluster}
+    bin_dir = venv / "bin"
+    synth = hpctrain(bin_dir, "data", "synth", str(work / "data" / "gpt-tiny"), "--samples", "2048", "--seq-len", "64",
+                     cwd=work, **env)
+    assert synth.returncode == 0, synth.stderr
+    done = hpctrain(bin_dir, "submit", "--site", "dev", "--wait", "job.toml", cwd=work, timeout=600, **env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "COMPLETED" in done.stdout.splitlines()[-1]
+    ckpt = work / "checkpoints" / "gpt-tiny"
+    assert (ckpt / "step_00000040").is_dir()
+    verify = hpctrain(bin_dir, "ckpt", "verify", str(ckpt), cwd=work, **env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
 
 
 @pytest.mark.parametrize("args", [("ckpt", "ls"), ("ckpt", "verify"), ("ckpt", "inspect"), ("data", "verify")])
