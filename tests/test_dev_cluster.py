@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DEV_CLUSTER
+from conftest import DEV_CLUSTER, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -19,6 +19,10 @@ def sh(*cmd: str, env: dict[str, str] | None = None) -> str:
 def daemon_pids(env: dict[str, str] | None = None) -> dict[str, str]:
     out = subprocess.run([DEV_CLUSTER, "status"], capture_output=True, text=True, env={**os.environ, **(env or {})})
     return {f[0]: f[3] for f in (ln.split() for ln in out.stdout.splitlines()) if len(f) == 4 and f[1] == "up"}
+
+
+def running(command: str) -> bool:
+    return subprocess.run(["pgrep", "-fx", command], capture_output=True).returncode == 0
 
 
 def test_up_again_is_a_no_op(dev_cluster):
@@ -63,25 +67,32 @@ def test_accounts_have_distinct_fairshare(dev_cluster):
 
 @pytest.mark.slow
 def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
-    """A cluster in another root: up, down (only its own daemons), up again."""
+    """A cluster in another root: up, down (only its own daemons and jobs), up again."""
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
     env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": "18800"}
+    conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()
+    first_job = sh("sbatch", "--parsable", "-t", "5", "--wrap", "sleep 171").strip()
     try:
         sh(str(DEV_CLUSTER), "up", env=env)
         second = daemon_pids(env)
         assert len(second) == 7 and not set(second.values()) & set(first.values())
+        # A job still running when its cluster goes down goes with it, slurmstepd included.
+        sh("sbatch", "-t", "5", "--wrap", "sleep 172", env=conf)
+        wait_until(lambda: running("sleep 171") and running("sleep 172"), 30, 0.5, "a job on each cluster")
         sh(str(DEV_CLUSTER), "down", env=env)
         assert daemon_pids(env) == {}
         for pid in second.values():
             assert not os.path.exists(f"/proc/{pid}")
         assert daemon_pids() == first
+        wait_until(lambda: not running("sleep 172"), 5, 0.2, "the second cluster's job to be gone")
+        assert running("sleep 171")
         out = sh(str(DEV_CLUSTER), "up", env=env)
         assert "up in" in out
-        conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
         assert sh("sinfo", "-h", "-N", "-p", "gpu", "-o", "%N", env=conf).split() == ["n1", "n2", "n3"]
         assert "teamb" in sh("sacctmgr", "-n", "-P", "show", "account", "format=account", env=conf)
     finally:
         subprocess.run([DEV_CLUSTER, "reset"], env={**os.environ, **env}, capture_output=True)
+        subprocess.run(["scancel", first_job], capture_output=True)
