@@ -1,7 +1,8 @@
 """From the preemption signal to the first resumed training step, split into its parts.
 
     scripts/dev-cluster up && .venv/bin/python benchmarks/preemption_resume.py [--preemptions 3]
-    scripts/slurm-lane 26.05 run bash -c 'scripts/dev-cluster up && .venv/bin/python benchmarks/preemption_resume.py'
+    scripts/slurm-lane 26.05 run bash -c 'HPCTRAIN_DEV_REQUEUE_DELAY=2 scripts/dev-cluster up &&
+                                          .venv/bin/python benchmarks/preemption_resume.py'
 
 The reference trainer (tiny GPT, 2 ranks tp=2 on one node, async checkpoints every 20 steps) runs in
 QOS low and is preempted by a high job N times. Per preemption, from the trainer's journal and sacct:
@@ -9,7 +10,7 @@ QOS low and is preempted by a high job N times. Per preemption, from the trainer
   checkpoint     making that step durable (completing the async save in flight, or a sync save)
   requeue delay  Slurm: the run's end until the job is eligible again: AuthInfo's cred_expire before
                  25.11 (10 s on the dev cluster, 120 s by default), SchedulerParameters' requeue_delay
-                 from 25.11 (2 s on the dev cluster), as `hpctrain doctor` reports it
+                 from 25.11 (HPCTRAIN_DEV_REQUEUE_DELAY), as `hpctrain doctor` reports it
   scheduling     Slurm: eligible until started
   start-up       Slurm start until the trainer's main() (batch script, srun, `hpctrain launch`, Python)
                  plus main() until the engine is built (torch, gloo, DeepSpeed)

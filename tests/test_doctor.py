@@ -36,14 +36,12 @@ def test_dev_site_passes(dev_cluster):
 
 
 def test_doctor_names_the_release_and_what_hpctrain_does_on_it(dev_cluster):
-    """The dev cluster keeps cred_expire=10 and, on 25.11+, requeue_delay=2 (scripts/dev-cluster)."""
+    """The dev cluster keeps cred_expire=10 and sets no requeue_delay (scripts/dev-cluster)."""
     release = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, check=True).stdout.split()[1]
     major, minor = map(int, release.split(".")[:2])
     detail = doctor("dev")[1]["slurm version"]["detail"]
     assert detail.startswith(f"{major}.{minor:02d}.")
-    delay = "2 s before it may start (SchedulerParameters requeue_delay)" if (major, minor) >= (25, 11) \
-        else "10 s before it may start (AuthInfo cred_expire)"
-    assert delay in detail
+    assert "a requeued job waits 10 s before it may start (AuthInfo cred_expire)" in detail
     assert ("leaves it to Slurm" in detail) is ((major, minor) >= (24, 11))
     assert ("squeue --only-job-state" in detail) is ((major, minor) >= (23, 11))
 
