@@ -8,6 +8,7 @@ benchmarks can prove hpctrain spares the controller.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -58,7 +59,7 @@ class SlurmClient:
         except subprocess.TimeoutExpired:
             raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
         if proc.returncode != 0:
-            raise SlurmError(f"{command} {' '.join(args[:3])}: {_first_error_line(proc.stderr or proc.stdout)}")
+            raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or proc.stdout)}")
         return proc.stdout
 
     # Queries used across hpctrain. Each is exactly one command run.
@@ -127,10 +128,13 @@ class SlurmClient:
         self.run("scancel", *args, *job_ids)
 
 
-def _first_error_line(text: str) -> str:
+def complaint(text: str, limit: int = 400) -> str:
+    """A Slurm command's complaint on one line: its error lines (all of them: sbatch names the limit on
+    one and the refusal on the next) joined, each command prefix said once; at most ``limit`` characters."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Prefer the line that says what went wrong over generic prefixes.
-    for ln in lines:
-        if "error" in ln.lower():
-            return ln
-    return lines[0] if lines else "failed with no message"
+    errors = [ln for ln in lines if "error" in ln.lower()] or lines[:1]
+    if not errors:
+        return "failed with no message"
+    parts = [errors[0]] + [re.sub(r"^\S+: error: ", "", ln) for ln in errors[1:]]
+    joined = "; ".join(dict.fromkeys(parts))
+    return joined if len(joined) <= limit else joined[:limit - 3] + "..."

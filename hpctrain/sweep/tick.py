@@ -37,6 +37,7 @@ class TickResult:
     resubmitted: list[int] = field(default_factory=list)
     stopped: dict[int, str] = field(default_factory=dict)
     state: str = "ACTIVE"
+    error: str | None = None
 
 
 @contextlib.contextmanager
@@ -68,7 +69,23 @@ def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: l
         on_warning(refreshed.warning)
     if sweep_ids is None:
         sweep_ids = [r["id"] for r in ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
-    return [tick(ledger, client, site, sweep_id) for sweep_id in sweep_ids]
+    results = []
+    for sweep_id in sweep_ids:
+        store.load(ledger, sweep_id)  # an unknown name: the whole tick fails, in one line
+        try:
+            results.append(tick(ledger, client, site, sweep_id))
+        except HpctrainError as exc:
+            client.ping()  # the controller gone meanwhile is no fault of this sweep: fail the tick
+            results.append(_failed(ledger, sweep_id, exc))
+    return results
+
+
+def _failed(ledger: Ledger, sweep_id: str, exc: HpctrainError) -> TickResult:
+    """A sweep whose tick failed on its own account (its job refused, say) is marked FAILED and left out of
+    later ticks, so that the other sweeps tick on."""
+    ledger.update("sweeps", sweep_id, {"state": "FAILED", "updated_at": time.time()})
+    ledger.event("sweep_failed", str(exc), sweep=sweep_id)
+    return TickResult(sweep_id, state="FAILED", error=str(exc))
 
 
 def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -> TickResult:

@@ -1,0 +1,85 @@
+"""Values a user could type that once crashed or stuck hpctrain: each now gives a job, or one line naming
+the file and key with the value shortened, and leaves no ledger row in a non-final state."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.ledger import Ledger
+from hpctrain.lineage import entry_point
+from hpctrain.slurm.client import complaint
+
+from conftest import run_cli
+
+ONE_LINER = "print(" + " + ".join(["'x'"] * 80) + ")"  # 400 characters: longer than a file name may be
+
+
+def spec_file(tmp_path: Path, body: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(body)
+    return path
+
+
+def one_error_line(done, *needles: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("hpctrain: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and all(n in done.stderr for n in needles), done.stderr
+
+
+def test_an_argument_longer_than_a_file_name_is_no_entry_point(tmp_path):
+    assert entry_point(["python", "-c", ONE_LINER], tmp_path) is None
+    assert entry_point(["bash", "x" * 300], tmp_path) is None
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert entry_point(["python3", "train.py", "y" * 300], tmp_path) == script
+
+
+def test_a_nul_byte_in_a_secret_or_an_argument_is_one_line_and_no_row(tmp_path, isolated_ledger):
+    spec = spec_file(tmp_path, 'name = "nul"\ncommand = ["python3", "-c", "pass"]\nlauncher = "none"\n'
+                               '[env]\nTOKEN = { value = "ab\\u0000cd", secret = true }\n')
+    one_error_line(run_cli("submit", str(spec)), f"{spec}: env.TOKEN.value: a NUL byte")
+    spec.write_text('name = "nul"\ncommand = ["python3", "-c", "pass\\u0000"]\nlauncher = "none"\n')
+    one_error_line(run_cli("submit", str(spec)), f"{spec}: command: a NUL byte")
+    if isolated_ledger.exists():
+        with Ledger(isolated_ledger) as ledger:
+            assert ledger.rows("jobs") == []
+
+
+def test_a_nul_byte_in_a_sweeps_job_path_is_one_line(tmp_path, isolated_ledger):
+    spec = spec_file(tmp_path, 'name = "s"\nmetric = "loss"\ndirection = "minimize"\nmethod = "grid"\njob = "job\\u0000.toml"\n'
+                               '[search]\nx = { type = "choice", values = [1] }\n', "sweep.toml")
+    one_error_line(run_cli("sweep", "start", str(spec)), f"{spec}: job: a NUL byte")
+
+
+def test_a_huge_account_name_is_refused_with_the_value_shortened(tmp_path, isolated_ledger):
+    spec = spec_file(tmp_path, 'name = "long"\ncommand = ["true"]\nlauncher = "none"\n'
+                               f'[resources]\naccount = "{"a" * 10000}"\n')
+    done = run_cli("submit", "--dry-run", str(spec))
+    one_error_line(done, f"{spec}: resources.account: expected a Slurm name")
+    assert len(done.stderr) < 400
+
+
+def test_slurms_refusal_keeps_every_error_line():
+    text = ("sbatch: error: QOSMaxSubmitJobPerUserLimit\n"
+            "sbatch: error: Batch job submission failed: Job violates accounting/QOS policy\n")
+    assert complaint(text) == ("sbatch: error: QOSMaxSubmitJobPerUserLimit; "
+                               "Batch job submission failed: Job violates accounting/QOS policy")
+    assert complaint("scontrol: note\nsqueue: error: " + "x" * 1000).endswith("...")
+    assert len(complaint("sbatch: error: " + "x" * 1000)) == 400
+    assert complaint("") == "failed with no message"
+
+
+@pytest.mark.slurm
+def test_a_one_liner_longer_than_a_file_name_runs(dev_cluster, tmp_path, isolated_ledger):
+    spec = spec_file(tmp_path, f'name = "oneliner"\ncommand = [{json.dumps(sys.executable)}, "-c", '
+                               f'{json.dumps(ONE_LINER)}]\nlauncher = "none"\n'
+                               '[resources]\nmem = "100M"\ntime = "00:02:00"\naccount = "teama"\n')
+    done = run_cli("submit", "--wait", str(spec))
+    assert done.returncode == 0 and "COMPLETED" in done.stdout.splitlines()[-1], done.stdout + done.stderr
+    with Ledger(isolated_ledger) as ledger:
+        (job,) = ledger.rows("jobs")
+    assert json.loads(job["lineage_json"])["code"] == {"entry_point": None}
