@@ -13,7 +13,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.lineage import entry_point
 from hpctrain.slurm.client import complaint
 
-from conftest import run_cli
+from conftest import REPO, run_cli
 
 ONE_LINER = "print(" + " + ".join(["'x'"] * 80) + ")"  # 400 characters: longer than a file name may be
 
@@ -83,3 +83,20 @@ def test_a_one_liner_longer_than_a_file_name_runs(dev_cluster, tmp_path, isolate
     with Ledger(isolated_ledger) as ledger:
         (job,) = ledger.rows("jobs")
     assert json.loads(job["lineage_json"])["code"] == {"entry_point": None}
+
+
+@pytest.mark.slurm
+def test_a_submission_this_machine_refuses_leaves_its_row_failed(dev_cluster, tmp_path, isolated_ledger):
+    """The site's logs path is a file: the job's directory cannot be made. One line, and the ledger row
+    recorded before it is SUBMIT_FAILED, not SUBMITTING."""
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file where the logs directory should be")
+    site = REPO / "site_configs" / "dev.toml"
+    lines = [f'logs = "{blocker}"' if ln.startswith("logs = ") else ln for ln in site.read_text().splitlines()]
+    site_file = spec_file(tmp_path, "\n".join(lines) + "\n", "site.toml")
+    spec = spec_file(tmp_path, 'name = "nologs"\ncommand = ["true"]\nlauncher = "none"\n'
+                               '[resources]\nmem = "100M"\ntime = "00:02:00"\naccount = "teama"\n')
+    one_error_line(run_cli("submit", "--site", str(site_file), str(spec)), str(blocker))
+    with Ledger(isolated_ledger) as ledger:
+        (job,) = ledger.rows("jobs")
+    assert job["state"] == "SUBMIT_FAILED" and "Error" in job["error"]
