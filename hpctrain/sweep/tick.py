@@ -8,7 +8,6 @@ so a second tick right after the first finds nothing missing and submits nothing
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import time
 from dataclasses import dataclass, field
@@ -42,22 +41,18 @@ class TickResult:
 
 @contextlib.contextmanager
 def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """An exclusive flock beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
-    path = ledger_path.with_name(ledger_path.name + ".sweep-lock")
-    with open(path, "a") as fh:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise HpctrainError(f"{path}: another sweep tick has held the lock for over {wait_s:g}s") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """An exclusive lock file beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(ledger_path.with_name(ledger_path.name + ".sweep-lock"), timeout=wait_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise HpctrainError(f"{lock.lock_file}: another sweep tick has held the lock for over {wait_s:g}s") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None,
