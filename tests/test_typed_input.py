@@ -3,17 +3,23 @@ the file and key with the value shortened, and leaves no ledger row in a non-fin
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hpctrain.ledger import Ledger
 from hpctrain.lineage import entry_point
 from hpctrain.slurm.client import complaint
 
 from conftest import REPO, run_cli
+from test_bad_input import (SHELL, SPEC_BASES, assert_ledger_untouched, assert_user_error, examples, invoke,
+                            slurm_shims, write_config)
 
 ONE_LINER = "print(" + " + ".join(["'x'"] * 80) + ")"  # 400 characters: longer than a file name may be
 
@@ -100,3 +106,63 @@ def test_a_submission_this_machine_refuses_leaves_its_row_failed(dev_cluster, tm
     with Ledger(isolated_ledger) as ledger:
         (job,) = ledger.rows("jobs")
     assert job["state"] == "SUBMIT_FAILED" and "Error" in job["error"]
+
+
+# Every string a job spec can hold, set to text a user could type.
+
+def string_leaves(data: Any, prefix: tuple = ()) -> list[tuple]:
+    """Paths to every string in ``data`` (dict keys and list indexes)."""
+    if isinstance(data, str):
+        return [prefix]
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    return [p for k, v in items for p in string_leaves(v, (*prefix, k))]
+
+
+def with_value(data: dict[str, Any], path: tuple, value: str) -> dict[str, Any]:
+    data = copy.deepcopy(data)
+    node = data
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    return data
+
+
+typed_text = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=12),  # NUL, CR, line and paragraph separators, non-ASCII
+    st.sampled_from(SHELL),
+    st.integers(256, 5000).map(lambda n: "é" * n),
+)
+LEAVES = [(i, path) for i, base in enumerate(SPEC_BASES) for path in string_leaves(base)]
+
+
+@pytest.mark.slurm
+@examples(120)
+@given(leaf=st.sampled_from(LEAVES), text=typed_text)
+def test_any_text_in_any_string_of_a_spec_renders_or_is_refused_in_lines(dev_cluster, tmp_path, leaf, text):
+    base, path = leaf
+    spec = write_config(tmp_path, with_value(SPEC_BASES[base], path, text), "json")
+    env, calls = slurm_shims(tmp_path / "slurm", passthrough=("sacctmgr", "sshare", "scontrol", "sinfo"))
+    result = invoke("submit", str(spec), "--site", "dev", "--dry-run", env={**env, "HPCTRAIN_LEDGER": str(tmp_path / "l.db")})
+    if result.exit_code != 0:
+        assert_user_error(result.exit_code, result.stderr)
+    assert calls()["sbatch"] == 0
+    assert_ledger_untouched(tmp_path / "l.db")
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("path, text", [
+    (("name",), "job\r"), (("name",), "naïve"), (("command", 2), "print('naïve\\r日本')"),
+    (("env", "GREETING"), "a\u2028b\rc"), (("command", 2), "print(" + "1+" * 2500 + "1)"), (("workdir",), "/tmp/日本")])
+def test_odd_text_in_a_real_submission_gives_a_job_or_one_line(dev_cluster, tmp_path, isolated_ledger, path, text):
+    base = {"name": "typed", "command": [sys.executable, "-c", "print('ok')"], "launcher": "none",
+            "resources": {"mem": "100M", "time": "00:02:00", "account": "teama"}, "env": {"GREETING": "hi"}}
+    if path == ("workdir",):
+        Path(text).mkdir(exist_ok=True)
+    spec = write_config(tmp_path, with_value({**base, "workdir": "/tmp"}, path, text), "json")
+    done = run_cli("submit", "--wait", str(spec))
+    if done.returncode == 0:
+        assert "COMPLETED" in done.stdout.splitlines()[-1], done.stdout
+    else:
+        assert_user_error(done.returncode, done.stderr)
+    with Ledger(isolated_ledger) as ledger:
+        assert {j["state"] for j in ledger.rows("jobs")} <= {"COMPLETED", "SUBMIT_FAILED"}
