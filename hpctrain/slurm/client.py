@@ -91,6 +91,25 @@ class SlurmClient:
         """`scontrol -o show <entity>` (partition, node, job, ...) as one dict per record."""
         return parse_kv_lines(self.run("scontrol", "-o", "show", entity))
 
+    def show_job(self, target: str) -> dict[str, str]:
+        """`scontrol -o show job TARGET` for one job or one array task (``<array>_<task>``)."""
+        records = parse_kv_lines(self.run("scontrol", "-o", "show", "job", target))
+        if len(records) != 1:
+            raise SlurmError(f"scontrol show job {target}: expected one record, got {len(records)}")
+        return records[0]
+
+    def requeue(self, target: str) -> None:
+        """`scontrol requeue TARGET`: a job, or only one task of an array (``<array>_<task>``)."""
+        self.run("scontrol", "requeue", target)
+
+    def find_by_comment(self, comment: str) -> str | None:
+        """The id of this user's job (an array's own id) whose comment is ``comment``, if the controller has one."""
+        for line in self.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k").splitlines():
+            slurm_id, _, text = line.partition("|")
+            if text == comment:
+                return slurm_id.split("_")[0]
+        return None
+
     def sacctmgr(self, entity: str, *conditions: str, fields: str) -> list[dict[str, str]]:
         """`sacctmgr -n -P show <entity> ... format=<fields>` as dicts keyed by the field names."""
         out = self.run("sacctmgr", "-n", "-P", "show", entity, *conditions, f"format={fields}")

@@ -69,14 +69,9 @@ class Submitter:
     def _find_tagged(self, tag: str) -> str | None:
         """The Slurm id of this user's job carrying ``tag`` (see submission_tag), if the controller has it."""
         try:
-            out = self.client.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k")
+            return self.client.find_by_comment(tag)
         except HpctrainError:
             return None
-        for line in out.splitlines():
-            slurm_id, _, comment = line.partition("|")
-            if comment == tag:
-                return slurm_id.split("_")[0]
-        return None
 
     def _chunks(self, spec: JobSpec, params: list[dict[str, Any]]) -> list[ArrayChunk | None]:
         if spec.array is None:
