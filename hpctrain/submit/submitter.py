@@ -114,7 +114,7 @@ class Submitter:
                     "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
                 })
                 previous = [self._sbatch(job_id, script, secret_values, submission_tag(files, str(job_id)))]
-            except BaseException as exc:  # an interrupt too: no row may stay SUBMITTING
+            except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
                 message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
                 self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": message, "updated_at": time.time()})
                 self.ledger.event("submit_failed", message, job_id=job_id)
