@@ -78,6 +78,9 @@ class _Group(click.Group):
             click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {exc.name}, which this install "
                        f"lacks: pip install 'hpctrain[{extra}]'", err=True)
             ctx.exit(2)
+        except OSError as exc:  # a file or directory hpctrain must write (logs, job directory) refused, say
+            click.echo(f"hpctrain: error: {exc}", err=True)
+            ctx.exit(2)
         except Exception as exc:
             import sqlite3  # only here: the CLI starts without it
 

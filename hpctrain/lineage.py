@@ -25,9 +25,11 @@ VOLATILE = ("rerun_of",)
 
 
 def entry_point(command: list[str], cwd: Path) -> Path | None:
-    """The file a job's command runs: the module of ``-m``, else its first argument that is a file
-    (the interpreter itself aside)."""
+    """The file a job's command runs: the module of ``-m``, none for ``-c`` code, else its first argument
+    that is a file (the interpreter itself aside)."""
     for i, arg in enumerate(command):
+        if arg == "-c":
+            return None
         if arg == "-m" and i + 1 < len(command):
             try:
                 spec = importlib.util.find_spec(command[i + 1])
@@ -37,9 +39,17 @@ def entry_point(command: list[str], cwd: Path) -> Path | None:
         if _INTERPRETER.match(Path(arg).name):
             continue
         path = Path(arg) if Path(arg).is_absolute() else cwd / arg
-        if path.is_file():
+        if _is_file(path):
             return path.resolve()
     return None
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file, false also for a name longer than the file system allows."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _git(directory: Path, *args: str) -> str | None:

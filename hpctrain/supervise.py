@@ -80,7 +80,7 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
 def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: int) -> str:
     target = job["slurm_job_id"] + (f"_{task}" if task >= 0 else "")
     try:
-        client.run("scontrol", "requeue", target)
+        client.requeue(target)
         return f"scontrol requeue {target}"
     except HpctrainError as exc:
         if "invalid job id" not in str(exc).lower() or task >= 0:

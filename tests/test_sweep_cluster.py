@@ -119,3 +119,26 @@ def test_early_stopping_cancels_trials_behind_the_median(dev_cluster, isolated_l
         check=True).stdout.splitlines())
     pruned = {t["task_index"] for t in trials.values() if t["state"] == "pruned"}
     assert {int(k.split("_")[1]) for k, v in sacct.items() if v.startswith("CANCELLED")} == pruned, (sacct, trials)
+
+
+def test_one_broken_sweep_leaves_the_cron_tick_to_the_others(dev_cluster, isolated_ledger, tmp_path):
+    """A sweep whose trials cannot be submitted (its job names an account the user lacks) is marked FAILED in
+    one line and the tick exits 1 for cron's mail; the sweep registered after it still gets its trials, and
+    later ticks leave the broken one out."""
+    grid = ('method = "grid"\nmax_parallel = 2\n[search]\nx = { type = "choice", values = [0.0, 0.5] }\n'
+            'y = { type = "choice", values = [0.0] }')
+    broken = sweep_spec(tmp_path, "broken", grid)
+    broken.write_text(broken.read_text().replace('account = "teama"', 'account = "teamz"'))
+    for spec in (broken, sweep_spec(tmp_path, "healthy", grid)):
+        assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
+    first = run_cli("sweep", "tick")
+    assert first.returncode == 1, first.stderr
+    assert first.stderr.startswith("hpctrain: error: sweep broken: ") and first.stderr.count("\n") == 1
+    assert "'teamz'" in first.stderr and "Traceback" not in first.stderr
+    assert "sweep healthy: 2 submitted" in first.stdout
+    later = run_cli("sweep", "tick")
+    assert later.returncode == 0 and "broken" not in later.stdout + later.stderr
+    with Ledger(isolated_ledger) as ledger:
+        states = {s["id"]: s["state"] for s in ledger.rows("sweeps")}
+        assert states["broken"] == "FAILED" and states["healthy"] in ("ACTIVE", "DONE")
+        assert "SUBMITTING" not in {j["state"] for j in ledger.rows("jobs")}

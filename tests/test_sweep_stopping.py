@@ -6,6 +6,9 @@ import random
 import time
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hpctrain.sweep.methods import TrialRecord
 from hpctrain.sweep.spec import SweepSpec
 from hpctrain.sweep.stopping import should_stop, trials_to_stop
@@ -130,3 +133,44 @@ def test_trials_to_stop_is_fast_over_10000_trials():
         stopped = trials_to_stop(spec, trials)
         assert time.perf_counter() - t0 < 1.5, spec.early_stopping.rule
         assert 1000 < len(stopped) < 9000
+
+
+# Against Optuna's MedianPruner. Where only completed trials report, the two decide alike; hpctrain also
+# counts running and stopped trials' curves. A cron sweep runs max_parallel trials at once and the first
+# of them may be all there is: Optuna, counting completed trials only, could stop none of them.
+
+def optuna_prunes(spec: SweepSpec, trial: TrialRecord, completed: list[TrialRecord]) -> bool:
+    import optuna
+    from optuna.trial import TrialState, create_trial
+
+    es = spec.early_stopping
+    study = optuna.create_study(direction=spec.direction)
+    for t in completed:
+        study.add_trial(create_trial(state=TrialState.COMPLETE, value=0.0, intermediate_values=t.intermediate))
+    judged = create_trial(state=TrialState.RUNNING, intermediate_values=trial.intermediate)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=0, n_warmup_steps=es.grace_steps, n_min_trials=es.min_trials)
+    return pruner.prune(study, judged)
+
+
+curves = st.dictionaries(st.sampled_from([10, 20, 30, 40]), st.integers(0, 20).map(float), min_size=1)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(direction=st.sampled_from(["minimize", "maximize"]), grace=st.sampled_from([0, 20]),
+       min_trials=st.integers(1, 4), own=curves, others=st.lists(curves, max_size=7))
+def test_median_stopping_decides_as_optunas_median_pruner_on_completed_trials(direction, grace, min_trials, own,
+                                                                              others):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    spec = make_spec(direction, rule="median", grace_steps=grace, min_trials=min_trials)
+    completed = [curve(i, c, "completed") for i, c in enumerate(others)]
+    trial = curve(99, own)
+    assert (should_stop(spec, trial, completed) is not None) == optuna_prunes(spec, trial, completed)
+
+
+def test_median_stopping_also_learns_from_running_trials_where_optuna_waits():
+    running = [loss_curve(i, floor=i + 1, last_step=40) for i in range(5)]
+    bad = loss_curve(11, floor=6, last_step=40)
+    assert should_stop(MEDIAN, bad, running) is not None
+    assert not optuna_prunes(MEDIAN, bad, [])  # none completed: Optuna's median has nothing to compare with

@@ -72,3 +72,15 @@ def test_trial_parameters_override_hyperparameters_and_dotted_fields():
     with pytest.raises(ConfigError, match=r"\$HPCTRAIN_PARAMS: parallel\.micro_batch: expected an integer"):
         spec.with_params({"parallel.micro_batch": "four"})
     assert json.loads(json.dumps(spec.with_params({}).model_dump(mode="json"))) == spec.model_dump(mode="json")
+
+
+def test_the_tick_lock_is_exclusive_and_a_long_wait_is_one_line(tmp_path):
+    from hpctrain.sweep.tick import tick_lock
+
+    ledger = tmp_path / "ledger.db"
+    with tick_lock(ledger):
+        with pytest.raises(HpctrainError, match=r"ledger\.db\.sweep-lock: another sweep tick has held the lock for over 0\.2s"):
+            with tick_lock(ledger, wait_s=0.2):
+                pass
+    with tick_lock(ledger, wait_s=0.2):  # released
+        pass

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterable, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hpctrain.errors import ConfigError
 
@@ -25,10 +25,30 @@ Loc = tuple[str | int, ...]
 
 
 class StrictModel(BaseModel):
-    """Base for config sections: unknown keys are errors, not silently ignored."""
+    """Base for config sections: unknown keys are errors, not silently ignored; no string holds a NUL."""
 
     # strict: TOML and YAML carry types, so '2' for an integer or "yes" for a bool is a mistake.
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        # Every string here may end in an argv, an environment, a path or a Slurm option: none can hold one.
+        if _holds_nul(value):
+            raise ValueError("a NUL byte (\\u0000) cannot be passed to a program, an environment or a path")
+        return value
+
+
+def _holds_nul(value: Any) -> bool:
+    """Whether a string, or one in a list or among a dict's values, holds a NUL byte. Models check their own
+    fields; keys are checked where they are named (environment names, say)."""
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, (list, tuple)):
+        return any(map(_holds_nul, value))
+    if isinstance(value, dict):
+        return any(map(_holds_nul, value.values()))
+    return False
 
 
 def read_mapping(path: Path) -> dict[str, Any]:

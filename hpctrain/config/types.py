@@ -12,8 +12,8 @@ from hpctrain.config.loading import expand_path
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 # Partition, QOS and account names go on #SBATCH lines: letters, digits and _.- only.
-SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-SLURM_NAME_RULE = "expected a Slurm name: a letter or digit, then letters, digits, _ . or -"
+SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}"
+SLURM_NAME_RULE = "expected a Slurm name: a letter or digit, then letters, digits, _ . or - (255 at most)"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
 

@@ -17,7 +17,6 @@ from hpctrain.errors import SlurmError
 from hpctrain.ledger.journal import ATTEMPT_BASE_ENV, Journal, run_number
 from hpctrain.runtime.guard import JobNow
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.slurm.parse import parse_kv_lines
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
@@ -34,7 +33,7 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
     moves that to the end of the grace."""
     try:
         # By task: an array's last task runs under the array's own id, which shows every task.
-        (job,) = parse_kv_lines(client.run("scontrol", "-o", "show", "job", requeue_target(env)))
+        job = client.show_job(requeue_target(env))
         limit = job.get("TimeLimit", "UNLIMITED")
         end = None if limit in ("UNLIMITED", "Partition_Limit") else \
             datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
@@ -54,7 +53,7 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
         if version.requeues_preempted_exit:
             return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     try:
-        client.run("scontrol", "requeue", target)
+        client.requeue(target)
         return f"scontrol requeue {target}"
     except SlurmError as exc:
         if "pending execution" in str(exc):  # Slurm requeued it first (preemption without grace time)

@@ -8,6 +8,7 @@ benchmarks can prove hpctrain spares the controller.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -58,7 +59,7 @@ class SlurmClient:
         except subprocess.TimeoutExpired:
             raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
         if proc.returncode != 0:
-            raise SlurmError(f"{command} {' '.join(args[:3])}: {_first_error_line(proc.stderr or proc.stdout)}")
+            raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or proc.stdout)}")
         return proc.stdout
 
     # Queries used across hpctrain. Each is exactly one command run.
@@ -89,6 +90,25 @@ class SlurmClient:
     def show(self, entity: str) -> list[dict[str, str]]:
         """`scontrol -o show <entity>` (partition, node, job, ...) as one dict per record."""
         return parse_kv_lines(self.run("scontrol", "-o", "show", entity))
+
+    def show_job(self, target: str) -> dict[str, str]:
+        """`scontrol -o show job TARGET` for one job or one array task (``<array>_<task>``)."""
+        records = parse_kv_lines(self.run("scontrol", "-o", "show", "job", target))
+        if len(records) != 1:
+            raise SlurmError(f"scontrol show job {target}: expected one record, got {len(records)}")
+        return records[0]
+
+    def requeue(self, target: str) -> None:
+        """`scontrol requeue TARGET`: a job, or only one task of an array (``<array>_<task>``)."""
+        self.run("scontrol", "requeue", target)
+
+    def find_by_comment(self, comment: str) -> str | None:
+        """The id of this user's job (an array's own id) whose comment is ``comment``, if the controller has one."""
+        for line in self.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k").splitlines():
+            slurm_id, _, text = line.partition("|")
+            if text == comment:
+                return slurm_id.split("_")[0]
+        return None
 
     def sacctmgr(self, entity: str, *conditions: str, fields: str) -> list[dict[str, str]]:
         """`sacctmgr -n -P show <entity> ... format=<fields>` as dicts keyed by the field names."""
@@ -127,10 +147,13 @@ class SlurmClient:
         self.run("scancel", *args, *job_ids)
 
 
-def _first_error_line(text: str) -> str:
+def complaint(text: str, limit: int = 400) -> str:
+    """A Slurm command's complaint on one line: its error lines (all of them: sbatch names the limit on
+    one and the refusal on the next) joined, each command prefix said once; at most ``limit`` characters."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    # Prefer the line that says what went wrong over generic prefixes.
-    for ln in lines:
-        if "error" in ln.lower():
-            return ln
-    return lines[0] if lines else "failed with no message"
+    errors = [ln for ln in lines if "error" in ln.lower()] or lines[:1]
+    if not errors:
+        return "failed with no message"
+    parts = [errors[0]] + [re.sub(r"^\S+: error: ", "", ln) for ln in errors[1:]]
+    joined = "; ".join(dict.fromkeys(parts))
+    return joined if len(joined) <= limit else joined[:limit - 3] + "..."

@@ -69,14 +69,9 @@ class Submitter:
     def _find_tagged(self, tag: str) -> str | None:
         """The Slurm id of this user's job carrying ``tag`` (see submission_tag), if the controller has it."""
         try:
-            out = self.client.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k")
+            return self.client.find_by_comment(tag)
         except HpctrainError:
             return None
-        for line in out.splitlines():
-            slurm_id, _, comment = line.partition("|")
-            if comment == tag:
-                return slurm_id.split("_")[0]
-        return None
 
     def _chunks(self, spec: JobSpec, params: list[dict[str, Any]]) -> list[ArrayChunk | None]:
         if spec.array is None:
@@ -99,26 +94,32 @@ class Submitter:
         files = JobFiles(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
         for chunk in chunks:
-            job_id = "DRYRUN" if dry_run else str(self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id,
-                                                                   lineage, on_record))
-            if not dry_run and sub.group_id is None:
-                # The ledger id alone is unique only within one ledger; the logs directory is shared.
-                files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
-                self._prepare_dir(files, spec, params)
             after = previous if chunk and chunk.throttle else []
-            script = render_script(spec, self.site, placement, files, job_id, chunk, after)
-            sub.scripts.append(script)
             if dry_run:
+                sub.scripts.append(render_script(spec, self.site, placement, files, "DRYRUN", chunk, after))
                 previous = ["DRYRUN"]
                 continue
-            path = files.script(chunk)
-            path.write_text(script)
-            self.ledger.update("jobs", int(job_id), {
-                "script_path": str(path), "job_dir": str(files.job_dir),
-                "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
-            })
-            previous = [self._sbatch(int(job_id), script, secret_values, submission_tag(files, job_id))]
-            sub.ledger_ids.append(int(job_id))
+            job_id = self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id, lineage, on_record)
+            try:
+                if sub.group_id is None:
+                    # The ledger id alone is unique only within one ledger; the logs directory is shared.
+                    files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
+                    self._prepare_dir(files, spec, params)
+                script = render_script(spec, self.site, placement, files, str(job_id), chunk, after)
+                sub.scripts.append(script)
+                path = files.script(chunk)
+                path.write_text(script)
+                self.ledger.update("jobs", job_id, {
+                    "script_path": str(path), "job_dir": str(files.job_dir),
+                    "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+                })
+                previous = [self._sbatch(job_id, script, secret_values, submission_tag(files, str(job_id)))]
+            except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
+                message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
+                self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": message, "updated_at": time.time()})
+                self.ledger.event("submit_failed", message, job_id=job_id)
+                raise
+            sub.ledger_ids.append(job_id)
             sub.slurm_ids.extend(previous)
         return sub
 
@@ -164,8 +165,6 @@ class Submitter:
             # would run it twice, so look for it first.
             found = self._find_tagged(tag) if isinstance(exc, SlurmTimeout) else None
             if found is None:
-                self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": str(exc), "updated_at": time.time()})
-                self.ledger.event("submit_failed", str(exc), job_id=job_id)
                 raise
             slurm_id = found
         now = time.time()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -54,10 +55,15 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
         results = tick_all(ledger, client, cfg, sweep_ids,
                            on_warning=lambda w: click.echo(f"hpctrain: warning: {w}", err=True))
     for r in results:
+        if r.error is not None:
+            click.echo(f"hpctrain: error: sweep {r.sweep}: {r.error}; marked FAILED, later ticks leave it out", err=True)
+            continue
         parts = [f"{len(r.submitted)} submitted", f"{len(r.resubmitted)} resubmitted", f"{len(r.stopped)} stopped early"]
         click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")
         for number, why in r.stopped.items():
             click.echo(f"  trial {number}: {why}")
+    if any(r.error is not None for r in results):
+        sys.exit(1)  # cron reports it; the other sweeps have ticked
 
 
 @sweep.command()

@@ -13,6 +13,10 @@ counts as a reference, whatever its state):
   push it out. No decision at rungs below grace_steps, or with fewer than min_trials others at r.
 
 Under either rule a trial whose latest value is NaN or infinite (diverged) stops, once past grace_steps.
+
+Why not Optuna's pruners: they compare with completed trials only. A cron sweep runs max_parallel trials
+at once, and its first batch may be all there is, so that Optuna could stop none of them. Where only
+completed trials report, median stopping decides exactly as Optuna's MedianPruner (a test checks it).
 """
 
 from __future__ import annotations

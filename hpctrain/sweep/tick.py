@@ -8,7 +8,6 @@ so a second tick right after the first finds nothing missing and submits nothing
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import time
 from dataclasses import dataclass, field
@@ -37,26 +36,23 @@ class TickResult:
     resubmitted: list[int] = field(default_factory=list)
     stopped: dict[int, str] = field(default_factory=dict)
     state: str = "ACTIVE"
+    error: str | None = None
 
 
 @contextlib.contextmanager
 def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """An exclusive flock beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
-    path = ledger_path.with_name(ledger_path.name + ".sweep-lock")
-    with open(path, "a") as fh:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise HpctrainError(f"{path}: another sweep tick has held the lock for over {wait_s:g}s") from None
-                time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """An exclusive lock file beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(ledger_path.with_name(ledger_path.name + ".sweep-lock"), timeout=wait_s)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise HpctrainError(f"{lock.lock_file}: another sweep tick has held the lock for over {wait_s:g}s") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None,
@@ -68,7 +64,23 @@ def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: l
         on_warning(refreshed.warning)
     if sweep_ids is None:
         sweep_ids = [r["id"] for r in ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
-    return [tick(ledger, client, site, sweep_id) for sweep_id in sweep_ids]
+    results = []
+    for sweep_id in sweep_ids:
+        store.load(ledger, sweep_id)  # an unknown name: the whole tick fails, in one line
+        try:
+            results.append(tick(ledger, client, site, sweep_id))
+        except HpctrainError as exc:
+            client.ping()  # the controller gone meanwhile is no fault of this sweep: fail the tick
+            results.append(_failed(ledger, sweep_id, exc))
+    return results
+
+
+def _failed(ledger: Ledger, sweep_id: str, exc: HpctrainError) -> TickResult:
+    """A sweep whose tick failed on its own account (its job refused, say) is marked FAILED and left out of
+    later ticks, so that the other sweeps tick on."""
+    ledger.update("sweeps", sweep_id, {"state": "FAILED", "updated_at": time.time()})
+    ledger.event("sweep_failed", str(exc), sweep=sweep_id)
+    return TickResult(sweep_id, state="FAILED", error=str(exc))
 
 
 def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -> TickResult:
