@@ -39,7 +39,7 @@ import torch
 from _figures import figure
 from hpctrain.checkpoint import Checkpointer, Retention, load
 from hpctrain.checkpoint.naming import committed_name
-from hpctrain.ledger.journal import fsync_dir
+from hpctrain.files import fsync_dir
 
 T = TypeVar("T")
 

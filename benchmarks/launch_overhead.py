@@ -18,9 +18,10 @@ import tempfile
 from pathlib import Path
 
 from hpctrain.config import load_job_spec, load_site
+from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import TERMINAL, Poller
+from hpctrain.slurm.states import TERMINAL
 
 from _figures import figure
 

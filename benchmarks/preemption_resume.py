@@ -36,7 +36,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.parse import parse_parsable_with_header
-from hpctrain.status import parse_time
+from hpctrain.slurm.sacct import parse_time
 from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 

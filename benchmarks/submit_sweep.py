@@ -20,8 +20,8 @@ from pathlib import Path
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
-from hpctrain.status import Poller, job_summaries
 from hpctrain.submit import Submitter
 
 from _figures import figure

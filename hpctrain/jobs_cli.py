@@ -91,7 +91,8 @@ def _wait_finished(cfg: Any, ledger_ids: list[int]) -> dict[int, str]:
     """Poll (one sacct call each time, backing off from 1 s to 15 s) until the jobs are finished."""
     from hpctrain.ledger import Ledger
     from hpctrain.slurm import SlurmClient
-    from hpctrain.status import TERMINAL, Poller, next_interval
+    from hpctrain.jobs.poll import Poller, next_interval
+    from hpctrain.slurm.states import TERMINAL
 
     interval = 1.0
     with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:
@@ -134,9 +135,9 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
            count: int | None, no_refresh: bool, limit: int) -> None:
     """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
     running jobs that stalled or wait on data are flagged."""
-    from hpctrain.alerts import job_alerts
-    from hpctrain.reconcile import reconcile
-    from hpctrain.status import job_summaries, next_interval
+    from hpctrain.jobs.alerts import job_alerts
+    from hpctrain.jobs.reconcile import reconcile
+    from hpctrain.jobs.poll import job_summaries, next_interval
 
     cfg, ledger, client = open_site(site)
     console = make_console()
@@ -292,7 +293,7 @@ def rerun(job: str, site: str | None) -> None:
 def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
     """Cancel a job (all chunks of its submission) or every job of a sweep, in one scancel call."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.status import TERMINAL
+    from hpctrain.slurm.states import TERMINAL
 
     if bool(job) == bool(sweep):
         raise click.UsageError("give a JOB or --sweep, not both")
@@ -318,7 +319,7 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
 @site_option
 def reconcile(site: str | None) -> None:
     """Fold job states (one sacct call) and compute-node journals (checkpoints, metrics, events) into the ledger."""
-    from hpctrain.reconcile import reconcile as run_reconcile
+    from hpctrain.jobs.reconcile import reconcile as run_reconcile
 
     cfg, ledger, client = open_site(site)
     with ledger:

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
-from hpctrain.accounting import GROUPS
 from hpctrain.cli import make_console, site_option
+from hpctrain.jobs.accounting import GROUPS
 
 FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
 
@@ -16,7 +16,7 @@ FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
 def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
     """The site config and its ledger, with job states and journals folded in first unless told not to."""
     from hpctrain.jobs_cli import open_site, warn
-    from hpctrain.reconcile import reconcile
+    from hpctrain.jobs.reconcile import reconcile
 
     cfg, ledger, client = open_site(site)
     if not no_refresh:
@@ -76,7 +76,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     (work after a run's last checkpoint) and cost at the site's prices, per account, user, sweep, job or partition."""
     from datetime import datetime
 
-    from hpctrain.accounting import totals, usage
+    from hpctrain.jobs.accounting import totals, usage
 
     try:
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None

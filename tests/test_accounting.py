@@ -1,6 +1,6 @@
 """GPU-hours, lost work and cost from attempts rows (the cluster test compares with sacct itself)."""
 
-from hpctrain.accounting import totals, usage
+from hpctrain.jobs.accounting import totals, usage
 from hpctrain.ledger import Ledger
 
 H = 3600.0

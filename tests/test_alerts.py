@@ -3,8 +3,8 @@
 import json
 import time
 
-from hpctrain.alerts import job_alerts
 from hpctrain.config.site import Alerts
+from hpctrain.jobs.alerts import job_alerts
 from hpctrain.ledger import Ledger
 
 from conftest import run_cli

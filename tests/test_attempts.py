@@ -7,12 +7,13 @@ import sys
 
 import pytest
 
+from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.attempts import Outcome, decide, fill_end_steps, journal_outcomes, latest_committed_step, stalled_streak
 from hpctrain.slurm.parse import parse_parsable_with_header
-from hpctrain.status import Poller, histories
+from hpctrain.slurm.sacct import histories
 
 POLICY = {"requeue": True, "on_error": True, "max_stalled": 3}
 

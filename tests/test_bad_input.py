@@ -29,11 +29,11 @@ from click.testing import CliRunner, Result
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
-from hpctrain.accounting import GROUPS
 from hpctrain.cli import cli
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config import job, site
 from hpctrain.errors import ConfigError, LedgerError
+from hpctrain.jobs.accounting import GROUPS
 from hpctrain.ledger import SCHEMA_VERSION, Ledger
 
 from conftest import REPO, SHIMMED, run_cli

@@ -9,9 +9,10 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import TERMINAL, Poller, job_summaries
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
 from conftest import run_cli, wait_until

@@ -11,10 +11,11 @@ import pytest
 
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec, Model
+from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import TERMINAL, Poller
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 

@@ -14,10 +14,10 @@ import time
 
 import pytest
 
-from hpctrain.accounting import Usage
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import HpctrainError
+from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import account_report, job_report, sweep_report
 from hpctrain.report.collect import cumulative_gpu_hours

@@ -13,11 +13,12 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.poll import Poller
+from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
-from hpctrain.reconcile import reconcile
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import TERMINAL, Poller
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
 from conftest import REPO, run_cli, wait_until

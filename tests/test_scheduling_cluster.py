@@ -8,9 +8,9 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import Poller, job_summaries
 from hpctrain.submit import Submitter
 from hpctrain.submit.placement import choose_placement, fairshare_standings
 

@@ -13,8 +13,8 @@ import pytest
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
+from hpctrain.slurm.sacct import FIELDS as SACCT_FIELDS, histories
 from hpctrain.slurm.version import SlurmFeatures
-from hpctrain.status import SACCT_FIELDS, histories
 
 RECORDINGS = sorted((Path(__file__).parent / "slurm_outputs").glob("*.json"))
 

@@ -1,7 +1,9 @@
 """Status bookkeeping on recorded sacct output: attempts, requeues, array ranges, back-off."""
 
+from hpctrain.jobs.poll import next_interval
 from hpctrain.slurm.parse import parse_parsable_with_header
-from hpctrain.status import array_state, expand_task_range, histories, next_interval
+from hpctrain.slurm.sacct import expand_task_range, histories
+from hpctrain.slurm.states import array_state
 
 # `sacct -X -D --parsable2` recorded on the dev cluster: a requeued job, an array mid-run, a preempted one.
 RECORDED = """\

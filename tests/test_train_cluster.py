@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_job_spec, load_site
+from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
-from hpctrain.status import TERMINAL, Poller, job_summaries
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
 from conftest import wait_until

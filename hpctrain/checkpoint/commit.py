@@ -18,7 +18,7 @@ from hpctrain.checkpoint.manifest import NewerFormatError, merge
 from hpctrain.checkpoint.naming import MANIFEST, committed_name, list_dirs, trash_name
 from hpctrain.checkpoint.reader import quick_check
 from hpctrain.errors import CheckpointError
-from hpctrain.ledger.journal import fsync_dir, write_json_atomic
+from hpctrain.files import fsync_dir, write_json_atomic
 
 log = logging.getLogger("hpctrain.checkpoint")
 

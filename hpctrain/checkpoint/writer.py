@@ -19,7 +19,7 @@ from hpctrain.checkpoint.format import (Box, TensorMeta, array_spec, as_numpy, b
 from hpctrain.checkpoint.naming import TENSORS
 from hpctrain.checkpoint.tree import Shard
 from hpctrain.errors import CheckpointError
-from hpctrain.ledger.journal import fsync_dir
+from hpctrain.files import fsync_dir
 
 _MAX_CHUNK = 128 << 20  # full tensors above this are stored as row blocks: written in parallel, read in part
 _WRITE_STREAMS = 4  # chunk files written at a time (see write_pieces)

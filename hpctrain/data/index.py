@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import DataError
-from hpctrain.ledger.journal import write_json_atomic
+from hpctrain.files import write_json_atomic
 
 FORMAT = "hpctrain-shards/1"
 

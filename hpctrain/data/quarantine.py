@@ -13,7 +13,8 @@ import time
 
 from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.errors import DataError
-from hpctrain.ledger.journal import Journal, write_json_atomic
+from hpctrain.files import write_json_atomic
+from hpctrain.ledger.journal import Journal
 
 
 class Quarantine:

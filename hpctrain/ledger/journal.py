@@ -16,32 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from hpctrain.files import write_json_atomic
+
 JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
 JOB_ID_ENV = "HPCTRAIN_JOB_ID"
 ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"  # runs under earlier Slurm ids of a job reconcile resubmitted
 _seq = itertools.count()
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, data: Any, mode: int = 0o666) -> None:
-    """Write JSON to ``path`` so that readers see the old file, or the whole new one: never a part.
-
-    The file is created with ``mode`` (narrowed by the umask), so it is never readable more widely, not even briefly.
-    """
-    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as fh:
-        json.dump(data, fh, sort_keys=True, default=str)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def run_number(env: Mapping[str, str]) -> int:

@@ -8,9 +8,9 @@ from collections import Counter
 from datetime import datetime
 from typing import Any
 
-from hpctrain.accounting import Usage, totals, usage
 from hpctrain.config import SiteConfig
 from hpctrain.errors import HpctrainError
+from hpctrain.jobs.accounting import Usage, totals, usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render

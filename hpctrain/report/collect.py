@@ -7,8 +7,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.accounting import Usage
 from hpctrain.errors import HpctrainError
+from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.

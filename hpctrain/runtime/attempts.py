@@ -10,17 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
 from hpctrain.ledger.journal import Journal
 
-# Why a run ended, from the final Slurm state of its record when nothing more precise was journaled.
-CAUSE_OF_STATE = {
-    "COMPLETED": "completed", "PREEMPTED": "preemption", "TIMEOUT": "timeout", "DEADLINE": "timeout",
-    "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure", "OUT_OF_MEMORY": "oom", "FAILED": "error",
-    "CANCELLED": "cancelled", "REQUEUED": "requeued",
-}
 # Not the job's doing: requeued whenever the spec allows requeue at all.
 EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
 # The job's own doing: requeued only with retry.on_error.
@@ -88,10 +82,30 @@ def latest_committed_step(directory: Path | None) -> int | None:
     return max(steps, default=0)
 
 
-def checkpoint_dir(spec: dict[str, Any], task_index: int) -> Path | None:
-    """Where a task of a (JSON) job spec checkpoints, if it does."""
-    directory = (spec.get("checkpoint") or {}).get("dir")
-    return task_dir(Path(directory), task_index) if directory else None
+@dataclass(frozen=True)
+class RunPolicy:
+    """A job spec's word on running again and where the task checkpoints, read from the spec as stored
+    (the ledger's JSON, the job directory's spec.json) through the spec's own models: one set of defaults."""
+
+    requeue: bool
+    on_error: bool
+    max_stalled: int
+    checkpoint_root: Path | None
+
+    @classmethod
+    def of(cls, spec: Mapping[str, Any]) -> "RunPolicy":
+        from hpctrain.config.job import CheckpointPolicy, JobSpec, RetryPolicy
+
+        retry = RetryPolicy.model_validate(spec.get("retry") or {})
+        return cls(spec.get("requeue", JobSpec.model_fields["requeue"].default), retry.on_error,
+                   retry.max_stalled_attempts, CheckpointPolicy.model_validate(spec.get("checkpoint") or {}).dir)
+
+    def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
+        return decide(outcomes, self.requeue, self.on_error, self.max_stalled)
+
+    def checkpoint_dir(self, task_index: int) -> Path | None:
+        """Where this task checkpoints, if the job does."""
+        return task_dir(self.checkpoint_root, task_index) if self.checkpoint_root else None
 
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -16,21 +17,16 @@ import click
 REFUSED = 3
 
 
-def _context() -> tuple[object, dict, int]:
+def _context() -> tuple[Any, Any, int]:
     from hpctrain.ledger.journal import Journal, job_context
+    from hpctrain.runtime.attempts import RunPolicy
 
     journal = Journal.from_env()
     if journal is None:
         raise click.UsageError("not inside an hpctrain batch script ($HPCTRAIN_JOURNAL_DIR is not set)")
     spec_file = os.environ.get("HPCTRAIN_SPEC")
     spec = json.loads(open(spec_file, encoding="utf-8").read()) if spec_file else {}
-    return journal, spec, job_context()["task_index"]
-
-
-def _policy(spec: dict) -> dict:
-    retry = spec.get("retry") or {}
-    return {"requeue": spec.get("requeue", True), "on_error": retry.get("on_error", False),
-            "max_stalled": retry.get("max_stalled_attempts", 3)}
+    return journal, RunPolicy.of(spec), job_context()["task_index"]
 
 
 @click.group(hidden=True)
@@ -43,18 +39,18 @@ def start() -> None:
     """Journal this run's number and starting checkpoint step; print the number. Exits 3 when the job
     should not run again (Slurm requeued it by itself past the requeue cap)."""
     from hpctrain.ledger.journal import run_number
-    from hpctrain.runtime.attempts import checkpoint_dir, decide, fill_end_steps, journal_outcomes, latest_committed_step
+    from hpctrain.runtime.attempts import fill_end_steps, journal_outcomes, latest_committed_step
 
-    journal, spec, task = _context()
+    journal, policy, task = _context()
     number = run_number(os.environ)
     history = [o for n, o in journal_outcomes(journal, task).items() if n < number]
-    step = latest_committed_step(checkpoint_dir(spec, task))
+    step = latest_committed_step(policy.checkpoint_dir(task))
     journal.write("attempt_start", attempt=number, step=step)
     # A previous run that ended without its own record was requeued by Slurm (preemption with no grace,
     # node failure): the cap still applies. A run after a recorded stop was requeued by a person: it runs.
     if history and history[-1].cause is None:
         history[-1].cause = "requeued"
-        go, why = decide(fill_end_steps(history, step), **_policy(spec))
+        go, why = policy.decide(fill_end_steps(history, step))
         if not go:
             journal.write("attempt_end", attempt=number, cause="refused", step_end=step, exit_code=REFUSED,
                           requeued=False, message=why)
@@ -70,9 +66,9 @@ def end(exit_code: int, signal_name: str | None) -> None:
     """Journal how this run ended; requeue the job (or only this array task) when the policy says so."""
     from hpctrain.errors import HpctrainError
     from hpctrain.ledger.journal import run_number
-    from hpctrain.runtime.attempts import Outcome, checkpoint_dir, decide, journal_outcomes, latest_committed_step
+    from hpctrain.runtime.attempts import Outcome, journal_outcomes, latest_committed_step
 
-    journal, spec, task = _context()
+    journal, policy, task = _context()
     number = run_number(os.environ)
     runs = journal_outcomes(journal, task)
     this = runs.setdefault(number, Outcome(None))
@@ -82,8 +78,8 @@ def end(exit_code: int, signal_name: str | None) -> None:
         requeued_by_slurm = False
     else:
         this.cause, requeued_by_slurm = _cause(exit_code, signal_name)
-    this.step_end = latest_committed_step(checkpoint_dir(spec, task))
-    go, why = decide([o for n, o in runs.items() if n <= number], **_policy(spec))
+    this.step_end = latest_committed_step(policy.checkpoint_dir(task))
+    go, why = policy.decide([o for n, o in runs.items() if n <= number])
     if go and requeued_by_slurm:
         why = f"{this.cause}; requeued by Slurm"
     journal.write("attempt_end", attempt=number, cause=this.cause, step_end=this.step_end, exit_code=exit_code,

@@ -16,8 +16,8 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
+from hpctrain.files import write_json_atomic
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.journal import write_json_atomic
 from hpctrain.lineage import lineage as build_lineage
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.limits import max_array_size

@@ -82,7 +82,7 @@ def trial_state(trial_state: str, task_state: str | None) -> str:
         return trial_state
     if task_state in TASK_TO_TRIAL:
         return TASK_TO_TRIAL[task_state]
-    from hpctrain.status import TERMINAL
+    from hpctrain.slurm.states import TERMINAL
 
     return "failed" if task_state in TERMINAL else "pending"
 

@@ -17,8 +17,8 @@ from typing import Callable, Iterator
 from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.errors import HpctrainError
+from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
-from hpctrain.reconcile import reconcile
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit import Submitter
 from hpctrain.submit.arrays import ArrayChunk

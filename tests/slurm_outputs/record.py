@@ -21,7 +21,7 @@ from typing import Any
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import parse_kv_lines
-from hpctrain.status import SACCT_FIELDS
+from hpctrain.slurm.sacct import FIELDS as SACCT_FIELDS
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,30 +1,17 @@
-"""Job state from Slurm into the ledger: one batched sacct call per poll, whatever the job count.
-
-`sacct -X -D` lists one row per allocation attempt (a requeued or preempted run keeps its row),
-with array tasks expanded and a still-pending task range in one row. Restart and preemption
-counts come from those rows (sacct in 22.05 has no restart-count field).
-"""
+"""Job state from Slurm into the ledger: one batched sacct call per poll, whatever the job count."""
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from hpctrain.ledger import Ledger
-from hpctrain.runtime.attempts import CAUSE_OF_STATE
 from hpctrain.errors import SlurmError
+from hpctrain.ledger import Ledger
+from hpctrain.runtime.attempts import RunPolicy
+from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient
-
-SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-            "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"}
-_JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
-_GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
-
+from hpctrain.slurm.states import CAUSE_OF_STATE, TERMINAL, array_state
 
 # Why a run ended, from its Slurm state, until something more precise is journaled for it (constants only).
 _FILL_CAUSE_SQL = (
@@ -32,107 +19,6 @@ _FILL_CAUSE_SQL = (
     + " ".join(f"WHEN '{state}' THEN '{cause}'" for state, cause in CAUSE_OF_STATE.items())
     + " END WHERE job_id = ? AND cause IS NULL AND state IN (" + ",".join(f"'{s}'" for s in CAUSE_OF_STATE) + ")"
 )
-
-
-def expand_task_range(text: str) -> list[int]:
-    """'[2-4,7%2]' -> [2, 3, 4, 7]."""
-    tasks: list[int] = []
-    for part in text.strip("[]").split("%")[0].split(","):
-        lo, _, hi = part.partition("-")
-        tasks.extend(range(int(lo), int(hi or lo) + 1))
-    return tasks
-
-
-def parse_time(text: str) -> float | None:
-    if not text or text in ("Unknown", "None", "N/A"):
-        return None
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
-
-
-def normal_state(text: str) -> str:
-    """'CANCELLED by 0' -> 'CANCELLED'."""
-    return text.split()[0] if text else "UNKNOWN"
-
-
-@dataclass
-class Attempt:
-    state: str
-    submit: float | None
-    start: float | None
-    end: float | None
-    node_list: str
-    exit_code: str
-    gpus: int
-    reason: str
-    elapsed_s: int | None = None
-
-
-# A run that ended like this is requeued by Slurm when the job allows requeue; the next run's
-# record may not be in slurmdbd yet, so the job is not finished.
-REQUEUE_STATES = {"PREEMPTED", "NODE_FAIL", "REQUEUED"}
-
-
-@dataclass
-class TaskHistory:
-    """All attempts of one job or array task, oldest first."""
-
-    attempts: list[Attempt] = field(default_factory=list)
-    requeue: bool = True
-    requeued_by_us: bool = False
-
-    @property
-    def state(self) -> str:
-        last = self.attempts[-1].state
-        if self.requeued_by_us or (self.requeue and last in REQUEUE_STATES):
-            return "REQUEUED"
-        return last
-
-    @property
-    def restarts(self) -> int:
-        return len(self.attempts) - 1
-
-
-def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
-    """sacct rows -> {base job id: {task index (-1: not an array): history}}.
-
-    A pending-range row (``2_[6-11%3]``) stands for tasks that have not started; a task with a row of its
-    own is left out of it: sacct can list a throttled array's task in both for a while after it starts.
-    """
-    out: dict[str, dict[int, TaskHistory]] = {}
-    own = {m.groups() for m in map(_JOBID.match, (row["JobID"] for row in rows)) if m and m[2] and m[2][0] != "["}
-    for row in rows:
-        m = _JOBID.match(row["JobID"])
-        if not m:
-            continue  # a step such as 12.batch
-        base, task = m.groups()
-        tasks = [-1] if task is None else (
-            [t for t in expand_task_range(task) if (base, str(t)) not in own] if task.startswith("[") else [int(task)])
-        gpus = _GPUS.search(row.get("AllocTRES", ""))
-        attempt = Attempt(
-            normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
-            parse_time(row.get("End", "")), row.get("NodeList", ""), row.get("ExitCode", ""),
-            int(gpus.group(1)) if gpus else 0, row.get("Reason", ""),
-            int(row["ElapsedRaw"]) if row.get("ElapsedRaw", "").isdigit() else None,
-        )
-        for t in tasks:
-            out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
-    for tasks in out.values():
-        for h in tasks.values():
-            h.attempts.sort(key=lambda a: (a.submit or 0, a.start or float("inf")))
-    return out
-
-
-def array_state(states: list[str]) -> str:
-    if any(s == "RUNNING" for s in states):
-        return "RUNNING"
-    if any(s not in TERMINAL for s in states):
-        return "PENDING"
-    if all(s == "COMPLETED" for s in states):
-        return "COMPLETED"
-    return "CANCELLED" if any(s == "CANCELLED" for s in states) else "FAILED"
 
 
 class Poller:
@@ -154,10 +40,10 @@ class Poller:
             return 0
         ids = [j["slurm_job_id"] for j in jobs]
         try:
-            found, self.warning = histories(self.client.sacct(ids, SACCT_FIELDS)), None
+            found, self.warning = sacct.histories(self.client.sacct(ids, sacct.FIELDS)), None
         except SlurmError as exc:
             # slurmdbd down: the controller still knows pending, running and recently ended jobs.
-            found = histories(self.client.squeue_states(ids))
+            found = sacct.histories(self.client.squeue_states(ids))
             self.warning = f"{exc}; job states from squeue until accounting is back (no attempt history)"
         changed = 0
         with self.ledger.transaction():
@@ -167,9 +53,9 @@ class Poller:
                     changed += 1
         return changed
 
-    def _apply(self, job: dict[str, Any], tasks: dict[int, TaskHistory], attempts_known: bool = True) -> bool:
+    def _apply(self, job: dict[str, Any], tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
         db, now = self.ledger.db, time.time()
-        requeue = json.loads(job["spec_json"] or "{}").get("requeue", True)
+        requeue = RunPolicy.of(json.loads(job["spec_json"] or "{}")).requeue
         base = job["attempt_base"]
         requeued_upto = dict(db.execute("SELECT task_index, max(attempt) FROM attempts WHERE job_id = ? AND requeued = 1 "
                                         "GROUP BY task_index", [job["id"]]).fetchall())

@@ -18,12 +18,9 @@ from typing import Any
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import ATTEMPT_BASE_ENV
-from hpctrain.runtime.attempts import Outcome, checkpoint_dir, decide, fill_end_steps, latest_committed_step
+from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.status import array_state
-
-# Final states in which Slurm does not run the job again by itself.
-DIED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED", "DEADLINE")
+from hpctrain.slurm.states import DIED, array_state
 
 _UNDECIDED_SQL = f"""
 SELECT j.id AS job_id, -1 AS task_index FROM jobs j
@@ -54,12 +51,10 @@ def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
 
 
 def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: list[dict[str, Any]]) -> Decision:
-    spec = json.loads(job["spec_json"] or "{}")
-    retry = spec.get("retry") or {}
+    policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
     outcomes = fill_end_steps([Outcome(a["cause"], a["step_start"], a["step_end"]) for a in attempts],
-                              latest_committed_step(checkpoint_dir(spec, task)))
-    go, why = decide(outcomes, spec.get("requeue", True), retry.get("on_error", False),
-                     retry.get("max_stalled_attempts", 3))
+                              latest_committed_step(policy.checkpoint_dir(task)))
+    go, why = policy.decide(outcomes)
     if go:
         try:
             why = f"{why} by reconcile: {_run_again(ledger, client, job, task, len(attempts))}"

@@ -9,12 +9,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.jobs.poll import Poller
+from hpctrain.jobs.supervise import Decision, supervise
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.status import TERMINAL, Poller
-from hpctrain.supervise import Decision, supervise
+from hpctrain.slurm.states import TERMINAL
 
 RECENT_S = 7 * 86400  # journals of jobs that ended within this window are still read
 

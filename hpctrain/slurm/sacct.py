@@ -1,0 +1,99 @@
+"""sacct's answer as attempt histories: one row per allocation attempt of a job or array task.
+
+`sacct -X -D` lists one row per allocation attempt (a requeued or preempted run keeps its row),
+with array tasks expanded and a still-pending task range in one row. Restart and preemption
+counts come from those rows (sacct in 22.05 has no restart-count field).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from hpctrain.slurm.states import REQUEUE_STATES, normal_state
+
+FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
+_JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
+_GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
+
+
+def expand_task_range(text: str) -> list[int]:
+    """'[2-4,7%2]' -> [2, 3, 4, 7]."""
+    tasks: list[int] = []
+    for part in text.strip("[]").split("%")[0].split(","):
+        lo, _, hi = part.partition("-")
+        tasks.extend(range(int(lo), int(hi or lo) + 1))
+    return tasks
+
+
+def parse_time(text: str) -> float | None:
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+@dataclass
+class Attempt:
+    state: str
+    submit: float | None
+    start: float | None
+    end: float | None
+    node_list: str
+    exit_code: str
+    gpus: int
+    reason: str
+    elapsed_s: int | None = None
+
+
+@dataclass
+class TaskHistory:
+    """All attempts of one job or array task, oldest first."""
+
+    attempts: list[Attempt] = field(default_factory=list)
+    requeue: bool = True
+    requeued_by_us: bool = False
+
+    @property
+    def state(self) -> str:
+        last = self.attempts[-1].state
+        if self.requeued_by_us or (self.requeue and last in REQUEUE_STATES):
+            return "REQUEUED"
+        return last
+
+    @property
+    def restarts(self) -> int:
+        return len(self.attempts) - 1
+
+
+def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
+    """sacct rows -> {base job id: {task index (-1: not an array): history}}.
+
+    A pending-range row (``2_[6-11%3]``) stands for tasks that have not started; a task with a row of its
+    own is left out of it: sacct can list a throttled array's task in both for a while after it starts.
+    """
+    out: dict[str, dict[int, TaskHistory]] = {}
+    own = {m.groups() for m in map(_JOBID.match, (row["JobID"] for row in rows)) if m and m[2] and m[2][0] != "["}
+    for row in rows:
+        m = _JOBID.match(row["JobID"])
+        if not m:
+            continue  # a step such as 12.batch
+        base, task = m.groups()
+        tasks = [-1] if task is None else (
+            [t for t in expand_task_range(task) if (base, str(t)) not in own] if task.startswith("[") else [int(task)])
+        gpus = _GPUS.search(row.get("AllocTRES", ""))
+        attempt = Attempt(
+            normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
+            parse_time(row.get("End", "")), row.get("NodeList", ""), row.get("ExitCode", ""),
+            int(gpus.group(1)) if gpus else 0, row.get("Reason", ""),
+            int(row["ElapsedRaw"]) if row.get("ElapsedRaw", "").isdigit() else None,
+        )
+        for t in tasks:
+            out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
+    for tasks in out.values():
+        for h in tasks.values():
+            h.attempts.sort(key=lambda a: (a.submit or 0, a.start or float("inf")))
+    return out
