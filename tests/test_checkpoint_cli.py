@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from checkpoint_helpers import chunk_file, flip_byte, same_bits, special_array
 from hpctrain.checkpoint import Checkpointer
-from hpctrain.checkpoint.cli import ckpt
+from hpctrain.cli.ckpt import ckpt
 from hpctrain.checkpoint.format import to_torch
 from hpctrain.errors import CheckpointError
 
@@ -86,7 +86,7 @@ def test_a_missing_manifest_is_one_clear_error(ckdir):
 
 
 def test_loading_the_cli_module_imports_no_heavy_library():
-    code = ("import sys, hpctrain.checkpoint.cli; "
+    code = ("import sys, hpctrain.cli.ckpt; "
             "print(sorted(m for m in ('torch', 'numpy', 'tensorstore', 'zarr', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

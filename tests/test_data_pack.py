@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from data_helpers import flip_byte, make_dataset
 from hpctrain.data import ShardLoader, load_index, pack
-from hpctrain.data.cli import data
+from hpctrain.cli.data import data
 from hpctrain.errors import DataError
 
 
@@ -91,7 +91,7 @@ def test_verify_reports_each_bad_shard_in_one_line(tmp_path):
 
 
 def test_cli_module_imports_neither_torch_nor_webdataset_nor_numpy():
-    code = "import sys, hpctrain.data.cli; print(sorted({'torch', 'webdataset', 'numpy'} & set(sys.modules)))"
+    code = "import sys, hpctrain.cli.data; print(sorted({'torch', 'webdataset', 'numpy'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -14,8 +14,8 @@
     ck.close()                               # waits for the last save; raises its error
 
 Layout of a checkpoint: ``step_<N>/manifest.json`` (written last), ``rank-<r>.json`` and one zarr
-array per tensor under ``tensors/<path>``. Names are imported on first use: ``hpctrain --help``
-imports this package (for ``cli``) and must not load numpy, tensorstore or torch.
+array per tensor under ``tensors/<path>``. Names are imported on first use: ``hpctrain ckpt``
+imports this package and must not load numpy, tensorstore or torch until a command needs them.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """WebDataset shards: packing, verification, and a deterministic, exactly resumable loader per DP rank.
 
 Heavy dependencies (torch, webdataset) load on first use of the loader or packer, so importing this
-package, or `hpctrain.data.cli`, stays cheap.
+package, or `hpctrain.cli.data`, stays cheap.
 """
 
 from __future__ import annotations

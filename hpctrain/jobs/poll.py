@@ -125,3 +125,15 @@ def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: i
         where = f"AND j.state NOT IN ({','.join('?' * len(TERMINAL))})"
         args += sorted(TERMINAL)
     return [dict(r) for r in ledger.db.query(SUMMARY_SQL.format(where=where), [*args, limit])]
+
+
+def wait_finished(ledger: Ledger, client: SlurmClient, site: str, ledger_ids: list[int]) -> dict[int, str]:
+    """Poll (one sacct call each time, backing off from 1 s to 15 s) until the jobs are finished; their states."""
+    poller, interval = Poller(ledger, client, site), 1.0
+    while True:
+        changed = poller.refresh()
+        states = {i: ledger.get("jobs", i)["state"] for i in ledger_ids}
+        if all(s in TERMINAL for s in states.values()):
+            return states
+        interval = next_interval(interval, 1.0, 15.0, changed > 0)
+        time.sleep(interval)

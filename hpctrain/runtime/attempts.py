@@ -1,7 +1,7 @@
 """Attempts of a job or array task: what each run achieved, and whether another run is worth it.
 
-One policy serves both sides: the batch script asks it when its step ends (``hpctrain.runtime
-attempt-end``), and `hpctrain reconcile` asks it for runs that died without a word (node failure,
+One policy serves both sides: the batch script asks it when its step ends (``hpctrain attempt
+end``), and `hpctrain reconcile` asks it for runs that died without a word (node failure,
 a killed batch shell). Progress is measured in committed checkpoint steps, so a run preempted many
 times keeps going while one that crashes at start stops after ``max_stalled_attempts``.
 """

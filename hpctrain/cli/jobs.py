@@ -10,17 +10,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli import make_console, site_option
-
-
-def open_site(site: str | None) -> tuple[Any, Any, Any]:
-    """The site config, its ledger and a Slurm client for it (for this module's and other CLI commands)."""
-    from hpctrain.config import load_site
-    from hpctrain.ledger import Ledger
-    from hpctrain.slurm import SlurmClient
-
-    cfg = load_site(site)
-    return cfg, Ledger(cfg.ledger.path, mode=cfg.ledger.mode), SlurmClient.for_site(cfg)
+from hpctrain.cli.common import find_job, make_console, open_site, site_option, warn
 
 
 def _steps(start: int | None, end: int | None) -> str:
@@ -53,22 +43,25 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
     cfg, ledger, client = open_site(site)
     with ledger:
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
-    if dry_run:
-        click.echo("\n".join(sub.scripts), nl=False)
-        return
-    if as_json:
-        click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids, "account": sub.placement.account,
-                               "partition": sub.placement.partition, "qos": sub.placement.qos,
-                               "reason": sub.placement.reason}))
-    else:
-        for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
-            click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
-        p = sub.placement
-        click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
-    if wait:
-        states = _wait_finished(cfg, sub.ledger_ids)
-        click.echo(f"finished: {', '.join(f'{i} {s}' for i, s in states.items())}")
-        sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
+        if dry_run:
+            click.echo("\n".join(sub.scripts), nl=False)
+            return
+        if as_json:
+            click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids,
+                                   "account": sub.placement.account, "partition": sub.placement.partition,
+                                   "qos": sub.placement.qos, "reason": sub.placement.reason}))
+        else:
+            for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
+                click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
+            p = sub.placement
+            click.echo(f"  {p.partition}/{p.qos} as {p.account} ({p.reason})")
+        if not wait:
+            return
+        from hpctrain.jobs.poll import wait_finished
+
+        states = wait_finished(ledger, client, cfg.name, sub.ledger_ids)
+    click.echo(f"finished: {', '.join(f'{i} {s}' for i, s in states.items())}")
+    sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
 
 
 def _array_option(text: str) -> Any:
@@ -85,25 +78,6 @@ def _array_option(text: str) -> Any:
     except (ValueError, ValidationError):
         raise click.BadParameter(f"expected N or N%T, whole numbers from 1 (N at most 100000), got {text!r}",
                                  param_hint="--array") from None
-
-
-def _wait_finished(cfg: Any, ledger_ids: list[int]) -> dict[int, str]:
-    """Poll (one sacct call each time, backing off from 1 s to 15 s) until the jobs are finished."""
-    from hpctrain.ledger import Ledger
-    from hpctrain.slurm import SlurmClient
-    from hpctrain.jobs.poll import Poller, next_interval
-    from hpctrain.slurm.states import TERMINAL
-
-    interval = 1.0
-    with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:
-        poller = Poller(ledger, SlurmClient.for_site(cfg), cfg.name)
-        while True:
-            changed = poller.refresh()
-            states = {i: ledger.get("jobs", i)["state"] for i in ledger_ids}
-            if all(s in TERMINAL for s in states.values()):
-                return states
-            interval = next_interval(interval, 1.0, 15.0, changed > 0)
-            time.sleep(interval)
 
 
 def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
@@ -162,26 +136,10 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             time.sleep(wait)
 
 
-def warn(result: Any) -> Any:
-    """Print a refresh's warning (accounting down: states from squeue) on stderr; returns the result."""
-    if result.warning:
-        click.echo(f"hpctrain: warning: {result.warning}", err=True)
-    return result
-
-
 def _seconds(param: click.Parameter, value: float) -> float:
     if not 0.1 <= value <= 86400:  # also refuses nan
         raise click.BadParameter(f"expected seconds from 0.1 to 86400, got {value}", param_hint=param.opts[0])
     return value
-
-
-def find_job(ledger: Any, job: str) -> dict[str, Any]:
-    from hpctrain.errors import HpctrainError
-
-    row = ledger.get("jobs", int(job)) if re.fullmatch(r"[0-9]{1,18}", job) else None
-    if row is None:
-        raise HpctrainError(f"job {job!r}: no such ledger id (see `hpctrain status --all`)")
-    return row
 
 
 @click.command()
@@ -265,25 +223,15 @@ def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None
 @site_option
 def rerun(job: str, site: str | None) -> None:
     """Submit JOB again exactly: its recorded spec, from its directory; says what differs from the first time."""
-    import os
-
-    from hpctrain.config.job import JobSpec
-    from hpctrain.lineage import differences, lineage
-    from hpctrain.submit import Submitter
+    from hpctrain.submit.rerun import rerun as submit_again
 
     cfg, ledger, client = open_site(site)
     with ledger:
-        row = find_job(ledger, job)
-        first = ledger.get("jobs", row["group_id"] or row["id"])
-        spec = JobSpec.model_validate(json.loads(first["spec_json"]))
-        recorded = json.loads(first["lineage_json"] or "{}")
-        if recorded.get("cwd"):
-            os.chdir(recorded["cwd"])  # relative paths in the command resolve as they did
-        new = lineage(spec, rerun_of=first["id"])
-        sub = Submitter(cfg, ledger, client).submit(spec, f"<rerun of job {first['id']}>", lineage=new)
-    click.echo(f"rerun of job {first['id']}: ledger id {sub.ledger_ids[0]}, slurm job {sub.slurm_ids[0]}")
-    diff = differences(recorded, new)
-    click.echo("lineage: identical" if not diff else "lineage differs:\n" + "\n".join(f"  {d}" for d in diff))
+        done = submit_again(cfg, ledger, client, find_job(ledger, job))
+    click.echo(f"rerun of job {done.original}: ledger id {done.submission.ledger_ids[0]}, "
+               f"slurm job {done.submission.slurm_ids[0]}")
+    click.echo("lineage: identical" if not done.differences else
+               "lineage differs:\n" + "\n".join(f"  {d}" for d in done.differences))
 
 
 @click.command()
@@ -292,27 +240,14 @@ def rerun(job: str, site: str | None) -> None:
 @click.option("--sweep", "sweep", help="cancel every job of this sweep")
 def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
     """Cancel a job (all chunks of its submission) or every job of a sweep, in one scancel call."""
-    from hpctrain.errors import HpctrainError
-    from hpctrain.slurm.states import TERMINAL
+    from hpctrain.jobs.cancel import cancel_jobs, cancel_sweep
 
     if bool(job) == bool(sweep):
         raise click.UsageError("give a JOB or --sweep, not both")
-    cfg, ledger, client = open_site(site)
+    _, ledger, client = open_site(site)
     with ledger:
-        if job:
-            group = find_job(ledger, job)["group_id"]
-            rows = ledger.rows("jobs", "group_id = ?", [group])
-        else:
-            rows = ledger.rows("jobs", "sweep_id = ?", [sweep])
-            if not rows and ledger.get("sweeps", sweep) is None:
-                raise HpctrainError(f"sweep {sweep!r}: not in the ledger")
-        live = [r for r in rows if r["slurm_job_id"] and r["state"] not in TERMINAL]
-        client.scancel([r["slurm_job_id"] for r in live])
-        for r in live:
-            ledger.event("cancel_requested", f"scancel {r['slurm_job_id']}", job_id=r["id"])
-        if sweep:  # or the next tick would submit its trials again
-            ledger.update("sweeps", sweep, {"state": "CANCELLED", "updated_at": time.time()})
-    click.echo(f"cancelled {len(live)} job(s): {' '.join(r['slurm_job_id'] for r in live) or '-'}")
+        cancelled = cancel_jobs(ledger, client, find_job(ledger, job)) if job else cancel_sweep(ledger, client, sweep)
+    click.echo(f"cancelled {len(cancelled)} job(s): {' '.join(cancelled) or '-'}")
 
 
 @click.command()

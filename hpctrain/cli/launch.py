@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hpctrain.cli import site_option
+from hpctrain.cli.common import site_option
 
 
 @click.command(context_settings={"ignore_unknown_options": True})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hpctrain.cli import site_option
+from hpctrain.cli.common import site_option
 
 
 @click.command()
@@ -24,7 +24,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     """Write a self-contained HTML page with PNG plots, viewable without a server: a job by ledger id (loss,
     throughput, checkpoint durations, data wait), a sweep by name, or GPU-hours per account over time."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.jobs_cli import find_job, open_site
+    from hpctrain.cli.common import find_job, open_site
     from hpctrain.report import account_report, job_report, sweep_report
 
     if (target is None) == (account is None):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from hpctrain.cli import make_console, site_option
+from hpctrain.cli.common import make_console, site_option
 
 
 @click.group()
@@ -22,7 +22,7 @@ def sweep() -> None:
 @click.option("--tick/--no-tick", default=True, show_default=True, help="submit the first trials right away")
 def start(spec_path: str, site: str | None, tick: bool) -> None:
     """Register the sweep in SPEC (again: no change); then tick it once."""
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.cli.common import open_site
     from hpctrain.sweep import store
     from hpctrain.sweep.spec import load_sweep_spec
 
@@ -41,7 +41,7 @@ def start(spec_path: str, site: str | None, tick: bool) -> None:
 @site_option
 def tick_command(sweeps: tuple[str, ...], site: str | None) -> None:
     """The cron entry: refresh (one sacct call), stop, resubmit, submit what is missing; runs one at a time."""
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.cli.common import open_site
 
     cfg, ledger, client = open_site(site)
     with ledger:
@@ -74,7 +74,7 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
     """Trials of SWEEP (parameters, state, metric, GPU-hours) and the best one, from the ledger."""
     from rich.table import Table
 
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.cli.common import open_site
     from hpctrain.sweep import store
 
     _, ledger, _ = open_site(site)
@@ -107,7 +107,7 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
               help="directory for the PNG files (default: ./sweep-<SWEEP>)")
 def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
     """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance."""
-    from hpctrain.jobs_cli import open_site
+    from hpctrain.cli.common import open_site
     from hpctrain.sweep import store
     from hpctrain.sweep.report import write_report
 

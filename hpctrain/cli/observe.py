@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli import make_console, site_option
+from hpctrain.cli.common import make_console, site_option
 from hpctrain.jobs.accounting import GROUPS
 
 FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
@@ -15,7 +15,7 @@ FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
 
 def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
     """The site config and its ledger, with job states and journals folded in first unless told not to."""
-    from hpctrain.jobs_cli import open_site, warn
+    from hpctrain.cli.common import open_site, warn
     from hpctrain.jobs.reconcile import reconcile
 
     cfg, ledger, client = open_site(site)
@@ -35,7 +35,7 @@ def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
 def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None, tail: int, as_json: bool,
             no_refresh: bool) -> None:
     """Step metrics of JOB (loss, lr, step time, data wait, tokens/s, ...) from the ledger."""
-    from hpctrain.jobs_cli import find_job
+    from hpctrain.cli.common import find_job
 
     _, ledger = _refreshed(site, no_refresh)
     with ledger:

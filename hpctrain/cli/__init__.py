@@ -1,0 +1,101 @@
+"""The `hpctrain` command line: a thin layer over the Python API (the root group; commands in this package).
+
+Only click is imported at start-up. Each command family is a module of this package (`jobs`, `observe`,
+`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`; shared options in `common`), imported
+only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
+`status` never load torch. Commands parse arguments and print; the packages do the work.
+"""
+
+from __future__ import annotations
+
+import click
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+
+# name -> "module:attribute" of a click command or group, imported on first use.
+LAZY_COMMANDS: dict[str, str] = {
+    "doctor": "hpctrain.cli.doctor:doctor",
+    "submit": "hpctrain.cli.jobs:submit",
+    "status": "hpctrain.cli.jobs:status",
+    "show": "hpctrain.cli.jobs:show",
+    "cancel": "hpctrain.cli.jobs:cancel",
+    "reconcile": "hpctrain.cli.jobs:reconcile",
+    "rerun": "hpctrain.cli.jobs:rerun",
+    "metrics": "hpctrain.cli.observe:metrics",
+    "cost": "hpctrain.cli.observe:cost",
+    "launch": "hpctrain.cli.launch:launch",
+    "data": "hpctrain.cli.data:data",
+    "ckpt": "hpctrain.cli.ckpt:ckpt",
+    "attempt": "hpctrain.cli.attempt:attempt",
+    "sweep": "hpctrain.cli.sweep:sweep",
+    "report": "hpctrain.cli.report:report",
+}
+
+
+# top-level module -> the extra (setup.cfg) that installs it: login-node installs leave these out
+EXTRA_OF = {**dict.fromkeys(("numpy", "tensorstore", "crc32c", "ml_dtypes", "zarr"), "ckpt"),
+            **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
+            "optuna": "sweep", "matplotlib": "report"}
+
+
+class _Group(click.Group):
+    """Loads LAZY_COMMANDS on demand; prints user errors (bad config, Slurm down, ...) as one line each."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in LAZY_COMMANDS and name not in self.commands:
+            import importlib
+
+            module, attr = LAZY_COMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(module), attr), name)
+        return super().get_command(ctx, name)
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except HpctrainError as exc:
+            for line in str(exc).splitlines():
+                click.echo(f"hpctrain: error: {line}", err=True)
+            ctx.exit(2)
+        except ModuleNotFoundError as exc:
+            extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {exc.name}, which this install "
+                       f"lacks: pip install 'hpctrain[{extra}]'", err=True)
+            ctx.exit(2)
+        except OSError as exc:  # a file or directory hpctrain must write (logs, job directory) refused, say
+            click.echo(f"hpctrain: error: {exc}", err=True)
+            ctx.exit(2)
+        except Exception as exc:
+            import sqlite3  # only here: the CLI starts without it
+
+            if not isinstance(exc, sqlite3.DatabaseError):
+                raise
+            # Damage inside the ledger file shows only when a query reaches it; the file is left as it is.
+            click.echo(f"hpctrain: error: the ledger is damaged ({exc}); restore it from a copy", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "-V", "--version", prog_name="hpctrain")
+def cli() -> None:
+    """Train large models on Slurm GPU clusters."""
+
+
+@cli.command()
+def version() -> None:
+    """Print hpctrain's version."""
+    click.echo(f"hpctrain {__version__}")
+
+
+def main() -> None:
+    cli(prog_name="hpctrain")
+
+
+if __name__ == "__main__":
+    main()

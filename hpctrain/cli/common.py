@@ -1,0 +1,50 @@
+"""What every command shares: the --site option, the console, opening a site, finding a job, warnings."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+site_option = click.option(
+    "--site", "-s", metavar="NAME|PATH", default=None,
+    help="site config: a name in site_configs/ (or $HPCTRAIN_SITE_DIR) or a file; default $HPCTRAIN_SITE or 'dev'",
+)
+
+
+def make_console() -> "Console":
+    """A rich console; wide when output is not a terminal, so piped tables are not squeezed to 80 columns."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
+
+
+def open_site(site: str | None) -> tuple[Any, Any, Any]:
+    """The site config, its ledger and a Slurm client for it (for this module's and other CLI commands)."""
+    from hpctrain.config import load_site
+    from hpctrain.ledger import Ledger
+    from hpctrain.slurm import SlurmClient
+
+    cfg = load_site(site)
+    return cfg, Ledger(cfg.ledger.path, mode=cfg.ledger.mode), SlurmClient.for_site(cfg)
+
+
+def find_job(ledger: Any, job: str) -> dict[str, Any]:
+    from hpctrain.errors import HpctrainError
+
+    row = ledger.get("jobs", int(job)) if re.fullmatch(r"[0-9]{1,18}", job) else None
+    if row is None:
+        raise HpctrainError(f"job {job!r}: no such ledger id (see `hpctrain status --all`)")
+    return row
+
+
+def warn(result: Any) -> Any:
+    """Print a refresh's warning (accounting down: states from squeue) on stderr; returns the result."""
+    if result.warning:
+        click.echo(f"hpctrain: warning: {result.warning}", err=True)
+    return result
