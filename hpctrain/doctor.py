@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 
 from hpctrain.config.site import SiteConfig
+from hpctrain.contract import SITE_ENV
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
@@ -215,13 +216,13 @@ PREFLIGHT_SCRIPT = """#!/bin/bash
 #SBATCH --ntasks-per-node=1
 {gpus}#SBATCH --time=00:05:00
 #SBATCH --output={output}
-export HPCTRAIN_SITE={site}
-exec {python} -m hpctrain launch -- {python} -m hpctrain.preflight
+export {site_env}={site}
+exec {python} -m hpctrain launch -- {python} -m hpctrain.launch.preflight
 """
 
 
 def network_checks(site: SiteConfig, client: SlurmClient, partition: str, nodes: int) -> list[Check]:
-    """Run hpctrain.preflight as one task per node on ``partition`` (sbatch --wait) and judge its report."""
+    """Run hpctrain.launch.preflight as one task per node on ``partition`` (sbatch --wait) and judge its report."""
     import json
     import shlex
     import sys
@@ -233,7 +234,7 @@ def network_checks(site: SiteConfig, client: SlurmClient, partition: str, nodes:
     site.paths.logs.mkdir(parents=True, exist_ok=True)
     output = Path(tempfile.mkstemp(prefix="preflight-", suffix=".out", dir=site.paths.logs)[1])
     script = PREFLIGHT_SCRIPT.format(
-        partition=partition, nodes=nodes, output=output, site=shlex.quote(site.ref),
+        partition=partition, nodes=nodes, output=output, site_env=SITE_ENV, site=shlex.quote(site.ref),
         gpus="#SBATCH --gpus-per-node=1\n" if part.gpus_per_node else "",
         python=shlex.quote(str(site.launch.python or sys.executable)),
     )

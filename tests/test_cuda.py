@@ -98,7 +98,7 @@ def one_rank_env() -> dict[str, str]:
 
 def test_network_preflight_all_reduces_over_nccl():
     env = {**one_rank_env(), "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1"}
-    done = subprocess.run([sys.executable, "-m", "hpctrain.preflight"], cwd=REPO, env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "hpctrain.launch.preflight"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
     reports = [json.loads(line.removeprefix("PREFLIGHT ")) for line in done.stdout.splitlines()
                if line.startswith("PREFLIGHT ")]

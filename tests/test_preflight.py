@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hpctrain.preflight import missing_interfaces, nccl_transport
+from hpctrain.launch.preflight import missing_interfaces, nccl_transport
 
 from conftest import REPO, run_cli
 

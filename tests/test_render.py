@@ -9,17 +9,18 @@ import pytest
 
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.placement import Placement
-from hpctrain.submit.render import JobFiles, directives, header_directives, render_script
+from hpctrain.submit.render import directives, header_directives, render_script
 
 from conftest import REPO
 
 SPECS = REPO / "tests" / "specs"
 GOLDEN = REPO / "tests" / "golden"
 PLACEMENT = Placement("gpu", "normal", "teama", "test")
-FILES = JobFiles(Path("/shared/logs/job-42"))
+FILES = JobPaths(Path("/shared/logs/job-42"))
 
 
 @pytest.fixture
@@ -113,7 +114,7 @@ def test_job_name_with_newline_is_refused():
 
 def test_unsafe_path_on_sbatch_line_is_refused(site, tmp_path):
     with pytest.raises(ConfigError) as info:
-        render_script(spec(), site, PLACEMENT, JobFiles(Path("/logs/a b\n#SBATCH --uid=0")), "1")
+        render_script(spec(), site, PLACEMENT, JobPaths(Path("/logs/a b\n#SBATCH --uid=0")), "1")
     assert str(info.value) == (
         "#SBATCH --output: '/logs/a b\\n#SBATCH --uid=0/slurm-%j.out' cannot go on an #SBATCH line "
         "(letters, digits and _@%:,./+=-[] only)"

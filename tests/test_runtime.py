@@ -4,7 +4,8 @@ import os
 import signal
 import time
 
-from hpctrain.runtime import JobNow, PreemptionGuard, requeue_target
+from hpctrain.contract import JobEnvironment
+from hpctrain.runtime import JobNow, PreemptionGuard
 from hpctrain.runtime.guard import stop_cause
 
 
@@ -69,5 +70,5 @@ def test_usr1_is_left_alone():
 
 
 def test_requeue_targets_the_array_task_not_the_array():
-    assert requeue_target({"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "800", "SLURM_ARRAY_TASK_ID": "12"}) == "800_12"
-    assert requeue_target({"SLURM_JOB_ID": "812"}) == "812"
+    assert JobEnvironment({"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "800", "SLURM_ARRAY_TASK_ID": "12"}).requeue_target == "800_12"
+    assert JobEnvironment({"SLURM_JOB_ID": "812"}).requeue_target == "812"

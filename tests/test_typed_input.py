@@ -14,8 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpctrain.ledger import Ledger
-from hpctrain.lineage import entry_point
 from hpctrain.slurm.client import complaint
+from hpctrain.submit.lineage import entry_point
 
 from conftest import REPO, run_cli
 from test_bad_input import (SHELL, SPEC_BASES, assert_ledger_untouched, assert_user_error, examples, invoke,

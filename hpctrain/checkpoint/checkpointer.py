@@ -23,6 +23,7 @@ from hpctrain.checkpoint.rng import capture_rng_state
 from hpctrain.checkpoint.tree import flatten
 from hpctrain.checkpoint.snapshot import COPY_MODES, HostBuffers, Snapshot
 from hpctrain.checkpoint.writer import plan, write_pieces
+from hpctrain.contract import JobEnvironment
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger.journal import Journal
 
@@ -211,8 +212,8 @@ def _agree_attempt(world_size: int) -> str:
     env = os.environ
     if env.get("TORCHELASTIC_RUN_ID"):
         return f"{env['TORCHELASTIC_RUN_ID']}-r{env.get('TORCHELASTIC_RESTART_COUNT', 0)}"
-    if env.get("SLURM_JOB_ID"):
-        return f"slurm{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', 0)}-r{env.get('SLURM_RESTART_COUNT', 0)}"
+    if step_id := JobEnvironment(env).step_id:
+        return step_id
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         box = [uuid.uuid4().hex[:12]]

@@ -7,7 +7,6 @@ Both journal what they find (never the ledger: compute nodes do not open it) and
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any
 
@@ -17,16 +16,17 @@ import click
 REFUSED = 3
 
 
-def _context() -> tuple[Any, Any, int]:
-    from hpctrain.ledger.journal import Journal, job_context
+def _context() -> tuple[Any, Any, Any]:
+    """This run's journal, the job's run policy and its environment."""
+    from hpctrain.contract import JOURNAL_ENV, JobEnvironment
+    from hpctrain.ledger.journal import Journal
     from hpctrain.runtime.attempts import RunPolicy
 
-    journal = Journal.from_env()
-    if journal is None:
-        raise click.UsageError("not inside an hpctrain batch script ($HPCTRAIN_JOURNAL_DIR is not set)")
-    spec_file = os.environ.get("HPCTRAIN_SPEC")
-    spec = json.loads(open(spec_file, encoding="utf-8").read()) if spec_file else {}
-    return journal, RunPolicy.of(spec), job_context()["task_index"]
+    env = JobEnvironment()
+    if env.journal_dir is None:
+        raise click.UsageError(f"not inside an hpctrain batch script (${JOURNAL_ENV} is not set)")
+    spec = json.loads(env.spec_file.read_text(encoding="utf-8")) if env.spec_file else {}
+    return Journal(env.journal_dir), RunPolicy.of(spec), env
 
 
 @click.group(hidden=True)
@@ -38,11 +38,10 @@ def attempt() -> None:
 def start() -> None:
     """Journal this run's number and starting checkpoint step; print the number. Exits 3 when the job
     should not run again (Slurm requeued it by itself past the requeue cap)."""
-    from hpctrain.ledger.journal import run_number
     from hpctrain.runtime.attempts import fill_end_steps, journal_outcomes, latest_committed_step
 
-    journal, policy, task = _context()
-    number = run_number(os.environ)
+    journal, policy, env = _context()
+    task, number = env.task_index, env.run_number
     history = [o for n, o in journal_outcomes(journal, task).items() if n < number]
     step = latest_committed_step(policy.checkpoint_dir(task))
     journal.write("attempt_start", attempt=number, step=step)
@@ -65,11 +64,10 @@ def start() -> None:
 def end(exit_code: int, signal_name: str | None) -> None:
     """Journal how this run ended; requeue the job (or only this array task) when the policy says so."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.ledger.journal import run_number
     from hpctrain.runtime.attempts import Outcome, journal_outcomes, latest_committed_step
 
-    journal, policy, task = _context()
-    number = run_number(os.environ)
+    journal, policy, env = _context()
+    task, number = env.task_index, env.run_number
     runs = journal_outcomes(journal, task)
     this = runs.setdefault(number, Outcome(None))
     if this.cause not in (None, "completed"):
@@ -77,7 +75,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
     if this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
         requeued_by_slurm = False
     else:
-        this.cause, requeued_by_slurm = _cause(exit_code, signal_name)
+        this.cause, requeued_by_slurm = _cause(exit_code, signal_name, env.restart_count)
     this.step_end = latest_committed_step(policy.checkpoint_dir(task))
     go, why = policy.decide([o for n, o in runs.items() if n <= number])
     if go and requeued_by_slurm:
@@ -86,7 +84,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
                   signal=signal_name, requeued=go, message=why)
     if this.cause != "completed":  # the job's log stays the job's own when all went well
         click.echo(f"hpctrain: run {number} ended ({this.cause}, exit {exit_code}): {why}", err=True)
-    if go and not requeued_by_slurm and "SLURM_JOB_ID" in os.environ:
+    if go and not requeued_by_slurm and env.in_slurm:
         from hpctrain.runtime import self_requeue
         from hpctrain.slurm import SlurmClient
 
@@ -97,7 +95,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
             raise
 
 
-def _cause(exit_code: int, signal_name: str | None) -> tuple[str, bool]:
+def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str, bool]:
     """(completed, error, or after a stop signal timeout, cancelled or preemption told by the job's state;
     whether Slurm has requeued the job already)."""
     if not signal_name:
@@ -106,6 +104,6 @@ def _cause(exit_code: int, signal_name: str | None) -> tuple[str, bool]:
     from hpctrain.runtime.guard import stop_cause, timeout_margin_s
     from hpctrain.slurm import SlurmClient
 
-    now, restarts = job_now(SlurmClient()), int(os.environ.get("SLURM_RESTART_COUNT", 0))
+    now = job_now(SlurmClient())
     requeued = now is not None and now.restarts is not None and now.restarts > restarts
     return stop_cause(now, restarts, timeout_margin_s()), requeued

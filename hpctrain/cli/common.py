@@ -7,12 +7,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from hpctrain.contract import SITE_DIR_ENV, SITE_ENV
+
 if TYPE_CHECKING:
     from rich.console import Console
 
 site_option = click.option(
     "--site", "-s", metavar="NAME|PATH", default=None,
-    help="site config: a name in site_configs/ (or $HPCTRAIN_SITE_DIR) or a file; default $HPCTRAIN_SITE or 'dev'",
+    help=f"site config: a name in site_configs/ (or ${SITE_DIR_ENV}) or a file; default ${SITE_ENV} or 'dev'",
 )
 
 
@@ -37,7 +39,7 @@ def open_site(site: str | None) -> tuple[Any, Any, Any]:
 def find_job(ledger: Any, job: str) -> dict[str, Any]:
     from hpctrain.errors import HpctrainError
 
-    row = ledger.get("jobs", int(job)) if re.fullmatch(r"[0-9]{1,18}", job) else None
+    row = ledger.jobs.get(int(job)) if re.fullmatch(r"[0-9]{1,18}", job) else None
     if row is None:
         raise HpctrainError(f"job {job!r}: no such ledger id (see `hpctrain status --all`)")
     return row

@@ -158,9 +158,9 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             return
         detail = {
             "job": row,
-            "array_tasks": ledger.rows("array_tasks", "job_id = ?", [row["id"]], order_by="task_index"),
-            "attempts": ledger.rows("attempts", "job_id = ?", [row["id"]], order_by="task_index, attempt"),
-            "events": ledger.rows("events", "job_id = ?", [row["id"]], order_by="time"),
+            "array_tasks": ledger.jobs.tasks(row["id"]),
+            "attempts": ledger.attempts.of_job(row["id"]),
+            "events": ledger.events_of(row["id"]),
         }
     if as_json:
         click.echo(json.dumps(detail, default=str))
@@ -190,12 +190,12 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
 
 def _rerun_of(ledger: Any, row: dict[str, Any]) -> dict[str, Any] | None:
     origin = json.loads(row["lineage_json"] or "{}").get("rerun_of")
-    return ledger.get("jobs", origin) if origin is not None else None
+    return ledger.jobs.get(origin) if origin is not None else None
 
 
 def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None:
     """The recorded lineage, how the entry point's code stands now, and what differs from the job it reran."""
-    from hpctrain.lineage import code_state, differences, flatten
+    from hpctrain.submit.lineage import code_state, differences, flatten
 
     recorded = json.loads(row["lineage_json"] or "{}")
     if not recorded:

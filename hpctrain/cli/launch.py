@@ -16,9 +16,7 @@ def launch(site: str | None, dry_run: bool, command: tuple[str, ...]) -> None:
 
     Use inside a batch script: hpctrain launch -- python train.py --lr 3e-4
     """
-    import os
-
     from hpctrain.config import load_site
     from hpctrain.launch.launcher import launch as run_launch
 
-    run_launch(load_site(site or os.environ.get("HPCTRAIN_SITE")), list(command), dry_run=dry_run)
+    run_launch(load_site(site), list(command), dry_run=dry_run)

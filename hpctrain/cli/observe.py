@@ -40,12 +40,7 @@ def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None
     _, ledger = _refreshed(site, no_refresh)
     with ledger:
         row = find_job(ledger, job)
-        where, args = "job_id = ?", [row["id"]]
-        if task is not None:
-            where, args = where + " AND task_index = ?", args + [task]
-        if names:
-            where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
-        found = ledger.rows("metrics", where, args, order_by="task_index, step")
+        found = ledger.metrics.of_job(row["id"], task, names)
     steps: dict[tuple[int, int], dict[str, Any]] = {}
     for m in found:
         steps.setdefault((m["task_index"], m["step"]), {"task": m["task_index"], "step": m["step"]})[m["name"]] = m["value"]

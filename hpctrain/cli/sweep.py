@@ -109,7 +109,7 @@ def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
     """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance."""
     from hpctrain.cli.common import open_site
     from hpctrain.sweep import store
-    from hpctrain.sweep.report import write_report
+    from hpctrain.report.sweep_plots import write_report
 
     _, ledger, _ = open_site(site)
     with ledger:

@@ -13,6 +13,7 @@ from pydantic import AfterValidator, Field, FiniteFloat, model_validator
 
 from hpctrain.config.loading import Loc, StrictModel, load_model, validate
 from hpctrain.config.types import ENV_NAME, ExpandedPath, MiB, Seconds, SlurmName
+from hpctrain.contract import PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
@@ -210,7 +211,7 @@ class JobSpec(StrictModel):
             if m.hidden % m.heads:
                 yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by heads = {m.heads}"
 
-    def with_params(self, params: dict[str, Any], where: str = "$HPCTRAIN_PARAMS") -> "JobSpec":
+    def with_params(self, params: dict[str, Any], where: str = f"${PARAMS_ENV}") -> "JobSpec":
         """This spec with an array task's (a sweep trial's) parameters applied: ``lr`` sets hyperparameters.lr,
         a dotted key such as ``parallel.micro_batch`` any other field."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)

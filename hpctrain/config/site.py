@@ -11,6 +11,7 @@ from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
 from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
 from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, FileMode, MiB, Seconds,
                                    SlurmName)
 from hpctrain.errors import ConfigError
@@ -144,7 +145,7 @@ def _unknown(kind: str, value: str, known: Iterable[str]) -> str:
 def site_search_path() -> list[Path]:
     """Where site names are looked up: $HPCTRAIN_SITE_DIR, ~/.config/hpctrain/sites, hpctrain's site_configs/."""
     dirs = []
-    if env := os.environ.get("HPCTRAIN_SITE_DIR"):
+    if env := os.environ.get(SITE_DIR_ENV):
         dirs.append(Path(env))
     dirs.append(Path("~/.config/hpctrain/sites").expanduser())
     dirs.append(data_dir("site_configs"))
@@ -167,7 +168,7 @@ def find_site_file(site: str) -> Path:
 
 
 def default_site_name() -> str:
-    return os.environ.get("HPCTRAIN_SITE", "dev")
+    return os.environ.get(SITE_ENV, "dev")
 
 
 def load_site(site: str | None = None) -> SiteConfig:
@@ -175,6 +176,6 @@ def load_site(site: str | None = None) -> SiteConfig:
     path = find_site_file(site or default_site_name())
     cfg = load_model(SiteConfig, path)
     cfg._source = path.resolve()
-    if env := os.environ.get("HPCTRAIN_LEDGER"):
+    if env := os.environ.get(LEDGER_ENV):
         cfg.ledger.path = Path(env).expanduser()
     return cfg

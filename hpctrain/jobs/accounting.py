@@ -17,17 +17,6 @@ if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite 
 # Runs whose work after the last checkpoint is done again by the next run.
 INTERRUPTED = ("preemption", "timeout", "node_failure", "requeued", "error", "oom")
 
-_USAGE_SQL = """
-SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.ended_at, a.elapsed_s, a.cause,
-       j.name, j.account, j.user, j.sweep_id, j.partition,
-       (SELECT max(c.created_at) FROM checkpoints c WHERE c.job_id = a.job_id AND c.task_index = a.task_index
-        AND c.state IN ('committed', 'deleted') AND c.created_at BETWEEN a.started_at AND coalesce(a.ended_at, :now))
-       AS last_checkpoint_at
-FROM attempts a JOIN jobs j ON j.id = a.job_id
-WHERE j.site = :site AND a.started_at IS NOT NULL AND coalesce(a.ended_at, :now) >= :since
-ORDER BY a.started_at
-"""
-
 
 @dataclass
 class Usage:
@@ -55,7 +44,7 @@ def usage(ledger: "Ledger", site: str, prices: dict[str, float], since: float | 
     """Every run of the site's jobs that overlaps [since, now], its GPU-hours counted within that window."""
     now, since = now or time.time(), since or 0.0
     out = []
-    for r in ledger.db.query(_USAGE_SQL, {"site": site, "now": now, "since": since}):
+    for r in ledger.attempts.usage(site, since, now):
         start, end = r["started_at"], r["ended_at"]
         # sacct's own seconds for a whole finished run; clock arithmetic for a running or clipped one.
         whole = end is not None and start >= since and r["elapsed_s"] is not None

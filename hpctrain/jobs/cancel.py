@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from hpctrain.errors import HpctrainError
@@ -21,14 +20,14 @@ def _cancel(ledger: Ledger, client: SlurmClient, rows: list[dict[str, Any]]) -> 
 
 def cancel_jobs(ledger: Ledger, client: SlurmClient, job: dict[str, Any]) -> list[str]:
     """Cancel every unfinished job of ``job``'s submission; returns the Slurm ids cancelled."""
-    return _cancel(ledger, client, ledger.rows("jobs", "group_id = ?", [job["group_id"]]))
+    return _cancel(ledger, client, ledger.jobs.in_group(job["group_id"]))
 
 
 def cancel_sweep(ledger: Ledger, client: SlurmClient, sweep_id: str) -> list[str]:
     """Cancel every unfinished job of a sweep and mark it CANCELLED, or the next tick would submit its trials again."""
-    rows = ledger.rows("jobs", "sweep_id = ?", [sweep_id])
-    if not rows and ledger.get("sweeps", sweep_id) is None:
+    rows = ledger.jobs.of_sweep(sweep_id)
+    if not rows and ledger.sweeps.get(sweep_id) is None:
         raise HpctrainError(f"sweep {sweep_id!r}: not in the ledger")
     cancelled = _cancel(ledger, client, rows)
-    ledger.update("sweeps", sweep_id, {"state": "CANCELLED", "updated_at": time.time()})
+    ledger.sweeps.set_state(sweep_id, "CANCELLED")
     return cancelled

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.contract import JobPaths
 from hpctrain.jobs.poll import Poller
 from hpctrain.jobs.supervise import Decision, supervise
 from hpctrain.ledger import Ledger
@@ -34,14 +35,8 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one."""
     poller = Poller(ledger, client, site)
     changed = poller.refresh()
-    cutoff = time.time() - RECENT_S
-    placeholders = ",".join("?" * len(TERMINAL))
-    rows = ledger.db.query(
-        f"SELECT DISTINCT job_dir FROM jobs WHERE site = ? AND job_dir IS NOT NULL "
-        f"AND (state NOT IN ({placeholders}) OR coalesce(ended_at, updated_at, 0) >= ?)",
-        [site, *sorted(TERMINAL), cutoff],
-    )
-    journals = [Journal(Path(r["job_dir"]) / "journal") for r in rows]
+    dirs = ledger.jobs.dirs_to_read(site, TERMINAL, time.time() - RECENT_S)
+    journals = [Journal(JobPaths(Path(d)).journal_dir) for d in dirs]
     records = sum(ingest_journal(ledger, j) for j in journals)
     return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site) if supervise_runs else [],
                            poller.warning)

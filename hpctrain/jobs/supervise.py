@@ -10,26 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract import ATTEMPT_BASE_ENV
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.journal import ATTEMPT_BASE_ENV
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import DIED, array_state
-
-_UNDECIDED_SQL = f"""
-SELECT j.id AS job_id, -1 AS task_index FROM jobs j
-WHERE j.site = :site AND j.is_array = 0 AND j.state IN ({",".join(f"'{s}'" for s in DIED)})
-UNION ALL
-SELECT j.id, t.task_index FROM jobs j JOIN array_tasks t ON t.job_id = j.id
-WHERE j.site = :site AND t.state IN ({",".join(f"'{s}'" for s in DIED)})
-"""
-
 
 @dataclass
 class Decision:
@@ -42,11 +32,10 @@ class Decision:
 def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
     """Decide every dead run whose last attempt nobody has decided on yet; returns what was done."""
     decisions = []
-    for row in ledger.db.query(_UNDECIDED_SQL, {"site": site}):
-        attempts = ledger.rows("attempts", "job_id = ? AND task_index = ?", [row["job_id"], row["task_index"]],
-                               order_by="attempt")
+    for job_id, task in ledger.jobs.died(site, DIED):
+        attempts = ledger.attempts.of_task(job_id, task)
         if attempts and attempts[-1]["requeued"] is None:
-            decisions.append(_decide(ledger, client, ledger.get("jobs", row["job_id"]), row["task_index"], attempts))
+            decisions.append(_decide(ledger, client, ledger.jobs.get(job_id), task, attempts))
     return decisions
 
 
@@ -62,9 +51,8 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
             return Decision(job["id"], task, False, f"requeue failed, will retry: {exc}")
     last = attempts[-1]
     with ledger.transaction():
-        ledger.upsert("attempts", {"job_id": job["id"], "task_index": task, "attempt": last["attempt"],
-                                   "step_end": outcomes[-1].step_end, "requeued": int(go), "decision": why},
-                      pk=("job_id", "task_index", "attempt"))
+        ledger.attempts.record(job["id"], task, last["attempt"], step_end=outcomes[-1].step_end, requeued=int(go),
+                               decision=why)
         if go:
             _mark_requeued(ledger, job, task)
         ledger.event("requeue" if go else "stopped", why, job_id=job["id"], task_index=task, attempt=last["attempt"],
@@ -94,11 +82,8 @@ def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: i
 
 def _mark_requeued(ledger: Ledger, job: dict[str, Any], task: int) -> None:
     """Active again, so the next poll follows it (its old run may still be sacct's last for a moment)."""
-    now = time.time()
     if task < 0:
-        ledger.update("jobs", job["id"], {"state": "REQUEUED", "ended_at": None, "updated_at": now})
+        ledger.jobs.set_state(job["id"], "REQUEUED", ended_at=None)
         return
-    ledger.db.execute("UPDATE array_tasks SET state = 'REQUEUED', updated_at = ? WHERE job_id = ? AND task_index = ?",
-                      [now, job["id"], task])
-    states = [r["state"] for r in ledger.rows("array_tasks", "job_id = ?", [job["id"]])]
-    ledger.update("jobs", job["id"], {"state": array_state(states), "ended_at": None, "updated_at": now})
+    ledger.jobs.set_task_state(job["id"], task, "REQUEUED")
+    ledger.jobs.set_state(job["id"], array_state(list(ledger.jobs.task_states(job["id"]).values())), ended_at=None)

@@ -1,5 +1,9 @@
 """The ledger: one local SQLite file (WAL) that every part of hpctrain writes through.
 
+Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
+`ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`; events
+and the generic row access below serve the rest.
+
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
 Writes run in BEGIN IMMEDIATE transactions so concurrent writers queue on the busy timeout
 instead of failing with "database is locked" when a read transaction tries to upgrade.
@@ -18,7 +22,12 @@ from typing import Any, Iterator
 import sqlite_utils
 
 from hpctrain.errors import LedgerError
+from hpctrain.ledger.attempts import Attempts
+from hpctrain.ledger.checkpoints import Checkpoints
+from hpctrain.ledger.jobs import Jobs
+from hpctrain.ledger.metrics import Metrics
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from hpctrain.ledger.sweeps import Sweeps
 
 BUSY_TIMEOUT_S = 60.0
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -49,6 +58,8 @@ class Ledger:
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from None
         except OSError as exc:
             raise LedgerError(f"{self.path}: cannot create ledger: {exc.strerror}") from None
+        self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
+        self.metrics, self.checkpoints = Metrics(self), Checkpoints(self)
 
     def close(self) -> None:
         self.db.close()
@@ -117,6 +128,9 @@ class Ledger:
             return self.db.table(table).get(pk)
         except sqlite_utils.db.NotFoundError:
             return None
+
+    def events_of(self, job_id: int) -> list[dict[str, Any]]:
+        return self.rows("events", "job_id = ?", [job_id], order_by="time")
 
     def event(self, kind: str, message: str = "", job_id: int | None = None, **data: Any) -> int:
         """Append to the event log (submissions, choices, requeues, quarantines, ...)."""

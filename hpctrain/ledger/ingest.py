@@ -17,9 +17,9 @@ def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
     row = {k: rec.get(k) for k in ("job_id", "step", "path", "state", "bytes", "duration_s",
                                     "manifest_sha256", "metric_name", "metric_value", "note")}
     row.update(task_index=rec.get("task_index", -1), created_at=rec["time"])
-    existing = ledger.rows("checkpoints", "path = ?", [rec["path"]])
+    existing = ledger.checkpoints.at(rec["path"])
     if existing:  # a later state (deleted, corrupt): created_at stays the commit's time
-        ledger.update("checkpoints", existing[0]["id"],
+        ledger.update("checkpoints", existing["id"],
                       {k: v for k, v in row.items() if v is not None and k != "created_at"})
     else:
         ledger.insert("checkpoints", row)

@@ -11,36 +11,27 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import socket
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.files import write_json_atomic
 
-JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
-JOB_ID_ENV = "HPCTRAIN_JOB_ID"
-ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"  # runs under earlier Slurm ids of a job reconcile resubmitted
 _seq = itertools.count()
 
 
-def run_number(env: Mapping[str, str]) -> int:
-    """This run's attempt number, as the ledger counts them: Slurm's requeue count, plus the runs under
-    earlier Slurm ids when reconcile had to resubmit the job."""
-    return int(env.get(ATTEMPT_BASE_ENV) or 0) + int(env.get("SLURM_RESTART_COUNT") or 0)
-
-
-def job_context() -> dict[str, Any]:
+def job_context(env: JobEnvironment | None = None) -> dict[str, Any]:
     """Who writes: the ledger job id (exported by the sbatch script) and the Slurm ids of this task."""
-    env = os.environ
+    env = env or JobEnvironment()
     return {
-        "job_id": int(env[JOB_ID_ENV]) if env.get(JOB_ID_ENV, "").isdigit() else None,
-        "slurm_job_id": env.get("SLURM_JOB_ID"),
-        "task_index": int(env.get("SLURM_ARRAY_TASK_ID", -1)),
-        "restart": int(env.get("SLURM_RESTART_COUNT", 0)),
-        "attempt": run_number(env) if "SLURM_JOB_ID" in env else None,
-        "host": env.get("SLURMD_NODENAME") or socket.gethostname(),
-        "rank": int(env.get("RANK", env.get("SLURM_PROCID", 0))),
+        "job_id": env.job_id,
+        "slurm_job_id": env.slurm_job_id,
+        "task_index": env.task_index,
+        "restart": env.restart_count,
+        "attempt": env.run_number if env.in_slurm else None,
+        "host": env.node,
+        "rank": env.rank,
     }
 
 
@@ -53,7 +44,7 @@ class Journal:
     @classmethod
     def from_env(cls) -> "Journal | None":
         """The job's journal when running under hpctrain's sbatch script, else None."""
-        path = os.environ.get(JOURNAL_ENV)
+        path = JobEnvironment().journal_dir
         return cls(path) if path else None
 
     def write(self, kind: str, **payload: Any) -> Path:

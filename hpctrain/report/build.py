@@ -59,7 +59,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
 def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
     """A sweep: facts, the best trial, its metric by trial and by step, parameter importance, every trial."""
     from hpctrain.sweep import store
-    from hpctrain.sweep.report import importance_png, metric_png
+    from hpctrain.report.sweep_plots import importance_png, metric_png
 
     swp = store.load(ledger, sweep_id)
     spec = swp.spec
@@ -97,8 +97,7 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
     runs = _usage(ledger, site_cfg, since, now)
     if account is not None:
         runs = [u for u in runs if u.account == account]
-        if not runs and ledger.db.execute("SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1",
-                                          [site_cfg.name, account]).fetchone() is None:
+        if not runs and not ledger.jobs.has_account(site_cfg.name, account):
             raise HpctrainError(f"account {account!r}: no jobs of site {site_cfg.name!r} in the ledger")
     series = {name: ([datetime.fromtimestamp(t) for t in times], hours)
               for name, (times, hours) in collect.cumulative_gpu_hours(runs, since or 0.0, now).items()}

@@ -26,17 +26,14 @@ class JobData:
 
 def job_data(ledger: Ledger, job_id: int) -> JobData:
     """A job's row, attempts, checkpoints, metric curves and (redacted) environment."""
-    job = ledger.get("jobs", job_id)
+    job = ledger.jobs.get(job_id)
     if job is None:
         raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
     metrics: dict[str, Curves] = defaultdict(dict)
-    for name, task, step, value in ledger.db.execute(
-            "SELECT name, task_index, step, value FROM metrics WHERE job_id = ? AND value IS NOT NULL "
-            "ORDER BY name, task_index, step", [job_id]):
+    for name, task, step, value in ledger.metrics.points(job_id):
         add_point(metrics[name], task, step, value)
-    return JobData(job, ledger.rows("attempts", "job_id = ?", [job_id], order_by="task_index, attempt"),
-                   ledger.rows("checkpoints", "job_id = ?", [job_id], order_by="task_index, step"),
-                   dict(metrics), redacted_env(job["spec_json"]))
+    return JobData(job, ledger.attempts.of_job(job_id), ledger.checkpoints.of_job(job_id), dict(metrics),
+                   redacted_env(job["spec_json"]))
 
 
 def add_point(curves: Curves, key: int, step: int, value: float) -> None:

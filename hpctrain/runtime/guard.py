@@ -20,21 +20,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Callable, Mapping
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.parallel.collective import all_reduce_int
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
-NOTICE_FILE_ENV = "HPCTRAIN_NOTICE_FILE"
 
 
 def notice_file(env: Mapping[str, str] = os.environ) -> Path | None:
     """Where the batch script writes down the stop signals it gets, on the one rank that looks (rank 0)."""
-    path, rank = env.get(NOTICE_FILE_ENV), env.get("RANK", env.get("SLURM_PROCID", "0"))
-    return Path(path) if path and rank == "0" else None
+    job = JobEnvironment(env)
+    return job.notice_file if job.rank == 0 else None
 
 
-def timeout_margin_s(env: "os._Environ[str] | dict[str, str]" = os.environ) -> float:
+def timeout_margin_s(env: Mapping[str, str] = os.environ) -> float:
     """How near the job's end a stop counts as a time limit: twice the sbatch signal lead."""
-    return 2 * float(env.get("HPCTRAIN_SIGNAL_LEAD_S", "300"))
+    return 2 * JobEnvironment(env).signal_lead_s
 
 
 @dataclass
@@ -96,7 +96,7 @@ class PreemptionGuard:
 
     def cause(self) -> str:
         """'timeout', 'cancelled' or 'preemption' (see `stop_cause`)."""
-        return stop_cause(self.job_now(), int(os.environ.get("SLURM_RESTART_COUNT", 0)), self.timeout_margin_s)
+        return stop_cause(self.job_now(), JobEnvironment().restart_count, self.timeout_margin_s)
 
     def uninstall(self) -> None:
         for s, handler in self._previous.items():

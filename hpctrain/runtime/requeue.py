@@ -13,17 +13,11 @@ from datetime import datetime
 from typing import Mapping
 
 from hpctrain.config.types import parse_slurm_time
+from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
 from hpctrain.errors import SlurmError
-from hpctrain.ledger.journal import ATTEMPT_BASE_ENV, Journal, run_number
+from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.guard import JobNow
 from hpctrain.slurm.client import SlurmClient
-
-
-def requeue_target(env: Mapping[str, str]) -> str:
-    """`<array job>_<task>` for an array task (never the whole array), else the job id."""
-    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
-        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
-    return env["SLURM_JOB_ID"]
 
 
 def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow | None:
@@ -33,7 +27,7 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
     moves that to the end of the grace."""
     try:
         # By task: an array's last task runs under the array's own id, which shows every task.
-        job = client.show_job(requeue_target(env))
+        job = client.show_job(JobEnvironment(env).requeue_target)
         limit = job.get("TimeLimit", "UNLIMITED")
         end = None if limit in ("UNLIMITED", "Partition_Limit") else \
             datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
@@ -46,7 +40,8 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
 def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
     """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
     starts after this one ends. Returns what was done, for the journal."""
-    target = requeue_target(env)
+    job_env = JobEnvironment(env)
+    target = job_env.requeue_target
     now = job_now(client, env)
     if now is not None and now.preempted:
         version = client.version()
@@ -58,17 +53,15 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
     except SlurmError as exc:
         if "pending execution" in str(exc):  # Slurm requeued it first (preemption without grace time)
             return f"already requeued by Slurm: {target}"
-        if "not found" not in str(exc) or "HPCTRAIN_SCRIPT" not in env:
+        if "not found" not in str(exc) or job_env.script is None:
             raise
-    script = env["HPCTRAIN_SCRIPT"]
-    args = [f"--dependency=afterany:{env['SLURM_JOB_ID']}"]
-    if env.get("SLURM_ARRAY_TASK_ID"):
-        args.append(f"--array={env['SLURM_ARRAY_TASK_ID']}")
-    base = run_number(env) + 1
-    with open(script) as fh:
-        follow_up = client.sbatch(fh.read(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args))
+    args = [f"--dependency=afterany:{job_env.slurm_job_id}"]
+    if job_env.task_index >= 0:
+        args.append(f"--array={job_env.task_index}")
+    base = job_env.run_number + 1
+    follow_up = client.sbatch(job_env.script.read_text(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args))
     journal = Journal.from_env()
     if journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=follow_up, attempt_base=base,
-                      message=f"follow-up job {follow_up} after {env['SLURM_JOB_ID']}")
-    return f"follow-up job {follow_up} after {env['SLURM_JOB_ID']}"
+                      message=f"follow-up job {follow_up} after {job_env.slurm_job_id}")
+    return f"follow-up job {follow_up} after {job_env.slurm_job_id}"

@@ -10,16 +10,16 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
-from hpctrain import __version__
+from hpctrain import __version__, contract
 from hpctrain.bundled import data_dir
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.config.types import format_slurm_time
+from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk
 from hpctrain.submit.placement import Placement
@@ -28,28 +28,6 @@ TEMPLATE_DIR = data_dir("sbatch_templates")
 # Values on #SBATCH lines cannot be quoted reliably: allow only what needs no quoting.
 _SBATCH_SAFE = re.compile(r"^[A-Za-z0-9_@%:,./+=\-\[\]]+$")
 NOTICE_SIGNAL = "USR2"  # never USR1: NCCL uses it
-
-
-@dataclass(frozen=True)
-class JobFiles:
-    """Where one submission keeps its files on the shared filesystem."""
-
-    job_dir: Path
-
-    @property
-    def journal_dir(self) -> Path:
-        return self.job_dir / "journal"
-
-    @property
-    def spec_file(self) -> Path:
-        return self.job_dir / "spec.json"
-
-    @property
-    def params_file(self) -> Path:
-        return self.job_dir / "params.jsonl"
-
-    def script(self, chunk: ArrayChunk | None) -> Path:
-        return self.job_dir / (f"job-{chunk.index}.sh" if chunk and chunk.index else "job.sh")
 
 
 def sbatch_option(option: str) -> str:
@@ -70,12 +48,12 @@ def gpu_directive(spec: JobSpec, site: SiteConfig, partition: str) -> str | None
     return f"--gpus-per-node={gpus}"
 
 
-def submission_tag(files: JobFiles, job_id: str) -> str:
+def submission_tag(files: JobPaths, job_id: str) -> str:
     """Unique to one sbatch of one ledger job: how a submission whose answer was lost is found again."""
     return f"hpctrain:{files.job_dir.name}:{job_id}"
 
 
-def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles,
+def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobPaths,
                chunk: ArrayChunk | None, after: list[str], job_id: str) -> list[str]:
     """The #SBATCH options, each validated to be a single safe token."""
     r = spec.resources
@@ -107,18 +85,18 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
     return [sbatch_option(o) for o in opts if o]
 
 
-def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobFiles,
+def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths,
             chunk: ArrayChunk | None) -> list[tuple[str, str]]:
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
     pairs = [
-        ("HPCTRAIN_JOB_ID", job_id),
-        ("HPCTRAIN_SITE", site.ref),
-        ("HPCTRAIN_JOB_DIR", str(files.job_dir)),
-        ("HPCTRAIN_JOURNAL_DIR", str(files.journal_dir)),
-        ("HPCTRAIN_SPEC", str(files.spec_file)),
-        ("HPCTRAIN_SCRIPT", str(files.script(chunk))),
-        ("HPCTRAIN_SIGNAL_LEAD_S", str(site.defaults.signal_lead_s)),
-        ("HPCTRAIN_SEED", str(spec.seed)),
+        (contract.JOB_ID_ENV, job_id),
+        (contract.SITE_ENV, site.ref),
+        (contract.JOB_DIR_ENV, str(files.job_dir)),
+        (contract.JOURNAL_ENV, str(files.journal_dir)),
+        (contract.SPEC_ENV, str(files.spec_file)),
+        (contract.SCRIPT_ENV, str(files.script(chunk.index if chunk else 0))),
+        (contract.SIGNAL_LEAD_ENV, str(site.defaults.signal_lead_s)),
+        (contract.SEED_ENV, str(spec.seed)),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
     ]
@@ -149,7 +127,7 @@ def template_name(spec: JobSpec) -> str:
     return "distributed.sh.j2" if distributed else "base.sh.j2"
 
 
-def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobFiles, job_id: str,
+def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobPaths, job_id: str,
                   chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)

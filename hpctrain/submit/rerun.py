@@ -10,8 +10,8 @@ from typing import Any
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.ledger import Ledger
-from hpctrain.lineage import differences, lineage
 from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit.lineage import differences, lineage
 from hpctrain.submit.submitter import Submission, Submitter
 
 
@@ -24,7 +24,7 @@ class Rerun:
 
 def rerun(site: SiteConfig, ledger: Ledger, client: SlurmClient, job: dict[str, Any]) -> Rerun:
     """Submit ``job``'s submission again; relative paths in its command resolve as they did then."""
-    first = ledger.get("jobs", job["group_id"] or job["id"])
+    first = ledger.jobs.get(job["group_id"] or job["id"])
     spec = JobSpec.model_validate(json.loads(first["spec_json"]))
     recorded = json.loads(first["lineage_json"] or "{}")
     here = os.getcwd()

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -15,15 +14,16 @@ from typing import Any, Callable
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
+from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
 from hpctrain.ledger import Ledger
-from hpctrain.lineage import lineage as build_lineage
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.slurm.limits import max_array_size
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
+from hpctrain.submit.limits import max_array_size
+from hpctrain.submit.lineage import lineage as build_lineage
 from hpctrain.submit.placement import Placement, choose_placement
-from hpctrain.submit.render import JobFiles, render_script, submission_tag
+from hpctrain.submit.render import render_script, submission_tag
 
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
@@ -91,7 +91,7 @@ class Submitter:
         params = spec.array.parameter_sets() if spec.array else []
         chunks = self._chunks(spec, params)
         sub = Submission(placement, [])
-        files = JobFiles(self.site.paths.logs / f"{spec.name}-DRYRUN")
+        files = JobPaths(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
         for chunk in chunks:
             after = previous if chunk and chunk.throttle else []
@@ -103,11 +103,11 @@ class Submitter:
             try:
                 if sub.group_id is None:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
-                    files = JobFiles(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
+                    files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
                     self._prepare_dir(files, spec, params)
                 script = render_script(spec, self.site, placement, files, str(job_id), chunk, after)
                 sub.scripts.append(script)
-                path = files.script(chunk)
+                path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
                 self.ledger.update("jobs", job_id, {
                     "script_path": str(path), "job_dir": str(files.job_dir),
@@ -116,15 +116,15 @@ class Submitter:
                 previous = [self._sbatch(job_id, script, secret_values, submission_tag(files, str(job_id)))]
             except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
                 message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
-                self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": message, "updated_at": time.time()})
+                self.ledger.jobs.submit_failed(job_id, message)
                 self.ledger.event("submit_failed", message, job_id=job_id)
                 raise
             sub.ledger_ids.append(job_id)
             sub.slurm_ids.extend(previous)
         return sub
 
-    def _prepare_dir(self, files: JobFiles, spec: JobSpec, params: list[dict[str, Any]]) -> None:
-        """The job directory: its journal, the spec the job reads ($HPCTRAIN_SPEC), array parameters."""
+    def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[dict[str, Any]]) -> None:
+        """The job directory: its journal, the spec the job reads, array parameters."""
         files.journal_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(files.spec_file, spec.redacted())
         if params:
@@ -136,21 +136,14 @@ class Submitter:
                     group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None,
                     on_record: OnRecord | None) -> int:
         with self.ledger.transaction():
-            job_id = self.ledger.insert("jobs", {
+            job_id = self.ledger.jobs.record({
                 "name": spec.name, "site": self.site.name, "user": self.user, "account": placement.account,
                 "partition": placement.partition, "qos": placement.qos, "is_array": int(chunk is not None),
-                "state": "SUBMITTING", "spec_json": spec.redacted(),
-                "choice_reason": placement.reason, "sweep_id": sweep_id, "lineage_json": lineage,
-                "group_id": group_id, "param_offset": chunk.offset if chunk else None, "updated_at": time.time(),
-            })
-            if group_id is None:
-                self.ledger.update("jobs", job_id, {"group_id": job_id})
-            if chunk is not None:
-                self.ledger.db.table("array_tasks").insert_all(
-                    {"job_id": job_id, "task_index": t, "param_index": chunk.offset + t,
-                     "params_json": json.dumps(params[chunk.offset + t], sort_keys=True), "updated_at": time.time()}
-                    for t in range(chunk.count)
-                )
+                "spec_json": spec.redacted(), "choice_reason": placement.reason, "sweep_id": sweep_id,
+                "lineage_json": lineage, "group_id": group_id, "param_offset": chunk.offset if chunk else None,
+            }, tasks=({"task_index": t, "param_index": chunk.offset + t,
+                       "params_json": json.dumps(params[chunk.offset + t], sort_keys=True)}
+                      for t in range(chunk.count)) if chunk else ())
             self.ledger.event("placement", placement.reason, job_id=job_id, account=placement.account,
                               partition=placement.partition, qos=placement.qos)
             if on_record is not None:
@@ -167,7 +160,6 @@ class Submitter:
             if found is None:
                 raise
             slurm_id = found
-        now = time.time()
-        self.ledger.update("jobs", job_id, {"slurm_job_id": slurm_id, "state": "PENDING", "submitted_at": now, "updated_at": now})
+        self.ledger.jobs.submitted(job_id, slurm_id)
         self.ledger.event("submitted", f"slurm job {slurm_id}", job_id=job_id, slurm_job_id=slurm_id)
         return slurm_id

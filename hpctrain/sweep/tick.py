@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -63,7 +62,7 @@ def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: l
     if refreshed.warning:
         on_warning(refreshed.warning)
     if sweep_ids is None:
-        sweep_ids = [r["id"] for r in ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
+        sweep_ids = ledger.sweeps.active()
     results = []
     for sweep_id in sweep_ids:
         store.load(ledger, sweep_id)  # an unknown name: the whole tick fails, in one line
@@ -78,7 +77,7 @@ def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: l
 def _failed(ledger: Ledger, sweep_id: str, exc: HpctrainError) -> TickResult:
     """A sweep whose tick failed on its own account (its job refused, say) is marked FAILED and left out of
     later ticks, so that the other sweeps tick on."""
-    ledger.update("sweeps", sweep_id, {"state": "FAILED", "updated_at": time.time()})
+    ledger.sweeps.set_state(sweep_id, "FAILED")
     ledger.event("sweep_failed", str(exc), sweep=sweep_id)
     return TickResult(sweep_id, state="FAILED", error=str(exc))
 
@@ -98,10 +97,10 @@ def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -
     due = spec.max_parallel - active
     if due > 0:
         curves = store.intermediate(ledger, sweep, [r["number"] for r in rows if r["state"] == "pruned"], spec.metric)
-        _add_trials(ledger, sweep, len(rows), suggest(spec, store.records(rows, curves), due))
+        ledger.sweeps.add_trials(sweep.id, len(rows), suggest(spec, store.records(rows, curves), due))
     result.submitted = _submit_new(ledger, client, site, sweep)
     if not result.submitted and _all_done(ledger, sweep):
-        ledger.update("sweeps", sweep.id, {"state": "DONE", "updated_at": time.time()})
+        ledger.sweeps.set_state(sweep.id, "DONE")
         result.state = "DONE"
     return result
 
@@ -119,8 +118,7 @@ def _early_stop(ledger: Ledger, client: SlurmClient, sweep: store.Sweep, rows: l
     client.scancel([f"{by_number[n]['slurm_job_id']}_{by_number[n]['task_index']}" for n in doomed])
     with ledger.transaction():
         for number, why in doomed.items():
-            ledger.db.execute("UPDATE trials SET state = 'pruned', reason = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
-                              [why, time.time(), sweep.id, number])
+            ledger.sweeps.prune(sweep.id, number, why)
             by_number[number]["state"] = "pruned"
     return doomed
 
@@ -129,26 +127,16 @@ def _retry_failed(ledger: Ledger, sweep: store.Sweep, rows: list[dict]) -> list[
     """Failed trials with retries left become new again (same parameters, same number)."""
     again = [r for r in rows if r["state"] == "failed" and r["failures"] < sweep.spec.max_failures
              and r["job_id"] is not None]
-    with ledger.transaction():
-        for r in again:
-            ledger.db.execute("UPDATE trials SET state = 'new', failures = failures + 1, job_id = NULL, task_index = NULL, "
-                              "updated_at = ? WHERE sweep_id = ? AND number = ?", [time.time(), sweep.id, r["number"]])
-            r["state"] = "new"
+    ledger.sweeps.unlink(sweep.id, [r["number"] for r in again], failed=True)
+    for r in again:
+        r["state"] = "new"
     return [r["number"] for r in again]
-
-
-def _add_trials(ledger: Ledger, sweep: store.Sweep, first: int, params: list[dict]) -> None:
-    now = time.time()
-    with ledger.transaction():
-        ledger.db.table("trials").insert_all(
-            {"sweep_id": sweep.id, "number": first + i, "params_json": json.dumps(p, sort_keys=True), "state": "new",
-             "failures": 0, "updated_at": now} for i, p in enumerate(params))
 
 
 def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep) -> list[int]:
     """Every new trial in one submission (arrays, split past MaxArraySize), each trial linked to its task
     in the transaction that records the task's job."""
-    new = ledger.rows("trials", "sweep_id = ? AND state = 'new'", [sweep.id], order_by="number")
+    new = ledger.sweeps.new_trials(sweep.id)
     if not new:
         return []
     numbers = [r["number"] for r in new]
@@ -156,15 +144,12 @@ def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: st
 
     def link(job_id: int, chunk: ArrayChunk | None) -> None:
         assert chunk is not None
-        ledger.db.conn.executemany(
-            "UPDATE trials SET state = 'pending', job_id = ?, task_index = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
-            [(job_id, t, time.time(), sweep.id, numbers[chunk.offset + t]) for t in range(chunk.count)])
+        ledger.sweeps.link(sweep.id, job_id, [(t, numbers[chunk.offset + t]) for t in range(chunk.count)])
 
     Submitter(site, ledger, client).submit(job, f"<sweep {sweep.id}>", sweep_id=sweep.id, on_record=link)
     return numbers
 
 
 def _all_done(ledger: Ledger, sweep: store.Sweep) -> bool:
-    counts = dict(ledger.db.execute("SELECT state IN ('completed', 'failed', 'pruned'), count(*) FROM trials "
-                                    "WHERE sweep_id = ? GROUP BY 1", [sweep.id]).fetchall())
-    return counts.get(0, 0) == 0 and counts.get(1, 0) >= (sweep.spec.max_trials or 0)
+    finished, unfinished = ledger.sweeps.counts(sweep.id)
+    return unfinished == 0 and finished >= (sweep.spec.max_trials or 0)

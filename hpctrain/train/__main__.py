@@ -10,23 +10,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import Any
 
 from hpctrain.config.job import Model, load_job_spec
+from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger.journal import Journal
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.train", description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default=os.environ.get("HPCTRAIN_SPEC"), help="job spec (default: $HPCTRAIN_SPEC)")
+    parser.add_argument("--spec", default=JobEnvironment().spec_file, help=f"job spec (default: ${SPEC_ENV})")
     parser.add_argument("--steps", type=int, required=True, help="train until this optimizer step (resumes count)")
     args = parser.parse_args(argv)
     if not args.spec:
-        parser.error("give --spec or set HPCTRAIN_SPEC")
+        parser.error(f"give --spec or set {SPEC_ENV}")
     return args
 
 
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     times = {"main": time.time()}  # start-up milestones, journaled after the first step
     args = parse_args(argv)
     # First of all: a notice during the seconds of start-up is then kept rather than fatal (USR2's default)
-    guard = preemption_guard(int(os.environ.get("RANK", 0)))
+    guard = preemption_guard(JobEnvironment().rank)
     try:
         spec = load_job_spec(args.spec)
-        if os.environ.get("HPCTRAIN_PARAMS"):  # an array task's (a sweep trial's) parameters
-            spec = spec.with_params(json.loads(os.environ["HPCTRAIN_PARAMS"]))
+        if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
+            spec = spec.with_params(params)
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
             from hpctrain.checkpoint.naming import task_dir
 
-            task = int(os.environ.get("SLURM_ARRAY_TASK_ID", -1))
+            task = JobEnvironment().task_index
             checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader)
         start = checkpoints.resume() if checkpoints else 0
         times["loaded"] = time.time()
@@ -177,7 +177,7 @@ def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> 
     if engine.global_rank != 0:
         return
     journal, cause = Journal.from_env(), guard.cause()
-    requeue = "SLURM_JOB_ID" in os.environ and cause != "cancelled"
+    requeue = JobEnvironment().in_slurm and cause != "cancelled"
     message = f"{cause} at step {result.step} (signal {guard.signal}): checkpointed, " + (
         "requeueing" if requeue else "exiting")
     print(f"hpctrain.train: {message}", file=sys.stderr, flush=True)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint import Checkpointer, Retention, Shard, restore_rng_state
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import CheckpointConfig, load_site
+from hpctrain.contract import JobEnvironment
 from hpctrain.train.engine import StepResult
 from hpctrain.train.state import load_local_state, local_state, placements
 
@@ -22,7 +22,7 @@ def engine_tree(engine: Any) -> dict[str, Shard]:
 def checkpoint_mode() -> int:
     """Permissions of checkpoint metadata: those of the site config named by $HPCTRAIN_SITE (which hpctrain's
     sbatch script exports), else the default."""
-    site = os.environ.get("HPCTRAIN_SITE")
+    site = JobEnvironment().site
     return load_site(site).checkpoint.mode if site else CheckpointConfig().mode
 
 

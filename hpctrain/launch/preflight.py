@@ -5,7 +5,7 @@ tasks run one tiny all-reduce: over NCCL where CUDA is present (reading NCCL's o
 whether it used InfiniBand or fell back to sockets), else over gloo. It reports what it saw;
 it does not guess.
 
-    srun -N2 --ntasks-per-node=1 python -m hpctrain.preflight
+    srun -N2 --ntasks-per-node=1 python -m hpctrain.launch.preflight
 """
 
 from __future__ import annotations

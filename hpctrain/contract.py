@@ -1,0 +1,156 @@
+"""The login/compute contract: the environment a job of hpctrain runs in, and the layout of its job directory.
+
+The login side renders the batch script from these names (`hpctrain.submit.render` and the sbatch
+templates); the compute side reads them back through `JobEnvironment`. No other module spells an
+``HPCTRAIN_*`` variable (a test checks), and the ``SLURM_*`` variables a job reads are read here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+# Set by the user on the login node (and exported to the job: the site config it runs under).
+SITE_ENV = "HPCTRAIN_SITE"
+SITE_DIR_ENV = "HPCTRAIN_SITE_DIR"
+LEDGER_ENV = "HPCTRAIN_LEDGER"
+
+# Exported by hpctrain's batch script to the job's processes.
+JOB_ID_ENV = "HPCTRAIN_JOB_ID"  # the ledger's id of the job
+JOB_DIR_ENV = "HPCTRAIN_JOB_DIR"
+JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
+SPEC_ENV = "HPCTRAIN_SPEC"  # the spec as submitted (secrets redacted), JSON
+SCRIPT_ENV = "HPCTRAIN_SCRIPT"  # the batch script itself, for a follow-up job where scontrol requeue fails
+SIGNAL_LEAD_ENV = "HPCTRAIN_SIGNAL_LEAD_S"  # seconds between the sbatch notice and the end of the time limit
+SEED_ENV = "HPCTRAIN_SEED"
+PARAMS_ENV = "HPCTRAIN_PARAMS"  # an array task's (a sweep trial's) parameters, JSON
+PARAM_INDEX_ENV = "HPCTRAIN_PARAM_INDEX"
+NOTICE_FILE_ENV = "HPCTRAIN_NOTICE_FILE"  # where the batch script writes down each stop signal it gets
+# Set by hpctrain on a resubmission: runs under earlier Slurm ids of the same ledger job.
+ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"
+
+DEFAULT_SIGNAL_LEAD_S = 300.0
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where one submission keeps its files on the shared filesystem."""
+
+    job_dir: Path
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.job_dir / "journal"
+
+    @property
+    def spec_file(self) -> Path:
+        return self.job_dir / "spec.json"
+
+    @property
+    def params_file(self) -> Path:
+        return self.job_dir / "params.jsonl"
+
+    def script(self, chunk_index: int = 0) -> Path:
+        """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
+        return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")
+
+
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What a process of a job knows from its environment: Slurm's variables and hpctrain's batch script's."""
+
+    env: Mapping[str, str] = field(default_factory=lambda: os.environ)
+
+    def _int(self, name: str, default: int) -> int:
+        value = self.env.get(name) or ""
+        return int(value) if value.lstrip("-").isdigit() else default
+
+    def _path(self, name: str) -> Path | None:
+        value = self.env.get(name)
+        return Path(value) if value else None
+
+    @property
+    def in_slurm(self) -> bool:
+        return "SLURM_JOB_ID" in self.env
+
+    @property
+    def slurm_job_id(self) -> str | None:
+        return self.env.get("SLURM_JOB_ID")
+
+    @property
+    def job_id(self) -> int | None:
+        """The ledger's id of the job, under hpctrain's batch script."""
+        value = self.env.get(JOB_ID_ENV, "")
+        return int(value) if value.isdigit() else None
+
+    @property
+    def task_index(self) -> int:
+        """This array task's index; -1 outside an array."""
+        return self._int("SLURM_ARRAY_TASK_ID", -1)
+
+    @property
+    def restart_count(self) -> int:
+        """How often Slurm has requeued this job (this Slurm id)."""
+        return self._int("SLURM_RESTART_COUNT", 0)
+
+    @property
+    def run_number(self) -> int:
+        """This run's attempt number, as the ledger counts them: Slurm's requeue count, plus the runs under
+        earlier Slurm ids when hpctrain had to resubmit the job."""
+        return self._int(ATTEMPT_BASE_ENV, 0) + self.restart_count
+
+    @property
+    def requeue_target(self) -> str:
+        """`<array job>_<task>` for an array task (never the whole array), else the job id."""
+        if self.env.get("SLURM_ARRAY_JOB_ID") and self.env.get("SLURM_ARRAY_TASK_ID"):
+            return f"{self.env['SLURM_ARRAY_JOB_ID']}_{self.env['SLURM_ARRAY_TASK_ID']}"
+        return self.env["SLURM_JOB_ID"]
+
+    @property
+    def rank(self) -> int:
+        return self._int("RANK", self._int("SLURM_PROCID", 0))
+
+    @property
+    def node(self) -> str:
+        return self.env.get("SLURMD_NODENAME") or socket.gethostname()
+
+    @property
+    def step_id(self) -> str:
+        """An id of this job step's run that every rank computes alike (Slurm's ids; '' outside Slurm)."""
+        if not self.in_slurm:
+            return ""
+        return f"slurm{self.slurm_job_id}.{self.env.get('SLURM_STEP_ID', 0)}-r{self.restart_count}"
+
+    @property
+    def site(self) -> str | None:
+        return self.env.get(SITE_ENV) or None
+
+    @property
+    def journal_dir(self) -> Path | None:
+        return self._path(JOURNAL_ENV)
+
+    @property
+    def spec_file(self) -> Path | None:
+        return self._path(SPEC_ENV)
+
+    @property
+    def script(self) -> Path | None:
+        return self._path(SCRIPT_ENV)
+
+    @property
+    def notice_file(self) -> Path | None:
+        return self._path(NOTICE_FILE_ENV)
+
+    @property
+    def signal_lead_s(self) -> float:
+        return float(self.env.get(SIGNAL_LEAD_ENV) or DEFAULT_SIGNAL_LEAD_S)
+
+    @property
+    def params(self) -> dict[str, Any] | None:
+        """An array task's (a sweep trial's) parameters; None outside one."""
+        value = self.env.get(PARAMS_ENV)
+        return json.loads(value) if value else None

@@ -1,0 +1,69 @@
+"""The attempts table: every run of a job or array task as sacct counts it, why it ended, and the decision
+taken after it (requeued or stopped), with the queries GPU-hours and alerts read."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from hpctrain.ledger.db import Ledger
+
+PK = ("job_id", "task_index", "attempt")
+
+_USAGE_SQL = """
+SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.ended_at, a.elapsed_s, a.cause,
+       j.name, j.account, j.user, j.sweep_id, j.partition,
+       (SELECT max(c.created_at) FROM checkpoints c WHERE c.job_id = a.job_id AND c.task_index = a.task_index
+        AND c.state IN ('committed', 'deleted') AND c.created_at BETWEEN a.started_at AND coalesce(a.ended_at, :now))
+       AS last_checkpoint_at
+FROM attempts a JOIN jobs j ON j.id = a.job_id
+WHERE j.site = :site AND a.started_at IS NOT NULL AND coalesce(a.ended_at, :now) >= :since
+ORDER BY a.started_at
+"""
+
+
+class Attempts:
+    """Rows of `attempts`, keyed by (job id, task index, attempt number)."""
+
+    def __init__(self, ledger: "Ledger"):
+        self.ledger = ledger
+
+    def record(self, job_id: int, task_index: int, attempt: int, **fields: Any) -> None:
+        """Create or update one run's row with ``fields`` (Slurm's view, or the decision taken after it)."""
+        self.ledger.upsert("attempts", {"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields},
+                           pk=PK)
+
+    def of_task(self, job_id: int, task_index: int) -> list[dict[str, Any]]:
+        return self.ledger.rows("attempts", "job_id = ? AND task_index = ?", [job_id, task_index], order_by="attempt")
+
+    def of_job(self, job_id: int) -> list[dict[str, Any]]:
+        return self.ledger.rows("attempts", "job_id = ?", [job_id], order_by="task_index, attempt")
+
+    def drop_unstarted_from(self, job_id: int, task_index: int, attempt: int) -> None:
+        """Runs from ``attempt`` on that never started nor were looked at: sacct listed them once and no longer
+        does (a throttled array's task seen in its pending range and in a row of its own)."""
+        with self.ledger.transaction() as db:
+            db.execute("DELETE FROM attempts WHERE job_id = ? AND task_index = ? AND attempt >= ? AND state = 'PENDING' "
+                       "AND started_at IS NULL AND step_start IS NULL AND cause IS NULL", [job_id, task_index, attempt])
+
+    def last_requeued(self, job_id: int) -> dict[int, int]:
+        """Per task, the number of its last run that hpctrain requeued."""
+        return dict(self.ledger.db.execute("SELECT task_index, max(attempt) FROM attempts WHERE job_id = ? "
+                                           "AND requeued = 1 GROUP BY task_index", [job_id]).fetchall())
+
+    def fill_causes(self, job_id: int, cause_of_state: Mapping[str, str]) -> None:
+        """Why each ended run ended, from its Slurm state, where nothing more precise was journaled for it."""
+        pairs = sorted(cause_of_state.items())
+        with self.ledger.transaction() as db:
+            db.execute(f"UPDATE attempts SET cause = CASE state {' '.join('WHEN ? THEN ?' for _ in pairs)} END "
+                       f"WHERE job_id = ? AND cause IS NULL AND state IN ({','.join('?' * len(pairs))})",
+                       [*(x for pair in pairs for x in pair), job_id, *(state for state, _ in pairs)])
+
+    def last_start(self, job_id: int) -> float | None:
+        return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]
+
+    def usage(self, site: str, since: float, now: float) -> list[dict[str, Any]]:
+        """Every run of the site's jobs that overlaps [since, now], with its job's facts and the time of its
+        last checkpoint (committed, or committed and since deleted by retention)."""
+        return [dict(r) for r in self.ledger.db.query(_USAGE_SQL, {"site": site, "now": now, "since": since})]
+

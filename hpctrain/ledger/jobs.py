@@ -1,0 +1,119 @@
+"""The jobs table and its array tasks: a submission's rows, their states, and the queries over them.
+
+States are Slurm's (plus SUBMITTING, SUBMIT_FAILED, REQUEUED); which are final is Slurm's vocabulary
+(`hpctrain.slurm.states`), passed in by the callers so that the ledger stays a leaf.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Collection, Iterable
+
+if TYPE_CHECKING:
+    from hpctrain.ledger.db import Ledger
+
+
+def _marks(values: Collection[Any]) -> str:
+    return ",".join("?" * len(values))
+
+
+_SUMMARY_SQL = """
+SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id,
+       j.sweep_id, j.submitted_at, j.started_at, j.ended_at,
+       (SELECT count(*) FROM array_tasks t WHERE t.job_id = j.id) AS tasks,
+       (SELECT group_concat(state || ':' || n) FROM (SELECT state, count(*) AS n FROM array_tasks t
+            WHERE t.job_id = j.id GROUP BY state)) AS task_states,
+       (SELECT count(*) - count(DISTINCT a.task_index) FROM attempts a WHERE a.job_id = j.id) AS restarts,
+       (SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND a.state = 'PREEMPTED') AS preemptions
+FROM jobs j
+WHERE j.site = ? {where}
+ORDER BY j.id DESC
+LIMIT ?
+"""
+
+
+class Jobs:
+    """Rows of `jobs` (one per sbatch) and `array_tasks` (one per task of an array job)."""
+
+    def __init__(self, ledger: "Ledger"):
+        self.ledger = ledger
+
+    def get(self, job_id: int) -> dict[str, Any] | None:
+        return self.ledger.get("jobs", job_id)
+
+    def record(self, row: dict[str, Any], tasks: Iterable[dict[str, Any]] = ()) -> int:
+        """A new submission's row, in state SUBMITTING, with its array tasks; the first job of a submission
+        is its own group. Returns the ledger id."""
+        with self.ledger.transaction():
+            job_id = self.ledger.insert("jobs", {**row, "state": "SUBMITTING", "updated_at": time.time()})
+            if row.get("group_id") is None:
+                self.ledger.update("jobs", job_id, {"group_id": job_id})
+            now = time.time()
+            self.ledger.db.table("array_tasks").insert_all({**t, "job_id": job_id, "updated_at": now} for t in tasks)
+        return job_id
+
+    def submitted(self, job_id: int, slurm_job_id: str) -> None:
+        now = time.time()
+        self.ledger.update("jobs", job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now,
+                                            "updated_at": now})
+
+    def submit_failed(self, job_id: int, error: str) -> None:
+        self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": error, "updated_at": time.time()})
+
+    def set_state(self, job_id: int, state: str, **fields: Any) -> None:
+        """A new state from Slurm or from hpctrain's own decision, with any other fields that change with it."""
+        self.ledger.update("jobs", job_id, {"state": state, **fields, "updated_at": time.time()})
+
+    def active(self, site: str, final: Collection[str]) -> list[dict[str, Any]]:
+        """Submitted jobs of the site not in a ``final`` state."""
+        return self.ledger.rows("jobs", f"site = ? AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)})",
+                                [site, *sorted(final)])
+
+    def dirs_to_read(self, site: str, final: Collection[str], ended_since: float) -> list[str]:
+        """Job directories of active jobs and of jobs that ended since ``ended_since``."""
+        rows = self.ledger.db.query(
+            f"SELECT DISTINCT job_dir FROM jobs WHERE site = ? AND job_dir IS NOT NULL "
+            f"AND (state NOT IN ({_marks(final)}) OR coalesce(ended_at, updated_at, 0) >= ?)",
+            [site, *sorted(final), ended_since])
+        return [r["job_dir"] for r in rows]
+
+    def summaries(self, site: str, final: Collection[str], active_only: bool = False,
+                  limit: int = 200) -> list[dict[str, Any]]:
+        """One row per job, newest first, with array task counts, restarts and preemptions (one query)."""
+        where, args = "", [site]
+        if active_only:
+            where, args = f"AND j.state NOT IN ({_marks(final)})", args + sorted(final)
+        return [dict(r) for r in self.ledger.db.query(_SUMMARY_SQL.format(where=where), [*args, limit])]
+
+    def in_group(self, group_id: int) -> list[dict[str, Any]]:
+        """Every job of one submission (arrays split past MaxArraySize are several)."""
+        return self.ledger.rows("jobs", "group_id = ?", [group_id])
+
+    def of_sweep(self, sweep_id: str) -> list[dict[str, Any]]:
+        return self.ledger.rows("jobs", "sweep_id = ?", [sweep_id])
+
+    def has_account(self, site: str, account: str) -> bool:
+        return self.ledger.db.execute("SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1",
+                                      [site, account]).fetchone() is not None
+
+    def died(self, site: str, states: Collection[str]) -> list[tuple[int, int]]:
+        """(job id, task index; -1 for a plain job) of every plain job or array task in one of ``states``."""
+        marks = _marks(states)
+        return [(r["job_id"], r["task_index"]) for r in self.ledger.db.query(
+            f"SELECT j.id AS job_id, -1 AS task_index FROM jobs j WHERE j.site = ? AND j.is_array = 0 "
+            f"AND j.state IN ({marks}) UNION ALL SELECT j.id, t.task_index FROM jobs j JOIN array_tasks t "
+            f"ON t.job_id = j.id WHERE j.site = ? AND t.state IN ({marks})",
+            [site, *states, site, *states])]
+
+    def tasks(self, job_id: int) -> list[dict[str, Any]]:
+        return self.ledger.rows("array_tasks", "job_id = ?", [job_id], order_by="task_index")
+
+    def task_states(self, job_id: int) -> dict[int, str]:
+        return {r["task_index"]: r["state"] for r in self.tasks(job_id)}
+
+    def set_task_state(self, job_id: int, task_index: int, state: str, restarts: int | None = None) -> None:
+        """An array task's state (and its restart count, which only grows)."""
+        with self.ledger.transaction() as db:
+            db.execute("UPDATE array_tasks SET state = ?, restarts = max(restarts, coalesce(?, restarts)), "
+                       "updated_at = ? WHERE job_id = ? AND task_index = ?",
+                       [state, restarts, time.time(), job_id, task_index])

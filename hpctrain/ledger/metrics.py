@@ -1,0 +1,47 @@
+"""The metrics table: one value per (job, task, metric name, step), as trainers journal them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from hpctrain.ledger.db import Ledger
+
+# Mean data wait over mean step time across the latest steps that report both.
+_DATA_WAIT_SQL = """
+SELECT avg(w.value) / avg(s.value) FROM (
+    SELECT job_id, task_index, step, value FROM metrics WHERE job_id = :job AND name = 'step_time_s'
+    ORDER BY step DESC LIMIT :steps) s
+JOIN metrics w ON w.job_id = s.job_id AND w.task_index = s.task_index AND w.step = s.step AND w.name = 'data_wait_s'
+"""
+
+
+class Metrics:
+    """Rows of `metrics`."""
+
+    def __init__(self, ledger: "Ledger"):
+        self.ledger = ledger
+
+    def of_job(self, job_id: int, task_index: int | None = None,
+               names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+        """A job's values (of one task, of some names), by task and step."""
+        where, args = "job_id = ?", [job_id]
+        if task_index is not None:
+            where, args = where + " AND task_index = ?", args + [task_index]
+        if names:
+            where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
+        return self.ledger.rows("metrics", where, args, order_by="task_index, step")
+
+    def points(self, job_id: int) -> Iterator[tuple[str, int, int, float]]:
+        """(name, task, step, value) of every reported value, by name, task and step."""
+        yield from self.ledger.db.execute(
+            "SELECT name, task_index, step, value FROM metrics WHERE job_id = ? AND value IS NOT NULL "
+            "ORDER BY name, task_index, step", [job_id])
+
+    def last_time(self, job_id: int) -> float | None:
+        """When the job last reported a metric (a training step)."""
+        return self.ledger.db.execute("SELECT max(time) FROM metrics WHERE job_id = ?", [job_id]).fetchone()[0]
+
+    def data_wait_fraction(self, job_id: int, steps: int) -> float | None:
+        """The part of step time spent waiting for data over the last ``steps`` steps reporting both."""
+        return self.ledger.db.execute(_DATA_WAIT_SQL, {"job": job_id, "steps": steps}).fetchone()[0]
