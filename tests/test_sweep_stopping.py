@@ -174,3 +174,65 @@ def test_median_stopping_also_learns_from_running_trials_where_optuna_waits():
     bad = loss_curve(11, floor=6, last_step=40)
     assert should_stop(MEDIAN, bad, running) is not None
     assert not optuna_prunes(MEDIAN, bad, [])  # none completed: Optuna's median has nothing to compare with
+
+
+# Against Optuna's SuccessiveHalvingPruner, driven as Optuna drives it: each trial reports its value at the rung
+# and asks the pruner. Where every trial reaches the rung with one value and the trials at it divide by the
+# reduction factor, the two decide alike. They differ where a cron tick differs from a per-step call (below).
+
+def optuna_halving_prunes(spec: SweepSpec, trial: dict[int, float], others: list[dict[int, float]]) -> bool:
+    import optuna
+
+    es = spec.early_stopping
+    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=es.min_resource, reduction_factor=es.reduction_factor,
+                                                    min_early_stopping_rate=0, bootstrap_count=0)
+    study = optuna.create_study(direction=spec.direction, pruner=pruner)
+    pruned = False
+    for values in [*others, trial]:
+        asked = study.ask()
+        for step, value in sorted(values.items()):
+            asked.report(value, step)
+            pruned = asked.should_prune()  # records the trial's value at the rung it passed
+            if pruned:
+                break
+    return pruned
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(direction=st.sampled_from(["minimize", "maximize"]), eta=st.sampled_from([2, 3]), k=st.integers(1, 3),
+       data=st.data())
+def test_halving_decides_as_optunas_successive_halving_at_one_rung(direction, eta, k, data):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    values = data.draw(st.lists(st.integers(0, 1000).map(float), min_size=k * eta, max_size=k * eta, unique=True))
+    spec = make_spec(direction, rule="halving", min_resource=2, reduction_factor=eta, min_trials=1)
+    others = [{2: v} for v in values[1:]]
+    trial = curve(99, {2: values[0]})
+    ours = should_stop(spec, trial, [curve(i, c, "completed") for i, c in enumerate(others)]) is not None
+    assert ours == optuna_halving_prunes(spec, {2: values[0]}, others)
+
+
+HALVING2 = make_spec(rule="halving", min_resource=2, reduction_factor=2, min_trials=1)
+AT_RUNG = [{2: 1.0}, {2: 2.0}, {2: 3.0}]
+
+
+def test_halving_judges_the_best_by_the_rung_whenever_the_tick_looks_where_optuna_takes_the_latest_value():
+    """A trial at 1.5 by rung step 2 that then gets worse (9.0 at step 3). Optuna keeps the value its pruner sees
+    when first asked past the rung: asked at every step it keeps the trial, asked once at step 3 (a cron tick's
+    view) it stops it. hpctrain judges the best value by the rung and keeps it either way: a decision must not
+    depend on when cron happened to run."""
+    late = {2: 1.5, 3: 9.0}
+    others = [curve(i, c, "running") for i, c in enumerate(AT_RUNG)]
+    assert not optuna_halving_prunes(HALVING2, late, AT_RUNG)
+    assert optuna_halving_prunes(HALVING2, {3: 9.0}, AT_RUNG)  # what a per-step pruner sees when asked only at 3
+    assert should_stop(HALVING2, curve(99, late), others) is None
+
+
+def test_halving_keeps_the_top_fraction_rounded_up_where_optuna_rounds_down():
+    """Four trials at a rung with reduction factor 3: Optuna keeps the best one (4 // 3), hpctrain the best two
+    (ceil(4 / 3)), so that with the few trials of a small cron sweep the second best is not stopped early."""
+    spec = make_spec(rule="halving", min_resource=2, reduction_factor=3, min_trials=1)
+    second = {2: 2.0}
+    assert optuna_halving_prunes(spec, second, AT_RUNG)
+    assert should_stop(spec, curve(99, second), [curve(i, c, "running") for i, c in enumerate(AT_RUNG)]) is None

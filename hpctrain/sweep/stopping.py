@@ -14,9 +14,14 @@ counts as a reference, whatever its state):
 
 Under either rule a trial whose latest value is NaN or infinite (diverged) stops, once past grace_steps.
 
-Why not Optuna's pruners: they compare with completed trials only. A cron sweep runs max_parallel trials
-at once, and its first batch may be all there is, so that Optuna could stop none of them. Where only
-completed trials report, median stopping decides exactly as Optuna's MedianPruner (a test checks it).
+Why not Optuna's pruners: they are asked at every step of a trial that reports to them, while a cron tick
+sees curves after the fact. Optuna's MedianPruner compares with completed trials only, and a cron sweep's
+first batch of max_parallel trials may be all there is, so it could stop none of them. Its
+SuccessiveHalvingPruner keeps the value it sees when first asked past a rung, so its decision depends on
+when a tick happens to look; here a trial is judged by its best value by the rung, whenever that is. It
+keeps floor(n / reduction_factor) (at least one) where this keeps ceil: with a small sweep's few trials at
+a rung, the second best of four is not stopped. Where the inputs coincide, both rules decide exactly as
+Optuna's pruners do (tests/test_sweep_stopping.py checks it, and shows each difference).
 """
 
 from __future__ import annotations
