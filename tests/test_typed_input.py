@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +167,30 @@ def test_odd_text_in_a_real_submission_gives_a_job_or_one_line(dev_cluster, tmp_
         assert_user_error(done.returncode, done.stderr)
     with Ledger(isolated_ledger) as ledger:
         assert {j["state"] for j in ledger.rows("jobs")} <= {"COMPLETED", "SUBMIT_FAILED"}
+
+
+# Every string a sweep spec can hold (its inline job's too), set to text a user could type: registered, or one line.
+
+SWEEP_BASE: dict[str, Any] = {
+    "name": "typed-sweep", "method": "random", "metric": "loss", "direction": "minimize", "max_trials": 2,
+    "search": {"lr": {"type": "choice", "values": ["a", "b"]}, "x": {"type": "uniform", "low": 0, "high": 1}},
+    "early_stopping": {"rule": "median", "metric": "loss"},
+    "job": {"name": "trial", "command": ["python", "-c", "print(1)"], "launcher": "none",
+            "resources": {"mem": "100M", "time": "00:02:00", "account": "teama"}, "env": {"GREETING": "hi"}},
+}
+SWEEP_LEAVES = string_leaves(SWEEP_BASE)
+
+
+@examples(100)
+@given(path=st.sampled_from(SWEEP_LEAVES), text=typed_text)
+def test_any_text_in_any_string_of_a_sweep_spec_registers_or_is_refused_in_lines(tmp_path, path, text):
+    here = Path(tempfile.mkdtemp(dir=tmp_path))  # a fresh ledger per example: each spec registers on its own
+    spec = write_config(here, with_value(SWEEP_BASE, path, text), "json")
+    ledger_path = here / "l.db"
+    result = invoke("sweep", "start", "--no-tick", str(spec), "--site", "dev", env={"HPCTRAIN_LEDGER": str(ledger_path)})
+    if result.exit_code != 0:
+        assert_user_error(result.exit_code, result.stderr)
+    assert_ledger_untouched(ledger_path)  # registering submits nothing
+    if ledger_path.exists():
+        with Ledger(ledger_path) as ledger:
+            assert [s["state"] for s in ledger.rows("sweeps")] in ([], ["ACTIVE"])
