@@ -54,6 +54,15 @@ class JobPaths:
     def params_file(self) -> Path:
         return self.job_dir / "params.jsonl"
 
+    @staticmethod
+    def output_name(array: bool) -> str:
+        """The batch script's log, as sbatch's --output pattern (per array task for an array)."""
+        return "slurm-%A_%a.out" if array else "slurm-%j.out"
+
+    def output(self, slurm_job_id: str) -> Path:
+        """The log of a job that is not an array (the script's stdout and stderr)."""
+        return self.job_dir / self.output_name(False).replace("%j", slurm_job_id)
+
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
         return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Literal
 
 from hpctrain.config.site import SiteConfig
-from hpctrain.contract import SITE_ENV
+from hpctrain.contract import JobPaths
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
@@ -209,42 +209,40 @@ class Doctor:
                 yield Check(f"paths.{key}", "PASS", str(path))
 
 
-PREFLIGHT_SCRIPT = """#!/bin/bash
-#SBATCH --job-name=hpctrain-preflight
-#SBATCH --partition={partition}
-#SBATCH --nodes={nodes}
-#SBATCH --ntasks-per-node=1
-{gpus}#SBATCH --time=00:05:00
-#SBATCH --output={output}
-export {site_env}={site}
-exec {python} -m hpctrain launch -- {python} -m hpctrain.launch.preflight
-"""
-
-
-def network_checks(site: SiteConfig, client: SlurmClient, partition: str, nodes: int) -> list[Check]:
-    """Run hpctrain.launch.preflight as one task per node on ``partition`` (sbatch --wait) and judge its report."""
+def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partition: str, nodes: int) -> list[Check]:
+    """Run hpctrain.launch.preflight as one task per node on ``partition``, submitted through the same templates
+    as every job (and recorded like one), and judge its report."""
     import json
-    import shlex
     import sys
-    import tempfile
+
+    from hpctrain.config.job import JobSpec
+    from hpctrain.jobs.poll import wait_finished
+    from hpctrain.submit import Submitter
 
     part = site.partitions.get(partition)
     if part is None:
         return [Check("network", "FAIL", f"partition {partition!r} is not in the site config")]
-    site.paths.logs.mkdir(parents=True, exist_ok=True)
-    output = Path(tempfile.mkstemp(prefix="preflight-", suffix=".out", dir=site.paths.logs)[1])
-    script = PREFLIGHT_SCRIPT.format(
-        partition=partition, nodes=nodes, output=output, site_env=SITE_ENV, site=shlex.quote(site.ref),
-        gpus="#SBATCH --gpus-per-node=1\n" if part.gpus_per_node else "",
-        python=shlex.quote(str(site.launch.python or sys.executable)),
-    )
+    spec = JobSpec.model_validate({
+        "name": "hpctrain-preflight", "requeue": False,
+        "command": [str(site.launch.python or sys.executable), "-m", "hpctrain.launch.preflight"],
+        "resources": {"nodes": nodes, "tasks_per_node": 1, "gpus_per_node": 1 if part.gpus_per_node else 0,
+                      "time": 300, "partition": partition},
+    })
     try:
-        client.sbatch(script, args=("--wait",))
+        sub = Submitter(site, ledger, client).submit(spec, "<hpctrain doctor --nccl>")
+        state = wait_finished(ledger, client, site.name, sub.ledger_ids)[sub.ledger_ids[0]]
     except HpctrainError as exc:
-        return [Check("network", "FAIL", f"preflight job failed: {exc} (log: {output})")]
-    reports = [json.loads(line.split(" ", 1)[1]) for line in output.read_text().splitlines() if line.startswith("PREFLIGHT ")]
+        return [Check("network", "FAIL", f"preflight job failed: {exc}")]
+    job = ledger.jobs.get(sub.ledger_ids[0])
+    output = JobPaths(Path(job["job_dir"])).output(sub.slurm_ids[0])
+    try:
+        lines = output.read_text().splitlines()
+    except OSError as exc:
+        return [Check("network", "FAIL", f"preflight job {sub.slurm_ids[0]} ended {state}: {exc.strerror}: {output}")]
+    reports = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("PREFLIGHT ")]
     if len(reports) != nodes:
-        return [Check("network", "FAIL", f"{len(reports)} of {nodes} nodes reported (log: {output})")]
+        return [Check("network", "FAIL", f"{len(reports)} of {nodes} nodes reported, job {sub.slurm_ids[0]} "
+                                         f"ended {state} (log: {output})")]
     checks = []
     ib_configured = bool(site.network_env.get("NCCL_IB_HCA"))
     for r in sorted(reports, key=lambda r: r["rank"]):

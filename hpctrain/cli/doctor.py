@@ -25,7 +25,10 @@ def doctor(site: str | None, as_json: bool, nccl: bool, partition: str | None, n
     doc = Doctor(cfg)
     checks = doc.run()
     if nccl:
-        checks += network_checks(cfg, doc.client, partition or cfg.defaults.partition, nodes)
+        from hpctrain.ledger import Ledger
+
+        with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:
+            checks += network_checks(cfg, ledger, doc.client, partition or cfg.defaults.partition, nodes)
     failed = [c for c in checks if c.verdict == "FAIL"]
     if as_json:
         click.echo(json.dumps([c.__dict__ for c in checks], indent=2))

@@ -57,7 +57,6 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
                chunk: ArrayChunk | None, after: list[str], job_id: str) -> list[str]:
     """The #SBATCH options, each validated to be a single safe token."""
     r = spec.resources
-    out_name = "slurm-%A_%a.out" if chunk else "slurm-%j.out"
     opts = [
         f"--job-name={spec.name}",
         f"--partition={placement.partition}",
@@ -69,7 +68,7 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
         gpu_directive(spec, site, placement.partition),
         f"--mem={r.mem}M" if r.mem else None,
         f"--time={format_slurm_time(r.time or site.defaults.time)}",
-        f"--output={files.job_dir / out_name}",
+        f"--output={files.job_dir / files.output_name(chunk is not None)}",
         f"--comment={submission_tag(files, job_id)}",
         "--open-mode=append",  # a requeued run appends to the log instead of truncating it
         "--requeue" if spec.requeue else "--no-requeue",
