@@ -69,6 +69,17 @@ class JobPaths:
 
 
 @dataclass(frozen=True)
+class TaskLayout:
+    """One srun task of a step, from Slurm's variables."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    tasks_per_node: str  # run-length coded per node: '4(x2),3'
+    node_index: int
+
+
+@dataclass(frozen=True)
 class JobEnvironment:
     """What a process of a job knows from its environment: Slurm's variables and hpctrain's batch script's."""
 
@@ -89,6 +100,29 @@ class JobEnvironment:
     @property
     def slurm_job_id(self) -> str | None:
         return self.env.get("SLURM_JOB_ID")
+
+    @property
+    def allocation_id(self) -> int:
+        """The array's job id for an array task, else the job id (KeyError outside Slurm)."""
+        return int(self.env.get("SLURM_ARRAY_JOB_ID") or self.env["SLURM_JOB_ID"])
+
+    @property
+    def node_list(self) -> str:
+        """The allocation's nodes as a Slurm hostlist ('' outside Slurm)."""
+        return self.env.get("SLURM_JOB_NODELIST") or self.env.get("SLURM_NODELIST") or ""
+
+    @property
+    def ntasks(self) -> str | None:
+        return self.env.get("SLURM_NTASKS")
+
+    @property
+    def task_layout(self) -> TaskLayout:
+        """This srun task's place in its step; KeyError naming the first variable missing outside a task."""
+        env = self.env
+        return TaskLayout(int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]),
+                          int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
+                          env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"],
+                          int(env.get("SLURM_NODEID", "0")))
 
     @property
     def job_id(self) -> int | None:

@@ -115,6 +115,14 @@ def test_hpctrain_variables_are_named_only_in_the_contract():
     assert offenders == []
 
 
+def test_slurm_variables_a_job_reads_are_read_only_in_the_contract():
+    """The slurm package names SLURM_CONF for the commands it runs, and reads SLURM_VERSION from scontrol's output."""
+    offenders = [f"{name}:{node.lineno}: {node.value!r}" for name, tree in modules().items()
+                 if name != "contract" and unit(name) != "slurm" for node in string_literals(tree)
+                 if re.fullmatch(r"SLURM[A-Z_]*", node.value)]
+    assert offenders == []
+
+
 def test_the_literal_check_sees_code_but_not_docstrings():
     tree = ast.parse('"""Reads $HPCTRAIN_X."""\nNAME = "HPCTRAIN_X"\n')
     assert [n.value for n in string_literals(tree)] == ["HPCTRAIN_X"]

@@ -8,6 +8,7 @@ import sys
 from typing import Mapping
 
 from hpctrain.config.site import SiteConfig
+from hpctrain.contract import JobEnvironment
 from hpctrain.launch.rendezvous import rendezvous_env
 from hpctrain.ledger.journal import Journal
 
@@ -38,6 +39,6 @@ def launch(site: SiteConfig, command: list[str], dry_run: bool = False) -> None:
     journal = Journal.from_env()
     if journal is not None:
         journal.write("launch", message=f"{extra['MASTER_ADDR']}:{extra['MASTER_PORT']}",
-                      nodes=os.environ.get("SLURM_JOB_NODELIST"), ntasks=os.environ.get("SLURM_NTASKS"),
+                      nodes=JobEnvironment().node_list, ntasks=JobEnvironment().ntasks,
                       master_addr=extra["MASTER_ADDR"], master_port=extra["MASTER_PORT"], network_env=network)
     os.execvpe(argv[0], argv, {**os.environ, **extra})

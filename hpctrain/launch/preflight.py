@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.launch.rendezvous import task_env
 
 
@@ -68,8 +69,8 @@ def all_reduce_check() -> dict[str, object]:
 
 def main() -> None:
     os.environ.update(task_env(os.environ))
-    report: dict[str, object] = {"node": os.environ.get("SLURMD_NODENAME", os.uname().nodename),
-                                 "rank": int(os.environ["RANK"]), "missing": missing_interfaces(dict(os.environ))}
+    job = JobEnvironment()
+    report: dict[str, object] = {"node": job.node, "rank": job.rank, "missing": missing_interfaces(dict(os.environ))}
     try:
         report.update(all_reduce_check())
     except Exception as exc:  # reported, not raised: the doctor shows it per node

@@ -7,6 +7,7 @@ import re
 import socket
 from typing import Callable, Mapping
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.errors import HpctrainError
 
 
@@ -81,9 +82,8 @@ def master_port(env: Mapping[str, str], port_range: tuple[int, int],
     Jobs sharing a node have different ids, hence different starting ports."""
     lo, hi = port_range
     span = hi - lo + 1
-    job = int(env.get("SLURM_ARRAY_JOB_ID") or env["SLURM_JOB_ID"])
-    task = int(env.get("SLURM_ARRAY_TASK_ID") or 0)
-    start = (job * 131 + task) % span  # spread consecutive job ids, keep array tasks apart
+    job = JobEnvironment(env)
+    start = (job.allocation_id * 131 + max(job.task_index, 0)) % span  # spread consecutive job ids, keep array tasks apart
     for k in range(span):
         port = lo + (start + k) % span
         if is_free(port):
@@ -94,7 +94,7 @@ def master_port(env: Mapping[str, str], port_range: tuple[int, int],
 def rendezvous_env(env: Mapping[str, str], port_range: tuple[int, int],
                    is_free: Callable[[int], bool] = port_is_free) -> dict[str, str]:
     """MASTER_ADDR (first node of the allocation) and MASTER_PORT, computed once per job step."""
-    nodes = expand_hostlist(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "")
+    nodes = expand_hostlist(JobEnvironment(env).node_list)
     if not nodes:
         raise HpctrainError("SLURM_JOB_NODELIST is not set: `hpctrain launch` runs inside a Slurm allocation")
     return {"MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port(env, port_range, is_free))}
@@ -103,13 +103,8 @@ def rendezvous_env(env: Mapping[str, str], port_range: tuple[int, int],
 def task_env(env: Mapping[str, str]) -> dict[str, str]:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE of one srun task."""
     try:
-        out = {
-            "RANK": env["SLURM_PROCID"],
-            "LOCAL_RANK": env["SLURM_LOCALID"],
-            "WORLD_SIZE": env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"],
-        }
-        per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"]
-        out["LOCAL_WORLD_SIZE"] = str(tasks_on_node(per_node, int(env.get("SLURM_NODEID", "0"))))
-        return out
+        task = JobEnvironment(env).task_layout
     except KeyError as exc:
         raise HpctrainError(f"{exc.args[0]} is not set: run this inside an srun task") from None
+    return {"RANK": str(task.rank), "LOCAL_RANK": str(task.local_rank), "WORLD_SIZE": str(task.world_size),
+            "LOCAL_WORLD_SIZE": str(tasks_on_node(task.tasks_per_node, task.node_index))}
