@@ -8,8 +8,10 @@ is then left to Slurm (see hpctrain.slurm.version).
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime
+from pathlib import Path
 from typing import Mapping
 
 from hpctrain.config.types import parse_slurm_time
@@ -43,6 +45,14 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         return None
 
 
+def _secret_names(env: Mapping[str, str]) -> list[str]:
+    """The job's secret names (this run has their values, from its secrets file: sbatch must not take them)."""
+    from hpctrain.submit import secret_file
+
+    spec_file = env.get("HPCTRAIN_SPEC")
+    return secret_file.names(json.loads(Path(spec_file).read_text(encoding="utf-8"))) if spec_file else []
+
+
 def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
     """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
     starts after this one ends. Returns what was done, for the journal."""
@@ -66,7 +76,8 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
         args.append(f"--array={env['SLURM_ARRAY_TASK_ID']}")
     base = run_number(env) + 1
     with open(script) as fh:
-        follow_up = client.sbatch(fh.read(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args))
+        follow_up = client.sbatch(fh.read(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args),
+                                  unset_env=_secret_names(env))
     journal = Journal.from_env()
     if journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=follow_up, attempt_base=base,

@@ -21,6 +21,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.config.types import format_slurm_time
 from hpctrain.errors import ConfigError
+from hpctrain.submit import secret_file
 from hpctrain.submit.arrays import ArrayChunk
 from hpctrain.submit.placement import Placement
 
@@ -96,7 +97,7 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
         "--open-mode=append",  # a requeued run appends to the log instead of truncating it
         "--requeue" if spec.requeue else "--no-requeue",
         f"--signal=B:{NOTICE_SIGNAL}@{site.defaults.signal_lead_s}",
-        "--export=ALL",  # secrets travel in the submitting environment, never in the script
+        "--export=ALL",  # the submitting environment, less the secrets: those travel in the secrets file
         f"--array={chunk.array_spec}" if chunk else None,
     ]
     deps = [f"{spec.dependency.kind}:{':'.join(spec.dependency.after)}"] if spec.dependency.after else []
@@ -162,6 +163,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "setup": site.setup,
         "exports": exports(spec, site, job_id, files, chunk),
         "secret_names": spec.secret_names(),
+        "secrets_file": shlex.quote(str(secret_file.path(files.job_dir, job_id))),
         "chunk": chunk,
         "params_file": shlex.quote(str(files.params_file)),
         "command": shlex.join(spec.command),
