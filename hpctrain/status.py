@@ -18,6 +18,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import CAUSE_OF_STATE
 from hpctrain.errors import SlurmError
 from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit.secret_file import remove_when_final
 
 SACCT_FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
@@ -199,6 +200,7 @@ class Poller:
             state = array_state(list(known.values()))
         else:
             state = tasks[-1].state if -1 in tasks else job["state"]
+        remove_when_final(job["job_dir"], job["id"], state)
         fields: dict[str, Any] = {"state": state}
         if attempts_known:
             starts = [a.start for h in tasks.values() for a in h.attempts if a.start]
