@@ -63,6 +63,10 @@ class JobPaths:
         """The log of a job that is not an array (the script's stdout and stderr)."""
         return self.job_dir / self.output_name(False).replace("%j", slurm_job_id)
 
+    def secrets_file(self, job_id: int | str) -> Path:
+        """A ledger job's secret values, readable by the submitting user only (see hpctrain.secret_file)."""
+        return self.job_dir / f"secrets-{job_id}.env"
+
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
         return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")
@@ -171,6 +175,10 @@ class JobEnvironment:
     @property
     def site(self) -> str | None:
         return self.env.get(SITE_ENV) or None
+
+    @property
+    def job_dir(self) -> Path | None:
+        return self._path(JOB_DIR_ENV)
 
     @property
     def journal_dir(self) -> Path | None:

@@ -53,6 +53,7 @@ def start() -> None:
         if not go:
             journal.write("attempt_end", attempt=number, cause="refused", step_end=step, exit_code=REFUSED,
                           requeued=False, message=why)
+            _forget_secrets(env)
             click.echo(f"hpctrain: not running: {why}", err=True)
             sys.exit(REFUSED)
     click.echo(number)
@@ -82,6 +83,8 @@ def end(exit_code: int, signal_name: str | None) -> None:
         why = f"{this.cause}; requeued by Slurm"
     journal.write("attempt_end", attempt=number, cause=this.cause, step_end=this.step_end, exit_code=exit_code,
                   signal=signal_name, requeued=go, message=why)
+    if not go and not requeued_by_slurm:
+        _forget_secrets(env)
     if this.cause != "completed":  # the job's log stays the job's own when all went well
         click.echo(f"hpctrain: run {number} ended ({this.cause}, exit {exit_code}): {why}", err=True)
     if go and not requeued_by_slurm and env.in_slurm:
@@ -93,6 +96,15 @@ def end(exit_code: int, signal_name: str | None) -> None:
         except HpctrainError as exc:
             journal.write("requeue_failed", message=str(exc), attempt=number)
             raise
+
+
+def _forget_secrets(env: Any) -> None:
+    """This run is the job's last: remove its secrets file. An array task leaves it to the others (the
+    login side removes it once the whole array has ended)."""
+    if env.task_index < 0 and env.job_id is not None and env.job_dir is not None:
+        from hpctrain import secret_file
+
+        secret_file.remove(env.job_dir, env.job_id)
 
 
 def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str, bool]:

@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from hpctrain import secret_file
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import RunPolicy
@@ -64,6 +65,7 @@ class Poller:
             state = array_state(list(self.ledger.jobs.task_states(job["id"]).values()))
         else:
             state = tasks[-1].state if -1 in tasks else job["state"]
+        secret_file.remove_when_final(job["job_dir"], job["id"], state)
         fields: dict[str, Any] = {}
         if attempts_known:
             starts = [a.start for h in tasks.values() for a in h.attempts if a.start]

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain import secret_file
 from hpctrain.contract import ATTEMPT_BASE_ENV
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.slurm.states import DIED, array_state
+from hpctrain.slurm.states import DIED, TERMINAL, array_state
 
 @dataclass
 class Decision:
@@ -57,11 +58,14 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
             _mark_requeued(ledger, job, task)
         ledger.event("requeue" if go else "stopped", why, job_id=job["id"], task_index=task, attempt=last["attempt"],
                      cause=last["cause"])
+    if not go and (task < 0 or not ledger.jobs.unsettled_tasks(job["id"], TERMINAL, DIED)):
+        secret_file.remove(job["job_dir"], job["id"])  # the job will not run again
     return Decision(job["id"], task, go, why)
 
 
 def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: int) -> str:
     target = job["slurm_job_id"] + (f"_{task}" if task >= 0 else "")
+    secret_names = _keep_secrets_file(job, target)
     try:
         client.requeue(target)
         return f"scontrol requeue {target}"
@@ -69,15 +73,24 @@ def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: i
         if "invalid job id" not in str(exc).lower() or task >= 0:
             raise
     # Slurm has forgotten the job (past MinJobAge): the same script again, under a new id.
-    spec = json.loads(job["spec_json"] or "{}")
-    secrets = {k: os.environ.get(k) for k, v in (spec.get("env") or {}).items() if v.get("secret")}
-    missing = sorted(k for k, v in secrets.items() if v is None)
-    if missing:
-        raise HpctrainError(f"Slurm no longer holds job {target}, and a resubmission needs the secret(s) "
-                            f"{', '.join(missing)} in this environment")
-    new_id = client.sbatch(Path(job["script_path"]).read_text(), env={**secrets, ATTEMPT_BASE_ENV: str(attempts)})
+    new_id = client.sbatch(Path(job["script_path"]).read_text(), env={ATTEMPT_BASE_ENV: str(attempts)},
+                           unset_env=secret_names)
     ledger.update("jobs", job["id"], {"slurm_job_id": new_id, "attempt_base": attempts})
     return f"Slurm no longer held job {target}: resubmitted as {new_id}"
+
+
+def _keep_secrets_file(job: dict[str, Any], target: str) -> list[str]:
+    """The job's secret names, its secrets file there for the next run: the one written at submit, else
+    one written now from this environment."""
+    names = secret_file.names(json.loads(job["spec_json"] or "{}"))
+    if not names or secret_file.path(job["job_dir"], job["id"]).exists():
+        return names
+    missing = sorted(k for k in names if os.environ.get(k) is None)
+    if missing:
+        raise HpctrainError(f"job {target} has no secrets file left, and running it again needs the secret(s) "
+                            f"{', '.join(missing)} in this environment")
+    secret_file.write(job["job_dir"], job["id"], {k: os.environ[k] for k in names})
+    return names
 
 
 def _mark_requeued(ledger: Ledger, job: dict[str, Any], task: int) -> None:

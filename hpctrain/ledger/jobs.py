@@ -105,6 +105,15 @@ class Jobs:
             f"ON t.job_id = j.id WHERE j.site = ? AND t.state IN ({marks})",
             [site, *states, site, *states])]
 
+    def unsettled_tasks(self, job_id: int, final: Collection[str], died: Collection[str]) -> int:
+        """How many of an array's tasks may still run: not in a ``final`` state, or ``died`` with their last
+        attempt not yet decided on."""
+        return self.ledger.db.execute(
+            f"SELECT count(*) FROM array_tasks t WHERE t.job_id = ? AND (t.state NOT IN ({_marks(final)}) "
+            f"OR (t.state IN ({_marks(died)}) AND (SELECT a.requeued FROM attempts a WHERE a.job_id = t.job_id "
+            "AND a.task_index = t.task_index ORDER BY a.attempt DESC LIMIT 1) IS NULL))",
+            [job_id, *final, *died]).fetchone()[0]
+
     def tasks(self, job_id: int) -> list[dict[str, Any]]:
         return self.ledger.rows("array_tasks", "job_id = ?", [job_id], order_by="task_index")
 

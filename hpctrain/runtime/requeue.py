@@ -8,6 +8,7 @@ is then left to Slurm (see hpctrain.slurm.version).
 
 from __future__ import annotations
 
+import json
 import os
 from datetime import datetime
 from typing import Mapping
@@ -37,6 +38,13 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         return None
 
 
+def _secret_names(job: JobEnvironment) -> list[str]:
+    """The job's secret names (this run has their values, from its secrets file: sbatch must not take them)."""
+    from hpctrain import secret_file
+
+    return secret_file.names(json.loads(job.spec_file.read_text(encoding="utf-8"))) if job.spec_file else []
+
+
 def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
     """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
     starts after this one ends. Returns what was done, for the journal."""
@@ -59,7 +67,8 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
     if job_env.task_index >= 0:
         args.append(f"--array={job_env.task_index}")
     base = job_env.run_number + 1
-    follow_up = client.sbatch(job_env.script.read_text(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args))
+    follow_up = client.sbatch(job_env.script.read_text(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args),
+                              unset_env=_secret_names(job_env))
     journal = Journal.from_env()
     if journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=follow_up, attempt_base=base,

@@ -12,7 +12,7 @@ import re
 import subprocess
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
@@ -45,14 +45,18 @@ class SlurmClient:
     def executable(self, command: str) -> str:
         return str(self.bin_dir / command) if self.bin_dir else command
 
-    def run(self, command: str, *args: str, input: str | None = None, extra_env: dict[str, str] | None = None) -> str:
-        """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint."""
+    def run(self, command: str, *args: str, input: str | None = None, extra_env: dict[str, str] | None = None,
+            unset_env: Iterable[str] = ()) -> str:
+        """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint.
+        ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out of it."""
         self.calls[command] += 1
         argv = [self.executable(command), *args]
+        env = {**self.env(), **(extra_env or {})}
+        for name in unset_env:
+            env.pop(name, None)
         try:
             proc = subprocess.run(
-                argv, input=input, capture_output=True, text=True, env={**self.env(), **(extra_env or {})},
-                timeout=self.timeout_s,
+                argv, input=input, capture_output=True, text=True, env=env, timeout=self.timeout_s,
             )
         except FileNotFoundError:
             raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
@@ -121,9 +125,11 @@ class SlurmClient:
                        "-o", "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare,LevelFS")
         return parse_parsable_with_header(out)
 
-    def sbatch(self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
-        """Submit ``script`` (sent on stdin); returns the job id. ``env`` adds to the submitting environment."""
-        out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env)
+    def sbatch(self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+               unset_env: Iterable[str] = ()) -> str:
+        """Submit ``script`` (sent on stdin); returns the job id. ``env`` adds to the submitting environment,
+        names in ``unset_env`` are taken out of it: with --export=ALL Slurm keeps what sbatch inherits."""
+        out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset_env)
         return out.strip().split(";")[0]
 
     def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> list[dict[str, str]]:

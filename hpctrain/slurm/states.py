@@ -13,6 +13,9 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEM
 # record may not be in slurmdbd yet, so the job is not finished.
 REQUEUE_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "REQUEUED"})
 
+# After these a job runs no more. One that died (DIED) may still be run again by reconcile.
+NO_MORE_RUNS = frozenset({"COMPLETED", "CANCELLED", "REVOKED", "SUBMIT_FAILED", "LOST"})
+
 # Final states in which Slurm does not run the job again by itself: reconcile decides on these.
 DIED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPTED", "DEADLINE")
 

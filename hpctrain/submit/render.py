@@ -73,7 +73,7 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
         "--open-mode=append",  # a requeued run appends to the log instead of truncating it
         "--requeue" if spec.requeue else "--no-requeue",
         f"--signal=B:{NOTICE_SIGNAL}@{site.defaults.signal_lead_s}",
-        "--export=ALL",  # secrets travel in the submitting environment, never in the script
+        "--export=ALL",  # the submitting environment, less the secrets: those travel in the secrets file
         f"--array={chunk.array_spec}" if chunk else None,
     ]
     deps = [f"{spec.dependency.kind}:{':'.join(spec.dependency.after)}"] if spec.dependency.after else []
@@ -139,6 +139,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "setup": site.setup,
         "exports": exports(spec, site, job_id, files, chunk),
         "secret_names": spec.secret_names(),
+        "secrets_file": shlex.quote(str(files.secrets_file(job_id))),
         "chunk": chunk,
         "params_file": shlex.quote(str(files.params_file)),
         "command": shlex.join(spec.command),

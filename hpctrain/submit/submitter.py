@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from hpctrain import secret_file
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
@@ -109,14 +110,16 @@ class Submitter:
                 sub.scripts.append(script)
                 path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
+                secret_file.write(files.job_dir, job_id, secret_values)
                 self.ledger.update("jobs", job_id, {
                     "script_path": str(path), "job_dir": str(files.job_dir),
                     "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
                 })
-                previous = [self._sbatch(job_id, script, secret_values, submission_tag(files, str(job_id)))]
+                previous = [self._sbatch(job_id, script, spec.secret_names(), submission_tag(files, str(job_id)))]
             except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
                 message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
                 self.ledger.jobs.submit_failed(job_id, message)
+                secret_file.remove(files.job_dir, job_id)
                 self.ledger.event("submit_failed", message, job_id=job_id)
                 raise
             sub.ledger_ids.append(job_id)
@@ -150,9 +153,10 @@ class Submitter:
                 on_record(job_id, chunk)
         return job_id
 
-    def _sbatch(self, job_id: int, script: str, secret_values: dict[str, str], tag: str) -> str:
+    def _sbatch(self, job_id: int, script: str, secret_names: list[str], tag: str) -> str:
         try:
-            slurm_id = self.client.sbatch(script, env=secret_values)
+            # The secrets reach the job through its secrets file: none of them may travel with sbatch.
+            slurm_id = self.client.sbatch(script, unset_env=secret_names)
         except HpctrainError as exc:
             # No answer is not no: a busy controller may have taken the job. Submitting it again later
             # would run it twice, so look for it first.

@@ -32,6 +32,14 @@ export GLOO_SOCKET_IFNAME=lo
 export OMP_NUM_THREADS=1
 export GREETING='it'"'"'s $(not) a `command`'
 # From the submitting environment (secret, not written here): API_TOKEN
+# Their values are in a file only the submitting user can read, never in Slurm's state or accounting;
+# it is removed once the job will not run again.
+secrets_file=/shared/logs/job-42/secrets-42.env
+if [ -r "$secrets_file" ]; then
+  . "$secrets_file"
+else
+  echo "hpctrain: $secrets_file is gone (removed when the job ended for good): running without API_TOKEN" >&2
+fi
 set +e
 
 # The --signal notice (USR2) reaches only this shell, and a stop signal may be sent to it alone
