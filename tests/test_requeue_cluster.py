@@ -80,6 +80,28 @@ def test_a_run_killed_without_a_word_is_requeued_by_reconcile_once(dev_cluster, 
     assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("completed", 0)]
 
 
+def test_a_dead_run_slurm_has_forgotten_is_submitted_again_by_reconcile(dev_cluster, isolated_ledger, tmp_path):
+    """Past MinJobAge Slurm no longer knows a job (here: the ledger points at an id Slurm never issued):
+    reconcile submits the same script again under a new id, through the same path as the in-job requeue,
+    and the ledger follows it with its runs numbered on."""
+    marker = tmp_path / "killed-once"
+    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "forgotten", "command": ["bash", "-c", kill_first_run], "launcher": "none",
+                              "resources": SMALL, "retry": {"on_error": True}})
+        assert finish(ledger, job["id"]) == "FAILED"
+        ledger.update("jobs", job["id"], {"slurm_job_id": "99999999"})
+        (decision,) = reconcile(ledger, SlurmClient.for_site(load_site("dev")), "dev").decisions
+        new_id = ledger.get("jobs", job["id"])["slurm_job_id"]
+        assert decision.requeued and decision.why.endswith(
+            f"by reconcile: Slurm no longer holds 99999999: submitted again as {new_id}"), decision.why
+        assert new_id not in ("99999999", job["slurm_job_id"])
+        assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
+        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+    assert [(a["attempt"], a["cause"], a["requeued"]) for a in attempts] == [(0, "error", 1), (1, "completed", 0)]
+    assert attempts[1]["slurm_job_id"] == new_id
+
+
 def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated_ledger, tmp_path):
     """Two low tasks fill n1 and n2, a normal job holds n3: a one-node high job preempts exactly one task.
     That task saves its state on the notice and its batch script requeues it alone; both finish."""

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import secret_file
-from hpctrain.contract import ATTEMPT_BASE_ENV
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
+from hpctrain.runtime.requeue import run_again
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import DIED, TERMINAL, array_state
 
@@ -66,17 +66,12 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
 def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: int) -> str:
     target = job["slurm_job_id"] + (f"_{task}" if task >= 0 else "")
     secret_names = _keep_secrets_file(job, target)
-    try:
-        client.requeue(target)
-        return f"scontrol requeue {target}"
-    except HpctrainError as exc:
-        if "invalid job id" not in str(exc).lower() or task >= 0:
-            raise
-    # Slurm has forgotten the job (past MinJobAge): the same script again, under a new id.
-    new_id = client.sbatch(Path(job["script_path"]).read_text(), env={ATTEMPT_BASE_ENV: str(attempts)},
-                           unset_env=secret_names)
-    ledger.update("jobs", job["id"], {"slurm_job_id": new_id, "attempt_base": attempts})
-    return f"Slurm no longer held job {target}: resubmitted as {new_id}"
+    # A plain job Slurm has forgotten (past MinJobAge) runs its script again under a new id; an array task
+    # cannot be submitted alone under its array's id.
+    done = run_again(client, target, Path(job["script_path"]) if task < 0 else None, attempts, unset_env=secret_names)
+    if done.new_id is not None:
+        ledger.update("jobs", job["id"], {"slurm_job_id": done.new_id, "attempt_base": attempts})
+    return done.how
 
 
 def _keep_secrets_file(job: dict[str, Any], target: str) -> list[str]:

@@ -1,4 +1,5 @@
-"""Requeue this job (or only this array task) from inside it, after its checkpoint is committed.
+"""Running a job (or one array task) again: from inside it after its checkpoint is committed
+(`self_requeue`), and the one mechanism that and reconcile share (`run_again`).
 
 Self-requeue matters on Slurm 22.05: under a QOS GraceTime, a batch script that exits by itself during
 the grace ends COMPLETED or FAILED and Slurm does not requeue it. From 24.11 Slurm requeues such a
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Mapping
+from pathlib import Path
+from typing import Iterable, Mapping
 
 from hpctrain.config.types import parse_slurm_time
 from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
@@ -45,9 +48,39 @@ def _secret_names(job: JobEnvironment) -> list[str]:
     return secret_file.names(json.loads(job.spec_file.read_text(encoding="utf-8"))) if job.spec_file else []
 
 
+@dataclass
+class RunAgain:
+    """What `run_again` did: requeued under the same Slurm id, or submitted the script again (``new_id``)."""
+
+    how: str
+    new_id: str | None = None
+
+
+def run_again(client: SlurmClient, target: str, script: Path | None, next_run: int, after: str | None = None,
+              task_index: int = -1, unset_env: Iterable[str] = ()) -> RunAgain:
+    """The one way hpctrain runs a job (or one array task) again, from inside it or from reconcile:
+    `scontrol requeue` while Slurm holds it; where Slurm no longer knows it and ``script`` is given, the
+    same script again under a new id (after job ``after`` ends; as array task ``task_index``), its runs
+    numbered on from ``next_run``; secrets in ``unset_env`` stay out of sbatch's environment."""
+    try:
+        client.requeue(target)
+        return RunAgain(f"scontrol requeue {target}")
+    except SlurmError as exc:
+        text = str(exc).lower()
+        if "pending execution" in text:  # Slurm requeued it first (preemption without grace time)
+            return RunAgain(f"already requeued by Slurm: {target}")
+        if script is None or not ("invalid job id" in text or "not found" in text):
+            raise
+    args = ([f"--dependency=afterany:{after}"] if after else []) + ([f"--array={task_index}"] if task_index >= 0 else [])
+    new_id = client.sbatch(script.read_text(), env={ATTEMPT_BASE_ENV: str(next_run)}, args=tuple(args),
+                           unset_env=unset_env)
+    return RunAgain(f"Slurm no longer holds {target}: submitted again as {new_id}"
+                    + (f" (after {after} ends)" if after else ""), new_id)
+
+
 def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
-    """`scontrol requeue` this job or task; where scontrol is unusable, submit a follow-up job that
-    starts after this one ends. Returns what was done, for the journal."""
+    """Run this job or task again after this run (`run_again`), unless Slurm will. Returns what was done,
+    for the journal."""
     job_env = JobEnvironment(env)
     target = job_env.requeue_target
     now = job_now(client, env)
@@ -55,22 +88,10 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
         version = client.version()
         if version.requeues_preempted_exit:
             return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
-    try:
-        client.requeue(target)
-        return f"scontrol requeue {target}"
-    except SlurmError as exc:
-        if "pending execution" in str(exc):  # Slurm requeued it first (preemption without grace time)
-            return f"already requeued by Slurm: {target}"
-        if "not found" not in str(exc) or job_env.script is None:
-            raise
-    args = [f"--dependency=afterany:{job_env.slurm_job_id}"]
-    if job_env.task_index >= 0:
-        args.append(f"--array={job_env.task_index}")
     base = job_env.run_number + 1
-    follow_up = client.sbatch(job_env.script.read_text(), env={ATTEMPT_BASE_ENV: str(base)}, args=tuple(args),
-                              unset_env=_secret_names(job_env))
+    done = run_again(client, target, job_env.script, base, after=job_env.slurm_job_id, task_index=job_env.task_index,
+                     unset_env=_secret_names(job_env))
     journal = Journal.from_env()
-    if journal is not None:  # so the ledger follows the job under its new id
-        journal.write("resubmitted", new_slurm_job_id=follow_up, attempt_base=base,
-                      message=f"follow-up job {follow_up} after {job_env.slurm_job_id}")
-    return f"follow-up job {follow_up} after {job_env.slurm_job_id}"
+    if done.new_id is not None and journal is not None:  # so the ledger follows the job under its new id
+        journal.write("resubmitted", new_slurm_job_id=done.new_id, attempt_base=base, message=done.how)
+    return done.how
