@@ -45,6 +45,17 @@ def finish(ledger: Ledger, job_id: int, timeout: float = 180, supervise: bool = 
     return ledger.get("jobs", job_id)["state"]
 
 
+def killed_once(ledger: Ledger, tmp_path: Path, name: str) -> dict:
+    """A job whose first run has its batch shell killed (as by the OOM killer: nothing in the job can requeue
+    it), finished FAILED with its last attempt undecided; a second run completes."""
+    marker = tmp_path / f"{name}-killed-once"
+    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
+    job = submit(ledger, {"name": name, "command": ["bash", "-c", kill_first_run], "launcher": "none",
+                          "resources": SMALL, "retry": {"on_error": True}})
+    assert finish(ledger, job["id"]) == "FAILED"
+    return job
+
+
 def test_a_job_crashing_at_start_stops_after_the_cap(dev_cluster, isolated_ledger, tmp_path):
     with Ledger(isolated_ledger) as ledger:
         job = submit(ledger, {"name": "crasher", "command": [sys.executable, "-c", "raise SystemExit(7)"],
@@ -64,12 +75,8 @@ def test_a_job_crashing_at_start_stops_after_the_cap(dev_cluster, isolated_ledge
 def test_a_run_killed_without_a_word_is_requeued_by_reconcile_once(dev_cluster, isolated_ledger, tmp_path):
     """The batch shell is killed (as by the OOM killer): nothing in the job can requeue it; reconcile does,
     exactly once however often it runs, and the second run completes."""
-    marker = tmp_path / "killed-once"
-    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
     with Ledger(isolated_ledger) as ledger:
-        job = submit(ledger, {"name": "killed", "command": ["bash", "-c", kill_first_run], "launcher": "none",
-                              "resources": SMALL, "retry": {"on_error": True}})
-        assert finish(ledger, job["id"]) == "FAILED"
+        job = killed_once(ledger, tmp_path, "killed")
         client = SlurmClient.for_site(load_site("dev"))
         first, second = reconcile(ledger, client, "dev"), reconcile(ledger, client, "dev")
         assert [(d.requeued, d.why.split(" by reconcile: ")[1]) for d in first.decisions] == \
@@ -84,12 +91,8 @@ def test_a_dead_run_slurm_has_forgotten_is_submitted_again_by_reconcile(dev_clus
     """Past MinJobAge Slurm no longer knows a job (here: the ledger points at an id Slurm never issued):
     reconcile submits the same script again under a new id, through the same path as the in-job requeue,
     and the ledger follows it with its runs numbered on."""
-    marker = tmp_path / "killed-once"
-    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
     with Ledger(isolated_ledger) as ledger:
-        job = submit(ledger, {"name": "forgotten", "command": ["bash", "-c", kill_first_run], "launcher": "none",
-                              "resources": SMALL, "retry": {"on_error": True}})
-        assert finish(ledger, job["id"]) == "FAILED"
+        job = killed_once(ledger, tmp_path, "forgotten")
         ledger.update("jobs", job["id"], {"slurm_job_id": "99999999"})
         (decision,) = reconcile(ledger, SlurmClient.for_site(load_site("dev")), "dev").decisions
         new_id = ledger.get("jobs", job["id"])["slurm_job_id"]
