@@ -74,13 +74,13 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
     env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": "18800"}
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()
-    first_job = sh("sbatch", "--parsable", "-t", "5", "--wrap", "sleep 171").strip()
+    first_job = sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 171").strip()
     try:
         sh(str(DEV_CLUSTER), "up", env=env)
         second = daemon_pids(env)
         assert len(second) == 7 and not set(second.values()) & set(first.values())
         # A job still running when its cluster goes down goes with it, slurmstepd included.
-        sh("sbatch", "-t", "5", "--wrap", "sleep 172", env=conf)
+        sh("sbatch", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 172", env=conf)
         wait_until(lambda: running("sleep 171") and running("sleep 172"), 30, 0.5, "a job on each cluster")
         sh(str(DEV_CLUSTER), "down", env=env)
         assert daemon_pids(env) == {}
