@@ -7,9 +7,7 @@ templates); the compute side reads them back through `JobEnvironment`. No other 
 
 from __future__ import annotations
 
-import json
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -163,6 +161,8 @@ class JobEnvironment:
 
     @property
     def node(self) -> str:
+        import socket  # the CLI imports this module at start-up: socket only when asked
+
         return self.env.get("SLURMD_NODENAME") or socket.gethostname()
 
     @property
@@ -203,5 +203,7 @@ class JobEnvironment:
     @property
     def params(self) -> dict[str, Any] | None:
         """An array task's (a sweep trial's) parameters; None outside one."""
+        import json
+
         value = self.env.get(PARAMS_ENV)
         return json.loads(value) if value else None
