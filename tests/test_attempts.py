@@ -186,3 +186,23 @@ def test_cause_is_filled_from_the_slurm_state_until_journaled(tmp_path):
         assert [(a["attempt"], a["cause"]) for a in ledger.rows("attempts", order_by="attempt")] == \
             [(0, "preemption"), (1, None)]
         assert histories(Recorded().sacct([], ()))["7"][-1].state == "RUNNING"
+
+
+def test_an_arrays_own_id_without_a_task_index_is_no_task(tmp_path):
+    """Seen on a loaded dev cluster: while an array's last task ran, sacct listed it as the array's own id,
+    PENDING; it must not become an attempt of a task -1 the array does not have."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "9", "is_array": 1, "state": "PENDING",
+                               "spec_json": "{}"})
+        ledger.db.table("array_tasks").insert_all({"job_id": 1, "task_index": t, "param_index": t} for t in (0, 1))
+
+        class Recorded:
+            def sacct(self, ids, fields):
+                return parse_parsable_with_header(
+                    "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+                    "9_0|RUNNING|0:0|2026-11-24T13:37:19|2026-11-24T13:37:19|Unknown|n1||None\n"
+                    "9|PENDING|0:0|2026-11-24T13:37:19|2026-11-24T13:37:19|Unknown|n2||None\n")
+
+        Poller(ledger, Recorded(), "dev").refresh()
+        assert [(a["task_index"], a["state"]) for a in ledger.rows("attempts")] == [(0, "RUNNING")]
+        assert ledger.get("jobs", 1)["state"] == "RUNNING"

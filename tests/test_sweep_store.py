@@ -84,3 +84,11 @@ def test_the_tick_lock_is_exclusive_and_a_long_wait_is_one_line(tmp_path):
                 pass
     with tick_lock(ledger, wait_s=0.2):  # released
         pass
+
+
+@pytest.mark.parametrize("task, expected", [("PENDING", "running"), ("RUNNING", "running"), ("FAILED", "failed"),
+                                            ("COMPLETED", "completed")])
+def test_a_trial_that_reports_runs_whatever_accounting_says_yet(task, expected):
+    """sacct can lag, and list an array's last task under the array's own id, still PENDING, while it runs:
+    a trial with metric values is running, so that early stopping judges it."""
+    assert store.trial_state("pending", task, reporting=True) == expected

@@ -37,7 +37,9 @@ class Poller:
         changed = 0
         with self.ledger.transaction():
             for job in jobs:
-                tasks = found.get(job["slurm_job_id"])
+                tasks = found.get(job["slurm_job_id"], {})
+                if job["is_array"]:  # a row under the array's own id without a task index names no task
+                    tasks.pop(-1, None)
                 if tasks and self._apply(job, tasks, attempts_known=self.warning is None):
                     changed += 1
         return changed

@@ -58,15 +58,20 @@ def load(ledger: Ledger, sweep_id: str) -> Sweep:
     return Sweep(row["id"], SweepSpec.model_validate(data["sweep"]), JobSpec.model_validate(data["job"]), row["state"])
 
 
-def trial_state(trial_state: str, task_state: str | None) -> str:
-    """A trial's state from its array task's (an early-stopped trial stays pruned, a new one new)."""
+def trial_state(trial_state: str, task_state: str | None, reporting: bool = False) -> str:
+    """A trial's state from its array task's (an early-stopped trial stays pruned, a new one new). A trial
+    that ``reporting`` (its metric has values) runs even while its task still shows as pending: accounting
+    can lag behind a job on a busy cluster, and sacct can list an array's last task under the array's own
+    id, still PENDING, while it runs."""
     if trial_state in ("new", "pruned") or task_state is None:
         return trial_state
     if task_state in TASK_TO_TRIAL:
         return TASK_TO_TRIAL[task_state]
     from hpctrain.slurm.states import TERMINAL
 
-    return "failed" if task_state in TERMINAL else "pending"
+    if task_state in TERMINAL:
+        return "failed"
+    return "running" if reporting else "pending"
 
 
 def refresh(ledger: Ledger, sweep: Sweep) -> list[dict[str, Any]]:
@@ -79,7 +84,8 @@ def refresh(ledger: Ledger, sweep: Sweep) -> list[dict[str, Any]]:
             unsent.append(r["number"])
             r.update(state="new", job_id=None, task_index=None)
             continue
-        state, value = trial_state(r["trial_state"], r["task_state"]), final.get(r["number"])
+        value = final.get(r["number"])
+        state = trial_state(r["trial_state"], r["task_state"], reporting=value is not None)
         if (state, value) != (r["trial_state"], r["value"]):
             changed.append((r["number"], state, value))
         r["state"], r["value"] = state, value
