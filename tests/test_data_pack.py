@@ -1,9 +1,11 @@
 """Packing shards, the index, `hpctrain data pack|verify`, and keeping torch out of the CLI's imports."""
 
 import hashlib
+import io
 import json
 import subprocess
 import sys
+import tarfile
 
 import numpy as np
 import pytest
@@ -95,3 +97,25 @@ def test_cli_module_imports_neither_torch_nor_webdataset_nor_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
+
+
+def test_text_packs_source_files_as_byte_sequences_deterministically(tmp_path):
+    from hpctrain.data.text import SEPARATOR, pack_text
+
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "b.py").write_text("print('b')\n" * 40)
+    (src / "pkg" / "a.py").write_text("x = 'é'\n" * 30)
+    (src / "pkg" / "__pycache__").mkdir()
+    (src / "pkg" / "__pycache__" / "c.py").write_text("never read\n")
+    first = pack_text(tmp_path / "one", [src], 15, 2**20, 2**10)
+    again = pack_text(tmp_path / "two", [src], 15, 2**20, 2**10)
+    assert [s.sha256 for s in first.shards] == [s.sha256 for s in again.shards] and len(first.shards) > 1
+    assert CliRunner().invoke(data, ["verify", str(first.path)]).exit_code == 0
+    text = (src / "b.py").read_bytes() + SEPARATOR + (src / "pkg" / "a.py").read_bytes() + SEPARATOR
+    got = b""
+    for shard in first.shards:  # samples in the order they were written
+        with tarfile.open(first.shard_path(shard)) as tar:
+            got += b"".join(np.load(io.BytesIO(tar.extractfile(m).read())).astype(np.uint8).tobytes()
+                            for m in tar.getmembers())
+    assert got == text[:len(got)] and len(text) - len(got) < 16

@@ -57,6 +57,29 @@ def verify(index: Path, jobs: int) -> None:
 
 @data.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--src", "roots", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="a directory of .py files (repeatable; default: this Python's standard library)")
+@click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-size", default="8M", show_default=True, help="text to take at most, e.g. 8M")
+@click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
+def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_size: str) -> None:
+    """Pack source text (default: the standard library's, which every Python has) into OUT as byte-level
+    token sequences for the reference GPT trainer (vocab 256); the same files give the same shards."""
+    from hpctrain.config.types import parse_memory
+    from hpctrain.data.text import pack_text
+
+    sizes = {}
+    for name, value in (("--max-size", max_size), ("--shard-size", shard_size)):
+        try:
+            sizes[name] = parse_memory(value) * 2**20
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=name) from None
+    index = pack_text(out, roots, seq_len, sizes["--max-size"], sizes["--shard-size"])
+    click.echo(f"wrote {index.total_samples} sequences of {seq_len + 1} bytes in {len(index.shards)} shards: {index.path}")
+
+
+@data.command()
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--samples", "count", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=2))
 @click.option("--vocab", default=256, show_default=True, type=click.IntRange(min=2))
