@@ -26,25 +26,30 @@ def max_relative_error(got: list[float], want: list[float]) -> float:
     return max(abs(g - w) / abs(w) for g, w in zip(got, want))
 
 
+# Synthetic progressions and standard-library text (`hpctrain data text`'s bytes): the latter's loss falls
+# the way a real run's does, so a layout that mixed up samples or slices could not match by chance.
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "extra", "rtol"), [
-    ((1, 2, 2), {}, FP32_RTOL),
-    ((2, 1, 2), {}, FP32_RTOL),
-    ((2, 2, 1), {"zero_stage": 1}, FP32_RTOL),
-    ((1, 2, 2), {"precision": "bf16"}, BF16_RTOL),
-], ids=["dp1-tp2-pp2", "dp2-tp1-pp2", "dp2-tp2-pp1-zero1", "dp1-tp2-pp2-bf16"])
-def test_per_step_losses_match_a_single_process(tmp_path, layout, extra, rtol):
+@pytest.mark.parametrize(("layout", "extra", "rtol", "data"), [
+    ((1, 2, 2), {}, FP32_RTOL, "synthetic"),
+    ((1, 2, 2), {}, FP32_RTOL, "text"),
+    ((2, 1, 2), {}, FP32_RTOL, "text"),
+    ((2, 2, 1), {"zero_stage": 1}, FP32_RTOL, "text"),
+    ((1, 2, 2), {"precision": "bf16"}, BF16_RTOL, "synthetic"),
+], ids=["dp1-tp2-pp2", "dp1-tp2-pp2-text", "dp2-tp1-pp2-text", "dp2-tp2-pp1-zero1-text", "dp1-tp2-pp2-bf16"])
+def test_per_step_losses_match_a_single_process(tmp_path, layout, extra, rtol, data):
     spec = tiny_spec(*layout, **extra)
-    got = run_scenario(tmp_path, spec.parallel.world_size, spec=spec_json(spec), mode="losses", steps=STEPS)["losses"]
-    assert max_relative_error(got, reference_losses(spec, STEPS)) <= rtol
+    got = run_scenario(tmp_path, spec.parallel.world_size, spec=spec_json(spec), mode="losses", steps=STEPS,
+                       data=data)["losses"]
+    assert max_relative_error(got, reference_losses(spec, STEPS, data)) <= rtol
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("layout", "extra"), [((1, 2, 2), {}), ((2, 1, 2), {"zero_stage": 1, "precision": "bf16"})],
-                         ids=["dp1-tp2-pp2", "dp2-tp1-pp2-zero1-bf16"])
-def test_restoring_local_state_continues_training_bitwise(tmp_path, layout, extra):
+@pytest.mark.parametrize(("layout", "extra", "data"), [((1, 2, 2), {}, "text"),
+                                                       ((2, 1, 2), {"zero_stage": 1, "precision": "bf16"}, "synthetic")],
+                         ids=["dp1-tp2-pp2-text", "dp2-tp1-pp2-zero1-bf16"])
+def test_restoring_local_state_continues_training_bitwise(tmp_path, layout, extra, data):
     spec = tiny_spec(*layout, **extra)
-    result = run_scenario(tmp_path, spec.parallel.world_size, spec=spec_json(spec), mode="restore", k=2, n=3)
+    result = run_scenario(tmp_path, spec.parallel.world_size, spec=spec_json(spec), mode="restore", k=2, n=3, data=data)
     assert result["resumed"] == result["continued"]  # floats from JSON: equal means bitwise equal
     assert result["same_state"], "weights or optimizer state differ after the same steps"
 

@@ -6,6 +6,7 @@ rank 0 writes the results to the scenario's "out" path.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -18,6 +19,41 @@ REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 GLOBAL_STATE = "global_state.pt"  # the restore scenario's state after k steps, assembled on rank 0
 TINY_MODEL = {"layers": 4, "heads": 4, "hidden": 64, "vocab": 256, "seq_len": 32}
+TEXT_BYTES = 1 << 16  # of the standard library's source, as `hpctrain data text` reads it
+
+
+@functools.cache
+def _text() -> bytes:
+    from hpctrain.data.text import stdlib_dir, text_files, text_stream
+
+    return text_stream(text_files([stdlib_dir()]), TEXT_BYTES)
+
+
+def text_samples(model, seed: int, first: int, n: int):
+    """Samples first .. first+n-1 as byte sequences of standard-library source (a ``synthetic.Source``;
+    ``seed`` unused): consecutive pieces of seq_len + 1 bytes, wrapping around."""
+    import torch
+
+    size = model.seq_len + 1
+    count = len(_text()) // size
+    rows = [torch.frombuffer(bytearray(_text()[(i % count) * size:(i % count + 1) * size]), dtype=torch.uint8)
+            for i in range(first, first + n)]
+    tokens = torch.stack(rows).long()
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def source(data: str):
+    """The sample source a scenario names: "synthetic" (arithmetic progressions) or "text"."""
+    from hpctrain.train.synthetic import samples
+
+    return {"synthetic": samples, "text": text_samples}[data]
+
+
+def pack_text_dataset(out_dir: Path, seq_len: int, count: int, shard_bytes: int):
+    """``count`` sequences of standard-library source as shards, as `hpctrain data text` packs them."""
+    from hpctrain.data.text import pack_text
+
+    return pack_text(out_dir, [], seq_len, count * (seq_len + 1), shard_bytes)
 
 
 def tiny_spec(dp: int = 1, tp: int = 1, pp: int = 1, **parallel: Any):
@@ -28,7 +64,7 @@ def tiny_spec(dp: int = 1, tp: int = 1, pp: int = 1, **parallel: Any):
                    hyperparameters={"lr": 1e-3})
 
 
-def reference_training(spec, steps: int):
+def reference_training(spec, steps: int, data: str = "synthetic"):
     """The same model, seed and data in one process with plain torch (no DeepSpeed): (losses, model, optimizer)."""
     import torch
 
@@ -42,7 +78,7 @@ def reference_training(spec, steps: int):
                             weight_decay=hp["weight_decay"])
     losses = []
     for step in range(steps):
-        ids, labels = global_batch(spec.model, spec.parallel, spec.seed, step)
+        ids, labels = global_batch(spec.model, spec.parallel, spec.seed, step, source(data))
         loss = lm_loss(model(ids), labels)
         opt.zero_grad()
         loss.backward()
@@ -53,8 +89,8 @@ def reference_training(spec, steps: int):
     return losses, model, opt
 
 
-def reference_losses(spec, steps: int) -> list[float]:
-    return reference_training(spec, steps)[0]
+def reference_losses(spec, steps: int, data: str = "synthetic") -> list[float]:
+    return reference_training(spec, steps, data)[0]
 
 
 def assemble(pieces):
@@ -169,9 +205,11 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
     from hpctrain.train.synthetic import micro_batches
 
     spec = JobSpec.model_validate(scenario["spec"])
+    samples = source(scenario.get("data", "synthetic"))
 
     def batches(engine, start_step=0):
-        return micro_batches(spec.model, spec.parallel, spec.seed, engine.grid.get_data_parallel_rank(), start_step)
+        return micro_batches(spec.model, spec.parallel, spec.seed, engine.grid.get_data_parallel_rank(), start_step,
+                             samples)
 
     def losses(engine, data, steps):
         return [r.loss for r in train(engine, data, steps)]

@@ -31,6 +31,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "attempt": "hpctrain.cli.attempt:attempt",
     "sweep": "hpctrain.cli.sweep:sweep",
     "report": "hpctrain.cli.report:report",
+    "sample": "hpctrain.cli.sample:sample",
 }
 
 

@@ -1,0 +1,24 @@
+"""`hpctrain sample SPEC`: what the reference GPT of a job spec writes after a prompt (torch imported on use)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--prompt", default="def ", show_default=True, help="text to continue")
+@click.option("--tokens", default=200, show_default=True, type=click.IntRange(min=1), help="bytes to generate")
+@click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="this checkpoint (step_N directory) instead of the newest valid one of the spec's checkpoint.dir")
+@click.option("--task", type=int, default=-1, help="an array task's checkpoints")
+def sample(spec: Path, prompt: str, tokens: int, checkpoint: Path | None, task: int) -> None:
+    """Continue PROMPT greedily with the byte-level reference GPT of SPEC, from its newest checkpoint (CPU)."""
+    from hpctrain.config import load_job_spec
+    from hpctrain.train.sample import sample as continue_prompt
+
+    used, text = continue_prompt(load_job_spec(spec), prompt, tokens, checkpoint, task)
+    click.echo(f"# {used}", err=True)
+    click.echo(text)
