@@ -1,5 +1,5 @@
-"""The reference trainer with shard data and checkpoints: a 3D run resumed in the same layout continues
-exactly (same losses, bitwise-identical final state) as one never stopped."""
+"""The reference trainer with shard data (standard-library text) and checkpoints: a 3D run resumed in the same
+layout continues exactly (same losses, bitwise-identical final state) as one never stopped."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ from pathlib import Path
 import torch
 
 from hpctrain.checkpoint import load_flat
-from hpctrain.config.job import Model
-from hpctrain.train.dataset import pack_token_dataset
 
-from train_helpers import TINY_MODEL, trainer_spec
+from train_helpers import TINY_MODEL, pack_text_dataset, trainer_spec
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 
@@ -31,8 +29,7 @@ def run(spec: Path, steps: int, journal: Path) -> list[dict]:
 
 
 def test_resume_continues_bitwise(tmp_path):
-    model = Model(**TINY_MODEL)
-    index = pack_token_dataset(tmp_path / "data", model, seed=1, count=200, shard_bytes=4096).path
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=200, shard_bytes=4096).path
     specs = {}
     for name in ("stopped", "straight"):
         specs[name] = tmp_path / f"{name}.toml"

@@ -15,7 +15,6 @@ from typing import Iterable, Iterator
 from hpctrain.errors import DataError
 
 SEPARATOR = b"\n\n"
-VOCAB = 256  # one token per byte value
 SKIPPED = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
 
 
