@@ -20,7 +20,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import account_report, job_report, sweep_report
-from hpctrain.report.collect import cumulative_gpu_hours
+from hpctrain.report.collect import cumulative_gpu_hours, smoothed
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
 
@@ -147,6 +147,17 @@ def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
     assert "5 (5 committed)" in html
     # 4 GPUs x (1 h + 0.9 h) at 2.0 per GPU-hour; the preempted hour after the step-30 checkpoint is lost.
     assert "<td>7.60</td>" in html and "<td>15.20</td>" in html
+
+
+def test_smoothing_is_a_bias_corrected_moving_average():
+    assert smoothed([5.0, 1.0, 3.0]) == [5.0, 1.0, 3.0]  # a span of 1 for so short a curve
+    assert smoothed([2.5] * 200) == pytest.approx([2.5] * 200)
+    assert smoothed([4.0, 0.0], span=3) == pytest.approx([4.0, 4 / 3])  # starts at the first value, not at 4 / 2
+    step = smoothed([0.0] * 50 + [1.0] * 150)  # a span of 10
+    assert step[:50] == [0.0] * 50 and 0 < step[50] < 0.5
+    assert step[50:] == sorted(step[50:]) and step[-1] == pytest.approx(1.0)
+    zigzag = smoothed([(-1.0) ** i for i in range(200)])
+    assert max(zigzag[100:]) - min(zigzag[100:]) < 0.25  # of 2: the noise smoothed away
 
 
 def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):

@@ -38,7 +38,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
     plots = [
-        _plot("loss vs step", "loss", _labelled(metrics.get("loss", {}))),
+        _loss_plot(metrics.get("loss", {})),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
         _plot("checkpoint duration vs step", "seconds",
               _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
@@ -115,14 +115,21 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
     return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot], [table])
 
 
-def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", points: bool = False, note: str = "") -> Plot:
-    """The series as one plot, at most MAX_LINES of them; "no data" when there are none."""
+def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: str = "", **style: Any) -> Plot:
+    """The series as one plot (``style``: ``lines``' keywords), at most MAX_LINES of them; "no data" when there
+    are none."""
     if not series:
         return Plot(title, None)
     if len(series) > MAX_LINES:
         note = "; ".join(filter(None, [note, f"the first {MAX_LINES} of {len(series)} curves shown"]))
         series = dict(list(series.items())[:MAX_LINES])
-    return Plot(title, lines(series, title, xlabel, ylabel, points), note)
+    return Plot(title, lines(series, title, xlabel, ylabel, **style), note)
+
+
+def _loss_plot(loss: collect.Curves) -> Plot:
+    """Loss by step, smoothed over the faint raw values."""
+    return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed,
+                 note="faint: the raw values; solid: their exponential moving average")
 
 
 def _labelled(curves: collect.Curves, label: str = "task") -> Series:

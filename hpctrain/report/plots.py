@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # label -> (x values, y values); an empty label draws an unlabelled line.
 Series = dict[str, tuple[Sequence[Any], Sequence[float]]]
+
+RAW_ALPHA = 0.3  # the raw values under a smoothed line
 
 
 def figure(width: float = 8.0, height: float = 3.6) -> tuple[Any, Any]:
@@ -30,16 +32,24 @@ def png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False) -> bytes:
-    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled."""
+def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False,
+          smooth: Callable[[Sequence[float]], list[float]] | None = None) -> bytes:
+    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled.
+    With ``smooth``, each series' values are drawn faint and the smoothed ones on top in its colour."""
     fig, ax = figure()
     style = {"marker": "o", "linestyle": "none", "markersize": 5} if points else {"linewidth": 1.2}
     for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, label=label or None, **style)
+        if smooth is None:
+            ax.plot(xs, ys, label=label or None, **style)
+        else:
+            (line,) = ax.plot(xs, smooth(ys), label=label or "smoothed", linewidth=1.5)
+            ax.plot(xs, ys, label=None if label else "raw", color=line.get_color(), alpha=RAW_ALPHA, linewidth=0.8,
+                    zorder=line.get_zorder() - 0.1)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
-    if any(series):
-        ax.legend(fontsize="small", ncol=1 + len(series) // 8)
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        ax.legend(fontsize="small", ncol=1 + len(labels) // 8)
     if any(hasattr(x, "year") for xs, _ in series.values() for x in xs[:1]):  # datetimes on the x axis
         fig.autofmt_xdate()
     return png(fig)
