@@ -24,6 +24,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     checkpoint duration and data wait by step (one curve per array task)."""
     data = collect.job_data(ledger, job_id)
     job, metrics = data.job, data.metrics
+    loss = metrics.get("loss", {})
     facts = [
         ("job", f"{job['name']} (ledger id {job['id']}, slurm job {job['slurm_job_id'] or '-'})"),
         ("state", job["state"]),
@@ -38,7 +39,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
     plots = [
-        _loss_plot(metrics.get("loss", {})),
+        _loss_plot(loss, collect.attempt_marks(data.attempts)),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
         _plot("checkpoint duration vs step", "seconds",
               _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
@@ -126,9 +127,11 @@ def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: s
     return Plot(title, lines(series, title, xlabel, ylabel, **style), note)
 
 
-def _loss_plot(loss: collect.Curves) -> Plot:
-    """Loss by step, smoothed over the faint raw values."""
-    return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed,
+def _loss_plot(loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
+    """Loss by step, smoothed over the faint raw values, with a dashed line at the step each resumed attempt
+    began from (labelled with its task in an array)."""
+    return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed, mark_legend="attempt began",
+                 marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
                  note="faint: the raw values; solid: their exponential moving average")
 
 

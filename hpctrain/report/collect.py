@@ -64,6 +64,18 @@ def smoothed(values: Sequence[float], span: int | None = None) -> list[float]:
     return out
 
 
+def attempt_marks(attempts: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(task, step, label) where each resumed attempt began: the checkpoint step it started from, for every
+    attempt after its task's first whose step is known, labelled "attempt 2 after preemption" (the cause that
+    ended the attempt before). ``attempts`` in task and attempt order, as the ledger lists them."""
+    marks = []
+    for before, a in zip(attempts, attempts[1:]):
+        if a["task_index"] == before["task_index"] and a["step_start"] is not None:
+            after = f" after {before['cause'].replace('_', ' ')}" if before["cause"] else ""
+            marks.append((a["task_index"], a["step_start"], f"attempt {a['attempt']}{after}"))
+    return marks
+
+
 def redacted_env(spec_json: str | None) -> dict[str, str]:
     """The spec's environment entries; a secret one shows as "<secret>" whatever the ledger holds."""
     env = json.loads(spec_json or "{}").get("env") or {}
