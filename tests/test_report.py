@@ -171,6 +171,13 @@ def test_attempt_marks_of_resumed_attempts_only():
                                    (2, 20, "attempt 2 after preemption")]
 
 
+def test_loss_fact_gives_the_first_and_last_loss(reports):
+    losses = [_loss(step, -1) for step in range(1, 51)]
+    assert (f"<th>loss</th><td>{losses[0]:.4g} at step 1 → {losses[-1]:.4g} at step 50 "
+            f"(smoothed {smoothed(losses)[-1]:.4g})</td>") in reports["html"]["job"]
+    assert reports["html"]["array"].count("<th>loss (task ") == 3
+
+
 def test_smoothing_is_a_bias_corrected_moving_average():
     assert smoothed([5.0, 1.0, 3.0]) == [5.0, 1.0, 3.0]  # a span of 1 for so short a curve
     assert smoothed([2.5] * 200) == pytest.approx([2.5] * 200)

@@ -17,6 +17,7 @@ from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines
 
 MAX_LINES = 20  # curves in one plot; more would be unreadable
+MAX_LOSS_FACTS = 4  # curves whose first and last loss the facts give
 
 
 def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
@@ -35,6 +36,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
         ("attempts", f"{len(data.attempts)} ({_counts(a['cause'] or a['state'] or '-' for a in data.attempts)})"),
         ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
         *_usage_facts([u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
+        *_loss_facts(loss),
     ]
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
@@ -133,6 +135,15 @@ def _loss_plot(loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
     return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed, mark_legend="attempt began",
                  marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
                  note="faint: the raw values; solid: their exponential moving average")
+
+
+def _loss_facts(loss: collect.Curves) -> list[tuple[str, str]]:
+    """'4.242 at step 1 → 0.6427 at step 50 (smoothed 0.6581)' for each curve ("loss (task 3)" in an array), none
+    for more than MAX_LOSS_FACTS curves."""
+    if len(loss) > MAX_LOSS_FACTS:
+        return []
+    return [(f"loss ({label})" if label else "loss", f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} "
+             f"(smoothed {collect.smoothed(ys)[-1]:.4g})") for label, (xs, ys) in _labelled(loss).items()]
 
 
 def _labelled(curves: collect.Curves, label: str = "task") -> Series:
