@@ -4,10 +4,8 @@ HTML, in the decoded images, and in a headless Chromium screenshot."""
 from __future__ import annotations
 
 import base64
-import io
 import math
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,11 +18,13 @@ from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import account_report, job_report, sweep_report
-from hpctrain.report.collect import cumulative_gpu_hours
+from hpctrain.report.collect import attempt_marks, cumulative_gpu_hours, smoothed
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
 
 from conftest import run_cli
+from report_helpers import (CHROMIUM, assert_marks_at, chromium, colour_mask, mark_columns, mark_steps, page_marks,
+                            pixels, screenshot)
 
 C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first line colour
 SECRET = "hunter2-never-shown"
@@ -43,6 +43,12 @@ name = "trial"
 command = ["python", "train.py"]
 """
 T0 = time.time() - 3 * 86400
+# The plain job's runs: (start h, end h, cause, (checkpoint step resumed from, last checkpoint step)), and the hour
+# each checkpoint was written: each interrupted run loses the 0.1 h after its last checkpoint.
+RUNS = [(0, 0.5, "preemption", (None, 10)), (0.55, 1.0, "preemption", (10, 20)), (1.05, 1.6, "timeout", (20, 40)),
+        (1.65, 2.05, "completed", (40, 50))]
+CHECKPOINT_HOURS = {10: 0.4, 20: 0.9, 30: 1.2, 40: 1.5, 50: 2.0}
+MARK_STEPS = [10, 20, 40]  # where attempts 2, 3 and 4 began
 
 
 def _job(ledger: Ledger, name: str, account: str, spec: dict, **fields: object) -> int:
@@ -60,8 +66,12 @@ def _attempt(ledger: Ledger, job_id: int, task: int, attempt: int, start_h: floa
         "requeued": int(cause != "completed"), "decision": None})
 
 
+def _loss(step: int, task: int) -> float:
+    return 4 * math.exp(-step / 15) + 0.5 + 0.05 * task
+
+
 def _metrics(ledger: Ledger, job_id: int, task: int, names: tuple[str, ...], steps: int = 50) -> None:
-    curve = {"loss": lambda s: 4 * math.exp(-s / 15) + 0.5 + 0.05 * task, "step_time_s": lambda s: 0.3,
+    curve = {"loss": lambda s: _loss(s, task), "step_time_s": lambda s: 0.3,
              "tokens_per_s": lambda s: 12000 + 300 * (s % 7), "data_wait_s": lambda s: 0.01 + 0.002 * (s % 5)}
     ledger.db.table("metrics").insert_all(
         {"job_id": job_id, "task_index": task, "name": n, "step": s, "value": curve[n](s), "attempt": 1,
@@ -70,19 +80,20 @@ def _metrics(ledger: Ledger, job_id: int, task: int, names: tuple[str, ...], ste
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    """A ledger with a preempted-and-resumed job, an array job of another account and a sweep; every report."""
+    """A ledger with a job preempted twice and timed out once (and resumed each time), an array job of another
+    account and a sweep; every report."""
     tmp = tmp_path_factory.mktemp("report")
     site = load_site("dev").model_copy(update={"gpu_hour_price": {"gpu": 2.0}})
     spec = JobSpec.model_validate({"name": "gpt-small", "command": ["python", "-m", "hpctrain.train"],
                                    "env": {"API_KEY": {"value": SECRET, "secret": True}, "MODE": "visible-value"}})
     with Ledger(tmp / "ledger.db") as ledger:
         job = _job(ledger, "gpt-small", "teama", spec.redacted(), slurm_job_id="101")
-        _attempt(ledger, job, -1, 1, 0, 1, "preemption", (None, 30))
-        _attempt(ledger, job, -1, 2, 1.1, 2, "completed", (30, 50))
+        for attempt, (start_h, end_h, cause, steps) in enumerate(RUNS, 1):
+            _attempt(ledger, job, -1, attempt, start_h, end_h, cause, steps)
         _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
-        for step in (10, 20, 30, 40, 50):
+        for step, hour in CHECKPOINT_HOURS.items():
             ledger.insert("checkpoints", {"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
-                                          "created_at": T0 + step * 130, "bytes": 10**9, "duration_s": 2 + step / 10})
+                                          "created_at": T0 + hour * 3600, "bytes": 10**9, "duration_s": 2 + step / 10})
         # A row as an old hpctrain might have written it, the secret's value in it: the report redacts it again.
         array = _job(ledger, "gpt-array", "teamb", spec.model_dump(mode="json"), slurm_job_id="102", is_array=1)
         for task in range(3):
@@ -113,17 +124,8 @@ def _images(html: str) -> dict[str, bytes]:
     return {alt: base64.b64decode(data) for alt, data in IMG.findall(html)}
 
 
-def _pixels(png: bytes):
-    import matplotlib.image
-
-    assert png.startswith(b"\x89PNG\r\n\x1a\n")
-    return (matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3] * 255).round()
-
-
-def _colour_count(pixels, colour: tuple[int, int, int], tolerance: int = 12) -> int:
-    import numpy as np
-
-    return int((np.abs(pixels - np.array(colour)).max(axis=-1) <= tolerance).sum())
+def _colour_count(image, colour: tuple[int, int, int]) -> int:
+    return int(colour_mask(image, colour).sum())
 
 
 @pytest.mark.parametrize("name", ["job", "array", "sweep", "accounts", "teamb"])
@@ -139,23 +141,61 @@ def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
     images = _images(html)
     assert set(images) == JOB_PLOTS
     for alt, png in images.items():
-        pixels = _pixels(png)
-        assert pixels.std() > 0, f"{alt}: blank image"
-        assert _colour_count(pixels, C0) > 100, f"{alt}: no plotted data in C0"
+        image = pixels(png)
+        assert image.std() > 0, f"{alt}: blank image"
+        assert _colour_count(image, C0) > 100, f"{alt}: no plotted data in C0"
     assert "<title>job 1: gpt-small</title>" in html
-    assert "2 (1 preemption, 1 completed)" in html
+    assert "4 (2 preemption, 1 timeout, 1 completed)" in html
     assert "5 (5 committed)" in html
-    # 4 GPUs x (1 h + 0.9 h) at 2.0 per GPU-hour; the preempted hour after the step-30 checkpoint is lost.
-    assert "<td>7.60</td>" in html and "<td>15.20</td>" in html
+    # 4 GPUs x 1.9 h over 4 runs at 2.0 per GPU-hour; 3 x 0.1 h after the interrupted runs' last checkpoints is lost.
+    assert "<td>7.60</td>" in html and "<td>15.20</td>" in html and "<td>1.20 (work redone" in html
+
+
+def test_loss_plot_marks_the_step_each_resumed_attempt_began_from(reports):
+    images = _images(reports["html"]["job"])
+    loss = pixels(images["loss vs step"])
+    assert_marks_at(mark_columns(loss), MARK_STEPS)
+    assert mark_steps(loss, 1, 50) == pytest.approx(MARK_STEPS, abs=0.25)
+    for alt in JOB_PLOTS - {"loss vs step"}:
+        assert mark_columns(pixels(images[alt])) == [], alt
+    assert mark_columns(pixels(_images(reports["html"]["array"])["loss vs step"])) == []  # no task was resumed
+
+
+def test_attempt_marks_of_resumed_attempts_only():
+    def row(task: int, attempt: int, cause: str | None, step_start: int | None) -> dict[str, object]:
+        return {"task_index": task, "attempt": attempt, "cause": cause, "step_start": step_start}
+
+    rows = [row(0, 1, "node_failure", None), row(0, 2, "preemption", 30), row(0, 3, None, None), row(0, 4, None, 60),
+            row(1, 5, "completed", 80), row(2, 1, "preemption", None), row(2, 2, "completed", 20)]
+    assert attempt_marks(rows) == [(0, 30, "attempt 2 after node failure"), (0, 60, "attempt 4"),
+                                   (2, 20, "attempt 2 after preemption")]
+
+
+def test_loss_fact_gives_the_first_and_last_loss(reports):
+    losses = [_loss(step, -1) for step in range(1, 51)]
+    assert (f"<th>loss</th><td>{losses[0]:.4g} at step 1 → {losses[-1]:.4g} at step 50 "
+            f"(smoothed {smoothed(losses)[-1]:.4g})</td>") in reports["html"]["job"]
+    assert reports["html"]["array"].count("<th>loss (task ") == 3
+
+
+def test_smoothing_is_a_bias_corrected_moving_average():
+    assert smoothed([5.0, 1.0, 3.0]) == [5.0, 1.0, 3.0]  # a span of 1 for so short a curve
+    assert smoothed([2.5] * 200) == pytest.approx([2.5] * 200)
+    assert smoothed([4.0, 0.0], span=3) == pytest.approx([4.0, 4 / 3])  # starts at the first value, not at 4 / 2
+    step = smoothed([0.0] * 50 + [1.0] * 150)  # a span of 10
+    assert step[:50] == [0.0] * 50 and 0 < step[50] < 0.5
+    assert step[50:] == sorted(step[50:]) and step[-1] == pytest.approx(1.0)
+    zigzag = smoothed([(-1.0) ** i for i in range(200)])
+    assert max(zigzag[100:]) - min(zigzag[100:]) < 0.25  # of 2: the noise smoothed away
 
 
 def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):
     html = reports["html"]["array"]
     assert set(_images(html)) == {"loss vs step"}
     assert html.count("no data") == 3
-    pixels = _pixels(_images(html)["loss vs step"])
+    image = pixels(_images(html)["loss vs step"])
     for colour in (C0, (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # C0, C1, C2: one line per task
-        assert _colour_count(pixels, colour) > 100
+        assert _colour_count(image, colour) > 100
 
 
 def test_sweep_report_shows_the_best_trial_and_its_plots(reports):
@@ -163,7 +203,7 @@ def test_sweep_report_shows_the_best_trial_and_its_plots(reports):
     assert set(_images(html)) == {"loss by trial", "parameter importance", "loss vs step"}
     assert "trial 3: loss = 1.02" in html and "6 of at most 6 (6 completed)" in html
     for png in _images(html).values():
-        assert _pixels(png).std() > 0
+        assert pixels(png).std() > 0
 
 
 def test_account_report_totals_and_cumulative_gpu_hours(reports):
@@ -172,8 +212,8 @@ def test_account_report_totals_and_cumulative_gpu_hours(reports):
     assert "<td>teama</td>" in every and "<td>teamb</td>" in every
     assert "<td>teama</td>" not in teamb and "GPU-hours: account teamb" in teamb
     assert "<td>72.00</td>" in teamb  # 3 tasks x 4 GPUs x 6 h
-    pixels = _pixels(_images(every)["cumulative GPU-hours per account"])
-    assert _colour_count(pixels, C0) > 100 and _colour_count(pixels, (0xFF, 0x7F, 0x0E)) > 100
+    image = pixels(_images(every)["cumulative GPU-hours per account"])
+    assert _colour_count(image, C0) > 100 and _colour_count(image, (0xFF, 0x7F, 0x0E)) > 100
 
 
 def test_secret_values_never_reach_a_report(reports):
@@ -219,30 +259,31 @@ def test_cli_writes_the_report_and_loads_no_plotting_library_for_help(reports, t
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
 
 
-CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (scripts/install installs it)")
-
-
-def _chromium(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
-                          capture_output=True, text=True, timeout=60)
 
 
 @needs_chromium
 @pytest.mark.parametrize("name, plots", [("job", 4), ("accounts", 1)])
 def test_chromium_renders_the_plots(reports, tmp_path, name, plots):
-    shot = tmp_path / "shot.png"
-    out = _chromium(f"--screenshot={shot}", "--window-size=1200,2400", reports["files"][name].as_uri())
-    assert shot.exists(), out.stderr
-    pixels = _pixels(shot.read_bytes())
-    assert pixels.std() > 0
+    shot = screenshot(reports["files"][name], tmp_path / "shot.png")
+    assert shot.std() > 0
     # The plots' own pixels: an image that failed to load would show no C0 at all.
-    assert _colour_count(pixels, C0) > 150 * plots
+    assert _colour_count(shot, C0) > 150 * plots
+
+
+@needs_chromium
+def test_chromium_shows_the_marks_where_attempts_began(reports, tmp_path):
+    shot = screenshot(reports["files"]["job"], tmp_path / "shot.png")
+    xs = mark_columns(shot)
+    assert_marks_at(xs, MARK_STEPS)
+    assert mark_steps(shot, 1, 50) == pytest.approx(MARK_STEPS, abs=0.25)
+    assert page_marks(reports["files"]["job"]) == xs
+    assert page_marks(reports["files"]["array"]) == []
 
 
 @needs_chromium
 def test_chromium_shows_the_page_text(reports):
-    out = _chromium("--dump-dom", reports["files"]["job"].as_uri())
+    out = chromium("--dump-dom", reports["files"]["job"].as_uri())
     assert out.returncode == 0, out.stderr
     assert "<title>job 1: gpt-small</title>" in out.stdout and "<h1>job 1: gpt-small</h1>" in out.stdout
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png', out.stdout)) == 4

@@ -17,6 +17,7 @@ from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines
 
 MAX_LINES = 20  # curves in one plot; more would be unreadable
+MAX_LOSS_FACTS = 4  # curves whose first and last loss the facts give
 
 
 def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
@@ -24,6 +25,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     checkpoint duration and data wait by step (one curve per array task)."""
     data = collect.job_data(ledger, job_id)
     job, metrics = data.job, data.metrics
+    loss = metrics.get("loss", {})
     facts = [
         ("job", f"{job['name']} (ledger id {job['id']}, slurm job {job['slurm_job_id'] or '-'})"),
         ("state", job["state"]),
@@ -34,11 +36,12 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
         ("attempts", f"{len(data.attempts)} ({_counts(a['cause'] or a['state'] or '-' for a in data.attempts)})"),
         ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
         *_usage_facts([u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
+        *_loss_facts(loss),
     ]
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
     plots = [
-        _plot("loss vs step", "loss", _labelled(metrics.get("loss", {}))),
+        _loss_plot(loss, collect.attempt_marks(data.attempts)),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
         _plot("checkpoint duration vs step", "seconds",
               _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
@@ -115,14 +118,32 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
     return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot], [table])
 
 
-def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", points: bool = False, note: str = "") -> Plot:
-    """The series as one plot, at most MAX_LINES of them; "no data" when there are none."""
+def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: str = "", **style: Any) -> Plot:
+    """The series as one plot (``style``: ``lines``' keywords), at most MAX_LINES of them; "no data" when there
+    are none."""
     if not series:
         return Plot(title, None)
     if len(series) > MAX_LINES:
         note = "; ".join(filter(None, [note, f"the first {MAX_LINES} of {len(series)} curves shown"]))
         series = dict(list(series.items())[:MAX_LINES])
-    return Plot(title, lines(series, title, xlabel, ylabel, points), note)
+    return Plot(title, lines(series, title, xlabel, ylabel, **style), note)
+
+
+def _loss_plot(loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
+    """Loss by step, smoothed over the faint raw values, with a dashed line at the step each resumed attempt
+    began from (labelled with its task in an array)."""
+    return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed, mark_legend="attempt began",
+                 marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
+                 note="faint: the raw values; solid: their exponential moving average")
+
+
+def _loss_facts(loss: collect.Curves) -> list[tuple[str, str]]:
+    """'4.242 at step 1 → 0.6427 at step 50 (smoothed 0.6581)' for each curve ("loss (task 3)" in an array), none
+    for more than MAX_LOSS_FACTS curves."""
+    if len(loss) > MAX_LOSS_FACTS:
+        return []
+    return [(f"loss ({label})" if label else "loss", f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} "
+             f"(smoothed {collect.smoothed(ys)[-1]:.4g})") for label, (xs, ys) in _labelled(loss).items()]
 
 
 def _labelled(curves: collect.Curves, label: str = "task") -> Series:

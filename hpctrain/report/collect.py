@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
@@ -49,6 +49,31 @@ def checkpoint_durations(checkpoints: list[dict[str, Any]]) -> Curves:
         if c["duration_s"] is not None:
             add_point(curves, c["task_index"], c["step"], c["duration_s"])
     return curves
+
+
+def smoothed(values: Sequence[float], span: int | None = None) -> list[float]:
+    """The exponential moving average of ``values`` over ``span`` points (default: a 20th of them, at least
+    1, which leaves them unchanged), bias-corrected as TensorBoard's so that it starts at the first value."""
+    span = span or max(1, len(values) // 20)
+    weight = 1 - 2 / (span + 1)  # of the average so far
+    out, average, bias = [], 0.0, 1.0
+    for value in values:
+        average = weight * average + (1 - weight) * value
+        bias *= weight
+        out.append(average / (1 - bias))
+    return out
+
+
+def attempt_marks(attempts: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+    """(task, step, label) where each resumed attempt began: the checkpoint step it started from, for every
+    attempt after its task's first whose step is known, labelled "attempt 2 after preemption" (the cause that
+    ended the attempt before). ``attempts`` in task and attempt order, as the ledger lists them."""
+    marks = []
+    for before, a in zip(attempts, attempts[1:]):
+        if a["task_index"] == before["task_index"] and a["step_start"] is not None:
+            after = f" after {before['cause'].replace('_', ' ')}" if before["cause"] else ""
+            marks.append((a["task_index"], a["step_start"], f"attempt {a['attempt']}{after}"))
+    return marks
 
 
 def redacted_env(spec_json: str | None) -> dict[str, str]:

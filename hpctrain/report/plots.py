@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 # label -> (x values, y values); an empty label draws an unlabelled line.
 Series = dict[str, tuple[Sequence[Any], Sequence[float]]]
+# (x, label): a vertical line across the plot, such as where an attempt began.
+Mark = tuple[Any, str]
+
+MARK_COLOUR = "#dc143c"  # crimson: in no line colour of matplotlib's cycle, so marks stand out (and can be found)
+MAX_MARK_LABELS = 10  # more labels would overlap: then the marks go unlabelled
+RAW_ALPHA = 0.3  # the raw values under a smoothed line
 
 
 def figure(width: float = 8.0, height: float = 3.6) -> tuple[Any, Any]:
@@ -30,16 +36,36 @@ def png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False) -> bytes:
-    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled."""
+def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False,
+          smooth: Callable[[Sequence[float]], list[float]] | None = None, marks: Sequence[Mark] = (),
+          mark_legend: str = "") -> bytes:
+    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled.
+    With ``smooth``, each series' values are drawn faint and the smoothed ones on top in its colour; each mark
+    is a dashed vertical line in MARK_COLOUR, its label at the top, ``mark_legend`` their legend entry."""
     fig, ax = figure()
     style = {"marker": "o", "linestyle": "none", "markersize": 5} if points else {"linewidth": 1.2}
     for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, label=label or None, **style)
+        if smooth is None:
+            ax.plot(xs, ys, label=label or None, **style)
+        else:
+            (line,) = ax.plot(xs, smooth(ys), label=label or "smoothed", linewidth=1.5)
+            ax.plot(xs, ys, label=None if label else "raw", color=line.get_color(), alpha=RAW_ALPHA, linewidth=0.8,
+                    zorder=line.get_zorder() - 0.1)
+    _mark(ax, marks, mark_legend)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
-    if any(series):
-        ax.legend(fontsize="small", ncol=1 + len(series) // 8)
+    labels = ax.get_legend_handles_labels()[1]
+    if labels:
+        ax.legend(fontsize="small", ncol=1 + len(labels) // 8)
     if any(hasattr(x, "year") for xs, _ in series.values() for x in xs[:1]):  # datetimes on the x axis
         fig.autofmt_xdate()
     return png(fig)
+
+
+def _mark(ax: Any, marks: Sequence[Mark], legend: str) -> None:
+    """The marks as dashed vertical lines, one legend entry for all, labelled unless there are too many."""
+    for i, (x, label) in enumerate(marks):
+        ax.axvline(x, color=MARK_COLOUR, linestyle="--", linewidth=1.5, label=None if i else legend or None)
+        if len(marks) <= MAX_MARK_LABELS:
+            ax.annotate(label, (x, 1), xycoords=ax.get_xaxis_transform(), xytext=(-2, -3), textcoords="offset points",
+                        rotation=90, ha="right", va="top", fontsize="x-small", color=MARK_COLOUR)
