@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from conftest import run_cli
 from data_helpers import flip_byte, make_dataset
 from hpctrain.data import ShardLoader, load_index, pack
 from hpctrain.cli.data import data
@@ -119,3 +120,17 @@ def test_text_packs_source_files_as_byte_sequences_deterministically(tmp_path):
             got += b"".join(np.load(io.BytesIO(tar.extractfile(m).read())).astype(np.uint8).tobytes()
                             for m in tar.getmembers())
     assert got == text[:len(got)] and len(text) - len(got) < 16
+
+
+def test_cli_text_packs_a_source_tree_and_refuses_bad_sizes_and_empty_trees(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "m.py").write_text("value = 1\n" * 100)
+    done = CliRunner().invoke(data, ["text", str(tmp_path / "out"), "--src", str(src), "--seq-len", "9"])
+    assert done.exit_code == 0, done.output
+    assert done.output == f"wrote 100 sequences of 10 bytes in 1 shards: {tmp_path / 'out' / 'index.json'}\n"
+    bad = CliRunner().invoke(data, ["text", str(tmp_path / "x"), "--src", str(src), "--max-size", "lots"])
+    assert bad.exit_code == 2 and "--max-size" in bad.output
+    (tmp_path / "empty").mkdir()
+    empty = run_cli("data", "text", str(tmp_path / "y"), "--src", str(tmp_path / "empty"))
+    assert empty.returncode == 2 and empty.stderr == f"hpctrain: error: no .py files under {tmp_path / 'empty'}\n"
