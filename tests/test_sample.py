@@ -1,4 +1,4 @@
-"""`hpctrain sample`: the reference GPT's greedy continuation from the newest checkpoint, and its one-line errors."""
+"""`hpctrain sample`: the reference GPT's continuation (greedy or drawn) from the newest checkpoint, and its one-line errors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from hpctrain.checkpoint import Checkpointer
 from hpctrain.config.job import Model
 from hpctrain.train.model import gpt_sequential
-from hpctrain.train.sample import greedy
+from hpctrain.train.sample import continuation
 
 from conftest import run_cli
 
@@ -38,13 +38,23 @@ def test_sample_continues_with_the_newest_checkpoints_weights(tmp_path):
     spec = write_spec(tmp_path, tmp_path / "ck")
     done = run_cli("sample", str(spec), "--prompt", "def f(x):", "--tokens", "12")
     assert done.returncode == 0, done.stderr
-    want = greedy(new.eval(), b"def f(x):", 12, window=8)
-    assert want != greedy(old.eval(), b"def f(x):", 12, window=8)  # the weights decide the text
+    want = continuation(new.eval(), b"def f(x):", 12, window=8)
+    assert want != continuation(old.eval(), b"def f(x):", 12, window=8)  # the weights decide the text
     assert done.stdout == want.decode(errors="replace") + "\n"
     assert done.stderr == f"# {tmp_path / 'ck' / 'step_00000020'}\n"
     older = run_cli("sample", str(spec), "--prompt", "def f(x):", "--tokens", "12",
                     "--checkpoint", str(tmp_path / "ck" / "step_00000010"))
-    assert older.stdout == greedy(old.eval(), b"def f(x):", 12, window=8).decode(errors="replace") + "\n"
+    assert older.stdout == continuation(old.eval(), b"def f(x):", 12, window=8).decode(errors="replace") + "\n"
+    drawn = run_cli("sample", str(spec), "--prompt", "def f(x):", "--tokens", "12", "--temperature", "0.8", "--seed", "3")
+    assert drawn.stdout == continuation(new.eval(), b"def f(x):", 12, 8, 0.8, 3).decode(errors="replace") + "\n"
+
+
+def test_a_draw_is_repeatable_by_seed_and_greedy_as_the_temperature_falls():
+    net = gpt_sequential(Model(**MODEL), seed=1).eval()
+    draws = {seed: continuation(net, b"x = ", 40, 8, temperature=1.0, seed=seed) for seed in range(3)}
+    assert continuation(net, b"x = ", 40, 8, temperature=1.0, seed=1) == draws[1]
+    assert len(set(draws.values())) == 3
+    assert continuation(net, b"x = ", 40, 8, temperature=1e-4, seed=2) == continuation(net, b"x = ", 40, 8)
 
 
 def test_sample_errors_are_one_line(tmp_path):

@@ -14,11 +14,16 @@ import click
 @click.option("--checkpoint", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
               help="this checkpoint (step_N directory) instead of the newest valid one of the spec's checkpoint.dir")
 @click.option("--task", type=int, default=-1, help="an array task's checkpoints")
-def sample(spec: Path, prompt: str, tokens: int, checkpoint: Path | None, task: int) -> None:
-    """Continue PROMPT greedily with the byte-level reference GPT of SPEC, from its newest checkpoint (CPU)."""
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
+              help="0: greedy (the most likely byte each time); above 0: draw from the softmax of logits / T")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="of the draws (--temperature > 0)")
+def sample(spec: Path, prompt: str, tokens: int, checkpoint: Path | None, task: int, temperature: float,
+           seed: int) -> None:
+    """Continue PROMPT with the byte-level reference GPT of SPEC from its newest checkpoint (CPU): greedily, or
+    drawing each byte at a temperature."""
     from hpctrain.config import load_job_spec
     from hpctrain.train.sample import sample as continue_prompt
 
-    used, text = continue_prompt(load_job_spec(spec), prompt, tokens, checkpoint, task)
+    used, text = continue_prompt(load_job_spec(spec), prompt, tokens, checkpoint, task, temperature, seed)
     click.echo(f"# {used}", err=True)
     click.echo(text)

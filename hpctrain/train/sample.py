@@ -1,4 +1,4 @@
-"""Greedy continuation of a prompt by the reference GPT from its newest checkpoint, in one CPU process.
+"""A continuation of a prompt (greedy, or drawn at a temperature) by the reference GPT from its newest checkpoint, in one CPU process.
 
 Byte-level: the prompt's UTF-8 bytes are the tokens (``model.vocab`` must be 256, as for the shards of
 ``hpctrain data text``), and the continuation is decoded back to text. Only the ``model.*`` tensors are
@@ -48,20 +48,28 @@ def load_model(model: Model, ckpt: Path) -> nn.Sequential:
 
 
 @torch.no_grad()
-def greedy(net: nn.Module, prompt: bytes, new_tokens: int, window: int) -> bytes:
-    """``prompt`` followed by ``new_tokens`` bytes, each the most likely next one given the last ``window``."""
+def continuation(net: nn.Module, prompt: bytes, new_tokens: int, window: int, temperature: float = 0.0,
+                 seed: int = 0) -> bytes:
+    """``prompt`` followed by ``new_tokens`` bytes, each predicted from the last ``window``: the most likely one
+    (greedy) at temperature 0, else drawn from the softmax of the logits / ``temperature`` (seeded, so
+    repeatable); a small model's greedy text soon loops, a draw at 0.5-0.8 reads more like its data."""
     ids = list(prompt) or [ord("\n")]
+    draws = torch.Generator().manual_seed(seed)
     for _ in range(new_tokens):
-        logits = net(torch.tensor([ids[-window:]]))
-        ids.append(int(logits[0, -1].argmax()))
+        logits = net(torch.tensor([ids[-window:]]))[0, -1]
+        if temperature > 0:
+            ids.append(int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=draws)))
+        else:
+            ids.append(int(logits.argmax()))
     return bytes(ids)
 
 
-def sample(spec: JobSpec, prompt: str, new_tokens: int, ckpt: Path | None = None, task: int = -1) -> tuple[Path, str]:
+def sample(spec: JobSpec, prompt: str, new_tokens: int, ckpt: Path | None = None, task: int = -1,
+           temperature: float = 0.0, seed: int = 0) -> tuple[Path, str]:
     """(the checkpoint used, the prompt and its continuation as text)."""
     model = spec.model or Model()
     if model.vocab != BYTE_VOCAB:
         raise ConfigError(f"model.vocab = {model.vocab}: sampling decodes bytes, which needs vocab = {BYTE_VOCAB}")
     ckpt = ckpt or newest_checkpoint(spec, task)
-    text = greedy(load_model(model, ckpt), prompt.encode(), new_tokens, model.seq_len)
+    text = continuation(load_model(model, ckpt), prompt.encode(), new_tokens, model.seq_len, temperature, seed)
     return ckpt, text.decode(errors="replace")
