@@ -3,7 +3,9 @@ plot found in either (test_report.py; a cluster test checks a real preempted run
 
 from __future__ import annotations
 
+import base64
 import io
+import re
 import shutil
 import subprocess
 import tempfile
@@ -17,6 +19,7 @@ CHROMIUM = shutil.which("chromium")
 MARK_RGB = tuple(int(MARK_COLOUR[i:i + 2], 16) for i in (1, 3, 5))
 MARK_PIXELS = 100  # of a column crossed by a mark (dashed, across axes ~260 pixels high: ~160)
 MARGIN = 0.05  # of the data's x range, that matplotlib leaves on either side of it (rcParams["axes.xmargin"])
+IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">')
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess[str]:
@@ -31,6 +34,11 @@ def screenshot(page: Path, out: Path) -> np.ndarray:
     done = chromium(f"--screenshot={out}", "--window-size=1200,2400", page.resolve().as_uri())
     assert out.exists(), done.stderr
     return pixels(out.read_bytes())
+
+
+def plot_images(html: str) -> dict[str, bytes]:
+    """A report page's embedded PNGs by their alt text (the plot's title)."""
+    return {alt: base64.b64decode(data) for alt, data in IMG.findall(html)}
 
 
 def pixels(png: bytes) -> np.ndarray:

@@ -3,7 +3,6 @@ HTML, in the decoded images, and in a headless Chromium screenshot."""
 
 from __future__ import annotations
 
-import base64
 import math
 import re
 import subprocess
@@ -24,12 +23,11 @@ from hpctrain.sweep.spec import load_sweep_spec
 
 from conftest import run_cli
 from report_helpers import (CHROMIUM, assert_marks_at, chromium, colour_mask, mark_columns, mark_steps, page_marks,
-                            pixels, screenshot)
+                            pixels, plot_images, screenshot)
 
 C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first line colour
 SECRET = "hunter2-never-shown"
 JOB_PLOTS = {"loss vs step", "throughput (tokens/s) vs step", "checkpoint duration vs step", "data wait vs step"}
-IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">')
 SWEEP = """
 name = "lr-sweep"
 method = "random"
@@ -120,10 +118,6 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"html": html, "files": files, "ledger": tmp / "ledger.db", "site": site, "ids": (job, array)}
 
 
-def _images(html: str) -> dict[str, bytes]:
-    return {alt: base64.b64decode(data) for alt, data in IMG.findall(html)}
-
-
 def _colour_count(image, colour: tuple[int, int, int]) -> int:
     return int(colour_mask(image, colour).sum())
 
@@ -133,12 +127,12 @@ def test_every_report_is_one_self_contained_page(reports, name):
     html = reports["html"][name]
     assert html.startswith("<!DOCTYPE html>") and "<title>" in html
     assert not re.search(r"https?://|\b(?:src|href)=\"(?!data:)", html), "the page loads something from outside"
-    assert len(_images(html)) == html.count("<img ")
+    assert len(plot_images(html)) == html.count("<img ")
 
 
 def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
     html = reports["html"]["job"]
-    images = _images(html)
+    images = plot_images(html)
     assert set(images) == JOB_PLOTS
     for alt, png in images.items():
         image = pixels(png)
@@ -152,13 +146,13 @@ def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
 
 
 def test_loss_plot_marks_the_step_each_resumed_attempt_began_from(reports):
-    images = _images(reports["html"]["job"])
+    images = plot_images(reports["html"]["job"])
     loss = pixels(images["loss vs step"])
     assert_marks_at(mark_columns(loss), MARK_STEPS)
     assert mark_steps(loss, 1, 50) == pytest.approx(MARK_STEPS, abs=0.25)
     for alt in JOB_PLOTS - {"loss vs step"}:
         assert mark_columns(pixels(images[alt])) == [], alt
-    assert mark_columns(pixels(_images(reports["html"]["array"])["loss vs step"])) == []  # no task was resumed
+    assert mark_columns(pixels(plot_images(reports["html"]["array"])["loss vs step"])) == []  # no task was resumed
 
 
 def test_attempt_marks_of_resumed_attempts_only():
@@ -191,28 +185,28 @@ def test_smoothing_is_a_bias_corrected_moving_average():
 
 def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):
     html = reports["html"]["array"]
-    assert set(_images(html)) == {"loss vs step"}
+    assert set(plot_images(html)) == {"loss vs step"}
     assert html.count("no data") == 3
-    image = pixels(_images(html)["loss vs step"])
+    image = pixels(plot_images(html)["loss vs step"])
     for colour in (C0, (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # C0, C1, C2: one line per task
         assert _colour_count(image, colour) > 100
 
 
 def test_sweep_report_shows_the_best_trial_and_its_plots(reports):
     html = reports["html"]["sweep"]
-    assert set(_images(html)) == {"loss by trial", "parameter importance", "loss vs step"}
+    assert set(plot_images(html)) == {"loss by trial", "parameter importance", "loss vs step"}
     assert "trial 3: loss = 1.02" in html and "6 of at most 6 (6 completed)" in html
-    for png in _images(html).values():
+    for png in plot_images(html).values():
         assert pixels(png).std() > 0
 
 
 def test_account_report_totals_and_cumulative_gpu_hours(reports):
     every, teamb = reports["html"]["accounts"], reports["html"]["teamb"]
-    assert set(_images(every)) == set(_images(teamb)) == {"cumulative GPU-hours per account"}
+    assert set(plot_images(every)) == set(plot_images(teamb)) == {"cumulative GPU-hours per account"}
     assert "<td>teama</td>" in every and "<td>teamb</td>" in every
     assert "<td>teama</td>" not in teamb and "GPU-hours: account teamb" in teamb
     assert "<td>72.00</td>" in teamb  # 3 tasks x 4 GPUs x 6 h
-    image = pixels(_images(every)["cumulative GPU-hours per account"])
+    image = pixels(plot_images(every)["cumulative GPU-hours per account"])
     assert _colour_count(image, C0) > 100 and _colour_count(image, (0xFF, 0x7F, 0x0E)) > 100
 
 
@@ -250,6 +244,16 @@ def test_cli_writes_the_report_and_loads_no_plotting_library_for_help(reports, t
                   env=env)
     assert out.returncode == 0 and out.stdout == f"wrote {tmp_path / 'a.html'}\n", out.stderr
     assert "cumulative GPU-hours per account" in (tmp_path / "a.html").read_text()
+    job, array = reports["ids"]
+    losses = [_loss(step, -1) for step in range(1, 51)]
+    out = run_cli("report", "--site", "dev", str(job), "--out", str(tmp_path / "j.html"), env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (f"wrote {tmp_path / 'j.html'}\n  loss: {losses[0]:.4g} at step 1 → {losses[-1]:.4g} at step 50 "
+                          f"(smoothed {smoothed(losses)[-1]:.4g})\n")
+    out = run_cli("report", "--site", "dev", str(array), "--out", str(tmp_path / "r.html"), env=env)
+    assert out.stdout.splitlines()[1:] == [f"  loss (task {t}): {_loss(1, t):.4g} at step 1 → {_loss(50, t):.4g} at step 50 "
+                                           f"(smoothed {smoothed([_loss(s, t) for s in range(1, 51)])[-1]:.4g})"
+                                           for t in range(3)]
     out = run_cli("report", "--site", "dev", "999", env=env)
     assert out.returncode == 2
     assert out.stderr == "hpctrain: error: job '999': no such ledger id (see `hpctrain status --all`)\n"

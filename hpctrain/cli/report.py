@@ -22,22 +22,25 @@ from hpctrain.cli.common import site_option
 @site_option
 def report(target: str | None, account: str | None, since: datetime | None, out: str | None, site: str | None) -> None:
     """Write a self-contained HTML page with PNG plots, viewable without a server: a job by ledger id (loss,
-    throughput, checkpoint durations, data wait), a sweep by name, or GPU-hours per account over time."""
+    throughput, checkpoint durations, data wait; its first and last loss are printed too), a sweep by name, or
+    GPU-hours per account over time."""
     from hpctrain.errors import HpctrainError
     from hpctrain.cli.common import find_job, open_site
-    from hpctrain.report import account_report, job_report, sweep_report
+    from hpctrain.report import account_report, job_report, loss_summary, sweep_report
 
     if (target is None) == (account is None):
         raise click.UsageError("give a JOB (ledger id), a SWEEP (name) or --account [NAME]")
     if since is not None and account is None:
         raise click.UsageError("--since goes with --account")
     cfg, ledger, _ = open_site(site)
+    summary: list[str] = []
     with ledger:
         if account is not None:
             html = account_report(ledger, cfg, account or None, since.timestamp() if since else None)
             what = f"account-{account}" if account else "accounts"
         elif target.isascii() and target.isdigit():
-            html, what = job_report(ledger, cfg, find_job(ledger, target)["id"]), f"job-{target}"
+            job_id = find_job(ledger, target)["id"]
+            html, what, summary = job_report(ledger, cfg, job_id), f"job-{target}", loss_summary(ledger, job_id)
         else:
             html, what = sweep_report(ledger, cfg, target), f"sweep-{target}"
     path = Path(out or f"report-{what}.html")
@@ -46,3 +49,5 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     except OSError as exc:
         raise HpctrainError(f"{path}: cannot write the report: {exc.strerror}") from None
     click.echo(f"wrote {path}")
+    for line in summary:
+        click.echo(f"  {line}")

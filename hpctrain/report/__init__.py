@@ -5,6 +5,6 @@ Names load on first use: the CLI imports this package, and matplotlib only loads
 
 from hpctrain.lazy import lazy_exports
 
-_EXPORTS = {"job_report": "build", "sweep_report": "build", "account_report": "build"}
+_EXPORTS = {"job_report": "build", "sweep_report": "build", "account_report": "build", "loss_summary": "build"}
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -59,6 +59,11 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     return render(f"job {job['id']}: {job['name']}", facts, plots, [attempts, env])
 
 
+def loss_summary(ledger: Ledger, job_id: int) -> list[str]:
+    """The job report's loss facts as lines ("loss: 5.545 at step 1 → 1.71 at step 400 (smoothed 1.74)")."""
+    return [f"{name}: {value}" for name, value in _loss_facts(collect.job_data(ledger, job_id).metrics.get("loss", {}))]
+
+
 def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
     """A sweep: facts, the best trial, its metric by trial and by step, parameter importance, every trial."""
     from hpctrain.sweep import store
