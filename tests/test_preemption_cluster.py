@@ -4,23 +4,24 @@ jobs, checkpoints and requeues itself each time, and ends bitwise identical to a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from hpctrain.config import load_job_spec, load_site
-from hpctrain.config.job import JobSpec, Model
+from hpctrain.config.job import JobSpec
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
-from hpctrain.train.dataset import pack_token_dataset
 
 from conftest import run_cli, wait_until
-from train_helpers import TINY_MODEL, assert_bitwise_equal, straight_run, trainer_spec
+from report_helpers import mark_steps, pixels, plot_images, screenshot
+from train_helpers import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, straight_run, trainer_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Long enough (about 0.1 s a step) to outlast GraceTime after a notice: were a notice lost, as once in
@@ -52,7 +53,7 @@ def low_qos_grace(request, dev_cluster):
 
 
 def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_ledger, tmp_path):
-    index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=3, count=600, shard_bytes=8192).path
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
     specs = {}
     for name in ("preempted", "straight"):
         specs[name] = tmp_path / f"{name}.toml"
@@ -96,12 +97,26 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
     assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
         == ["preemption"] * 3
 
+    # Its report marks where attempts 2, 3 and 4 began on the loss plot: in the PNG, and as Chromium shows the page
+    # (the host's; the lanes' trees have no browser).
+    began = [a["step_start"] for a in shown["attempts"][1:]]
+    assert began == [r["step"] for r in requeues]
+    page = tmp_path / "report.html"
+    assert run_cli("report", str(low.ledger_ids[0]), "--out", str(page)).returncode == 0
+    steps = [json.loads(line)["step"] for line in
+             run_cli("metrics", str(low.ledger_ids[0]), "--name", "loss", "--tail", "0", "--json").stdout.splitlines()]
+    assert steps == list(range(1, STEPS + 1))
+    loss_plot = pixels(plot_images(page.read_text())["loss vs step"])
+    assert mark_steps(loss_plot, 1, STEPS) == pytest.approx(began, abs=1)
+    if not os.environ.get("HPCTRAIN_LANE"):
+        assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
+
 
 def test_time_limit_checkpoints_on_the_notice_and_requeues(dev_cluster, isolated_ledger, tmp_path):
     """A 2-minute job gets USR2 about a minute before its limit (the dev site's signal lead), checkpoints,
     requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run."""
     steps = 1200
-    index = pack_token_dataset(tmp_path / "data", Model(**TINY_MODEL), seed=5, count=600, shard_bytes=8192).path
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
     specs = {}
     for name in ("limited", "straight"):
         specs[name] = tmp_path / f"{name}.toml"
