@@ -104,3 +104,15 @@ def test_concurrent_processes_lose_no_rows(tmp_path):
     with Ledger(path) as ledger:
         messages = {r["message"] for r in ledger.rows("events")}
     assert messages == {f"{w}:{i}" for w in range(4) for i in range(150)}
+
+
+def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_path):
+    """Slurm records PREEMPTED only for a run it stopped; one that checkpointed on the notice and requeued
+    itself ends REQUEUED (or COMPLETED) with cause "preemption": both are preemptions, a time limit is not."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        for attempt, state, cause in ((1, "PREEMPTED", "preemption"), (2, "REQUEUED", "preemption"),
+                                      (3, "COMPLETED", "preemption"), (4, "REQUEUED", "timeout"), (5, "RUNNING", None)):
+            ledger.attempts.record(job, -1, attempt, state=state, cause=cause)
+        (row,) = ledger.jobs.summaries("dev", final=())
+    assert (row["restarts"], row["preemptions"]) == (4, 3)

@@ -96,6 +96,8 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
     assert len(shown["attempts"]) == 4
     assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
         == ["preemption"] * 3
+    listed = {r["id"]: r for r in json.loads(run_cli("status", "--all", "--json").stdout)}
+    assert (listed[low.ledger_ids[0]]["restarts"], listed[low.ledger_ids[0]]["preemptions"]) == (3, 3)
 
     # Its report marks where attempts 2, 3 and 4 began on the loss plot: in the PNG, and as Chromium shows the page
     # (the host's; the lanes' trees have no browser).

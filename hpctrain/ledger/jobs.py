@@ -24,7 +24,8 @@ SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.i
        (SELECT group_concat(state || ':' || n) FROM (SELECT state, count(*) AS n FROM array_tasks t
             WHERE t.job_id = j.id GROUP BY state)) AS task_states,
        (SELECT count(*) - count(DISTINCT a.task_index) FROM attempts a WHERE a.job_id = j.id) AS restarts,
-       (SELECT count(*) FROM attempts a WHERE a.job_id = j.id AND a.state = 'PREEMPTED') AS preemptions
+       (SELECT count(*) FROM attempts a WHERE a.job_id = j.id
+            AND (a.state = 'PREEMPTED' OR a.cause = 'preemption')) AS preemptions
 FROM jobs j
 WHERE j.site = ? {where}
 ORDER BY j.id DESC
@@ -79,7 +80,8 @@ class Jobs:
 
     def summaries(self, site: str, final: Collection[str], active_only: bool = False,
                   limit: int = 200) -> list[dict[str, Any]]:
-        """One row per job, newest first, with array task counts, restarts and preemptions (one query)."""
+        """One row per job, newest first, with array task counts, restarts and preemptions (one query); a run that
+        requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
         where, args = "", [site]
         if active_only:
             where, args = f"AND j.state NOT IN ({_marks(final)})", args + sorted(final)
