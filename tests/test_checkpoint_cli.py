@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 from click.testing import CliRunner
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 from checkpoint_helpers import chunk_file, flip_byte, same_bits, special_array
@@ -74,7 +75,14 @@ def test_export_writes_every_tensor_whole_and_bit_exact(ckdir, tmp_path, fmt):
     out = tmp_path / f"out.{fmt}"
     res = run("export", ckdir / "step_00000002", out, "--format", fmt)
     assert res.exit_code == 0, res.output
-    tensors = torch.load(out, weights_only=True) if fmt == "torch" else load_file(out)
+    assert "exported 2 tensors and 1 values of step 2" in res.output
+    if fmt == "torch":
+        tensors = torch.load(out, weights_only=True)
+        assert tensors.pop("epoch") == 1  # a plain value of the saved tree
+    else:
+        tensors = load_file(out)
+        with safe_open(out, "pt") as f:
+            assert json.loads(f.metadata()["values"]) == {"epoch": 1} and f.metadata()["step"] == "2"
     assert sorted(tensors) == ["model/b", "model/w"]
     assert same_bits(tensors["model/w"], STATE["model"]["w"]) and same_bits(tensors["model/b"], STATE["model"]["b"])
 

@@ -180,7 +180,7 @@ def test_manifest_and_fragments_are_owner_only_unless_asked_otherwise(tmp_path, 
     w = np.zeros((4, 2), np.float32)
     path = ranks_save(tmp_path, [{"w": Shard(w[2 * r:2 * r + 2], (4, 2), (2 * r, 0))} for r in range(2)], **kw)[0]
     assert {f.name: stat.S_IMODE(f.stat().st_mode) for f in path.glob("*.json")} == {
-        "manifest.json": mode, "rank-0.json": mode, "rank-1.json": mode}
+        "manifest.json": mode, "rank-0.json": mode, "rank-1.json": mode, "zarr.json": mode}
 
 
 @pytest.mark.parametrize("keep_last, keep_best, metric, mode", [(0, 0, None, "min"), (1, 1, None, "min"),

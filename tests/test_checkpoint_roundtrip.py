@@ -1,7 +1,12 @@
 """Bit-exact round trips in one process: dtypes and special values, nested state, layouts, zarr-python."""
 
+import hashlib
 import json
 import random
+import re
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import ml_dtypes
@@ -11,6 +16,7 @@ import torch
 import zarr
 
 from checkpoint_helpers import chunk_file, flip_byte, same_bits, special_array
+from conftest import REPO
 from hpctrain.checkpoint import (Checkpointer, Shard, capture_rng_state, load, load_flat, restore_rng_state,
                                  verify)
 from hpctrain.checkpoint import reader, writer
@@ -62,17 +68,49 @@ def test_nested_optimizer_state_and_values_come_back_with_their_types(tmp_path):
     assert same_bits(opt2.state_dict()["state"][0]["exp_avg_sq"], opt.state_dict()["state"][0]["exp_avg_sq"])
 
 
-def test_plain_zarr_python_opens_every_array_and_sees_the_real_dtype(tmp_path):
-    state = {d: to_torch(special_array(d, (9, 4), seed=i)) for i, d in enumerate(DTYPES)}
+def test_plain_zarr_python_opens_the_step_as_a_group_of_every_array_with_its_real_dtype(tmp_path):
+    state = {"model": {d: to_torch(special_array(d, (9, 4), seed=i)) for i, d in enumerate(DTYPES)},
+             "step": 1, "opt": {"lr": 0.5, "betas": [0.9, 0.99]}}
     path = save_one(tmp_path, state)
-    arrays = {p.parent.relative_to(path / "tensors").as_posix(): zarr.open_array(p.parent, mode="r")
-              for p in (path / "tensors").rglob("zarr.json")}
-    assert sorted(arrays) == sorted(DTYPES)
+    group = zarr.open_group(path, mode="r")
+    assert group.attrs["hpctrain"] == {"format": "hpctrain.checkpoint", "version": 1, "step": 1,
+                                       "values": {"step": 1, "opt/lr": 0.5, "opt/betas/0": 0.9, "opt/betas/1": 0.99}}
+    arrays = {name: arr for name, arr in zarr.open_group(path / "tensors", mode="r").members(max_depth=None)
+              if isinstance(arr, zarr.Array)}
+    assert sorted(arrays) == sorted(f"model/{d}" for d in DTYPES)
     for name, arr in arrays.items():
-        assert arr.attrs["hpctrain"]["dtype"] == name
-        assert arr[...].tobytes() == np.ascontiguousarray(state[name].view(torch.int16) if name == "bfloat16"
-                                                          else state[name]).tobytes()
-    assert arrays["bfloat16"].dtype == np.uint16
+        dtype = name.removeprefix("model/")
+        assert arr.attrs["hpctrain"]["dtype"] == dtype
+        want = state["model"][dtype]
+        assert arr[...].tobytes() == np.ascontiguousarray(want.view(torch.int16) if dtype == "bfloat16" else want).tobytes()
+    assert arrays["model/bfloat16"].dtype == np.uint16
+
+
+def test_the_readme_recipe_reads_a_checkpoint_in_a_venv_without_hpctrain(tmp_path):
+    """The README's recipe (zarr, tensorstore, ml_dtypes only) gets every tensor with its real dtype, bit for bit
+    as hpctrain loads it, and the step's plain values."""
+    recipe = re.search(r"<!-- recipe: checkpoint in other tools -->\n```python\n(.*?)```",
+                       (REPO / "README.md").read_text(), re.S)[1]
+    state = {"model": {d: to_torch(special_array(d, (5, 3), seed=i)) for i, d in enumerate(DTYPES)}, "step": 3}
+    path = save_one(tmp_path / "ck", state, step=3)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    # The libraries of this venv on the path, hpctrain's own (an editable install's .pth there) not.
+    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    (site / "libraries.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    script = tmp_path / "recipe.py"
+    script.write_text(recipe + "import hashlib, json\nprint(json.dumps({n: [str(a.dtype), list(a.shape), "
+                               "hashlib.sha256(a.tobytes()).hexdigest()] for n, a in tensors.items()}))\n")
+    isolated = subprocess.run([venv / "bin" / "python", "-c", "import hpctrain"], capture_output=True, text=True, cwd=tmp_path)
+    assert "No module named 'hpctrain'" in isolated.stderr
+    done = subprocess.run([venv / "bin" / "python", str(script), str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    values, hashes = done.stdout.splitlines()
+    assert values == "step 3 values {'step': 3}"
+    want = {n: [str(a.dtype), list(a.shape), hashlib.sha256(a.tobytes()).hexdigest()]
+            for n, a in load_flat(path, to="numpy").items()}
+    assert json.loads(hashes) == want and want["model/bfloat16"][0] == "bfloat16"
 
 
 def test_manifest_records_layout_cursor_rng_lineage_and_a_checksum_per_chunk(tmp_path):

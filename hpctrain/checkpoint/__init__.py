@@ -32,6 +32,7 @@ _EXPORTS = {
     "statuses": "resume",
     "load": "reader",
     "load_flat": "reader",
+    "load_values": "reader",
     "verify": "reader",
     "capture_rng_state": "rng",
     "restore_rng_state": "rng",

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.manifest import NewerFormatError, merge
-from hpctrain.checkpoint.naming import MANIFEST, committed_name, list_dirs, trash_name
+from hpctrain.checkpoint.naming import MANIFEST, TENSORS, ZARR_NODE, committed_name, list_dirs, trash_name
 from hpctrain.checkpoint.reader import quick_check
+from hpctrain.checkpoint.tree import plain_values
 from hpctrain.errors import CheckpointError
 from hpctrain.files import fsync_dir, write_json_atomic
 
@@ -70,6 +71,7 @@ def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], t
     but one of a newer format is kept and this save fails.
     """
     manifest = merge(fragments, header)
+    write_groups(tmp, manifest, mode)
     write_json_atomic(tmp / MANIFEST, manifest, mode)
     step = header["step"]
     for old in (d for d in list_dirs(tmp.parent) if d.step == step):
@@ -93,6 +95,19 @@ def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], t
         raise CheckpointError(f"cannot commit {tmp} as {final.name}: {exc}") from exc
     fsync_dir(final.parent)
     return final
+
+
+def write_groups(tmp: Path, manifest: dict[str, Any], mode: int) -> None:
+    """Zarr v3 group nodes for the step directory, its tensors/ and the folders of nested names (``model/w``), so
+    that `zarr.open_group(step)` lists every array. The step's attributes hold the step and the plain values of
+    the lowest rank's tree (each tensor's logical dtype is in its own attributes)."""
+    values = plain_values(manifest["ranks"][min(manifest["ranks"], key=int)]["tree"])
+    attributes = {"hpctrain": {**{key: manifest[key] for key in ("format", "version", "step")}, "values": values}}
+    nested = {parent for name in manifest["tensors"] for parent in Path(TENSORS, name).parents if parent.parts}
+    for node in sorted({Path(), Path(TENSORS), *nested}):
+        (tmp / node).mkdir(exist_ok=True)
+        write_json_atomic(tmp / node / ZARR_NODE, {"zarr_format": 3, "node_type": "group",
+                                                   "attributes": {} if node.parts else attributes}, mode)
 
 
 def to_trash(path: Path, step: int, tag: str) -> Path:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 MANIFEST = "manifest.json"
 TENSORS = "tensors"  # arrays live under <checkpoint>/tensors/<name>, apart from the manifest and rank fragments
+ZARR_NODE = "zarr.json"  # a zarr v3 node's metadata: each array's (tensorstore writes it), the step's and tensors/'s
 
 _NAME = re.compile(r"^step_(\d+)(?:\.(tmp|trash)-(.+))?$")
 

@@ -16,7 +16,7 @@ from hpctrain.checkpoint.format import (Box, array_spec, as_numpy, box_slices, c
                                         to_storage, to_torch, ts_context, ts_message)
 from hpctrain.checkpoint.manifest import Manifest, TensorEntry
 from hpctrain.checkpoint.naming import TENSORS
-from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, unflatten
+from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, plain_values, unflatten
 from hpctrain.errors import CheckpointError
 
 _VERIFY_BATCH = 512 << 20  # bytes read at once by verify()
@@ -193,6 +193,11 @@ def load_flat(ckpt: str | Path, names: list[str] | None = None, *, to: str = "to
     entries = [m.tensor(n) for n in (names if names is not None else m.tensors)]
     requests = [_Request(e, ((0,) * len(e.meta.shape), e.meta.shape)) for e in entries]
     return {e.name: _convert(a, to) for e, a in zip(entries, read_boxes(m, requests, torch_memory=to == "torch"))}
+
+
+def load_values(ckpt: str | Path, rank: int = 0) -> dict[str, Any]:
+    """The plain (non-tensor) values of the tree ``rank`` saved, by '/'-joined path (``step``, ``meta/lr``)."""
+    return plain_values(Manifest.read(Path(ckpt)).rank_state(rank)["tree"])
 
 
 def quick_check(ckpt: Path) -> Manifest:

@@ -90,3 +90,8 @@ def leaf_nodes(skeleton: Any) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     unflatten(skeleton, lambda node: found.setdefault(node["path"], node))
     return found
+
+
+def plain_values(skeleton: Any) -> dict[str, Any]:
+    """The skeleton's JSON values (not tensors) by path."""
+    return {path: node["value"] for path, node in leaf_nodes(skeleton).items() if node["leaf"] == "value"}

@@ -139,18 +139,19 @@ def inspect(path: Path, as_json: bool) -> None:
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["torch", "safetensors"]), default="torch", show_default=True)
 def export(path: Path, out: Path, fmt: str) -> None:
-    """Write every tensor of checkpoint PATH, whole, to one file OUT ({name: tensor})."""
+    """Write every tensor of checkpoint PATH, whole, to one file OUT, with the plain values of rank 0's tree (step,
+    hyperparameters, ...): torch, {name: tensor or value}; safetensors, the values as JSON in the "values" metadata."""
     from hpctrain.checkpoint.manifest import Manifest
-    from hpctrain.checkpoint.reader import load_flat
+    from hpctrain.checkpoint.reader import load_flat, load_values
 
     step = Manifest.read(path).step
-    tensors = load_flat(path)
+    tensors, values = load_flat(path), load_values(path)
     if fmt == "torch":
         import torch
 
-        torch.save(tensors, out)
+        torch.save({**tensors, **values}, out)
     else:
         from safetensors.torch import save_file
 
-        save_file(tensors, out, metadata={"step": str(step), "source": str(path)})
-    click.echo(f"exported {len(tensors)} tensors of step {step} to {out} ({fmt})")
+        save_file(tensors, out, metadata={"step": str(step), "source": str(path), "values": json.dumps(values)})
+    click.echo(f"exported {len(tensors)} tensors and {len(values)} values of step {step} to {out} ({fmt})")
