@@ -8,6 +8,7 @@ templates); the compute side reads them back through `JobEnvironment`. No other 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -57,9 +58,16 @@ class JobPaths:
         """The batch script's log, as sbatch's --output pattern (per array task for an array)."""
         return "slurm-%A_%a.out" if array else "slurm-%j.out"
 
-    def output(self, slurm_job_id: str) -> Path:
-        """The log of a job that is not an array (the script's stdout and stderr)."""
-        return self.job_dir / self.output_name(False).replace("%j", slurm_job_id)
+    def output(self, slurm_job_id: str, task: int = -1) -> Path:
+        """The log (the script's stdout and stderr) of a job, or of task ``task`` of an array job."""
+        if task < 0:
+            return self.job_dir / self.output_name(False).replace("%j", slurm_job_id)
+        return self.job_dir / self.output_name(True).replace("%A", slurm_job_id).replace("%a", str(task))
+
+    def outputs(self) -> list[Path]:
+        """The logs of a job that is not an array, one per Slurm id it ran under, oldest first."""
+        found = {p: re.fullmatch(r"slurm-([0-9]+)\.out", p.name) for p in self.job_dir.glob("slurm-*.out")}
+        return sorted((p for p, m in found.items() if m), key=lambda p: int(found[p][1]))
 
     def secrets_file(self, job_id: int | str) -> Path:
         """A ledger job's secret values, readable by the submitting user only (see hpctrain.secret_file)."""

@@ -69,5 +69,5 @@ def test_launch_env_takes_site_network_settings_and_respects_overrides():
 
 def test_srun_runs_the_task_shim():
     argv = srun_argv(["python", "train.py", "--lr", "1e-3"], python="/venv/bin/python")
-    assert argv == ["srun", "--kill-on-bad-exit=1", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
                     "python", "train.py", "--lr", "1e-3"]

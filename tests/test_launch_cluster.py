@@ -9,6 +9,7 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
@@ -49,6 +50,7 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
         for sub in subs:
             job = ledger.get("jobs", sub.ledger_ids[0])
             out = (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()
+            out = LABEL.sub("", out)  # srun --label's "3: "
             tasks = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
             assert sorted(int(t["RANK"]) for t in tasks) == [0, 1, 2, 3]
             assert {t["WORLD_SIZE"] for t in tasks} == {"4"} and {t["LOCAL_WORLD_SIZE"] for t in tasks} == {"2"}

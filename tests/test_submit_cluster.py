@@ -12,6 +12,7 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
@@ -62,7 +63,7 @@ def test_specs_run_and_secrets_stay_out(dev_cluster, isolated_ledger, slurm_call
         dirs = {r["name"]: r["job_dir"] for r in ledger.rows("jobs")}
     assert outputs(dirs["single"]).startswith("hello from n")
     assert "it's $(not) a `command` 12" in outputs(dirs["single"])
-    ranks = sorted(ln for ln in outputs(dirs["dist"]).splitlines() if ln.startswith("rank"))
+    ranks = sorted(ln for ln in LABEL.sub("", outputs(dirs["dist"])).splitlines() if ln.startswith("rank"))
     assert [ln.split()[1] for ln in ranks] == ["0", "1", "2", "3"]
     assert all(ln.endswith("of 4 n1") for ln in ranks)
     lines = sorted(outputs(dirs["arr"]).splitlines())

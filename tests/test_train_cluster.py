@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_job_spec, load_site
+from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
@@ -68,6 +69,7 @@ def test_two_node_layouts_match_a_single_process(dev_cluster, isolated_ledger, t
         for name, sub in subs.items():
             job = ledger.get("jobs", sub.ledger_ids[0])
             out = (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()
+            out = LABEL.sub("", out)  # srun --label's "3: "
             steps = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"step"')]
             expected = reference_losses(specs[name], STEPS)
             assert [s["step"] for s in steps] == list(range(1, STEPS + 1)), out[-2000:]

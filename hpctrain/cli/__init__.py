@@ -20,6 +20,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "submit": "hpctrain.cli.jobs:submit",
     "status": "hpctrain.cli.jobs:status",
     "show": "hpctrain.cli.jobs:show",
+    "logs": "hpctrain.cli.jobs:logs",
     "cancel": "hpctrain.cli.jobs:cancel",
     "reconcile": "hpctrain.cli.jobs:reconcile",
     "rerun": "hpctrain.cli.jobs:rerun",

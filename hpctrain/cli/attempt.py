@@ -29,6 +29,22 @@ def _context() -> tuple[Any, Any, Any]:
     return Journal(env.journal_dir), RunPolicy.of(spec), env
 
 
+def _log_position() -> dict[str, Any]:
+    """The job's log (Slurm's --output file, this process's stderr) and its size now: where this run's lines begin
+    (`hpctrain logs` marks it). Nothing when stderr is not a file."""
+    import os
+    import stat
+    from pathlib import Path
+
+    try:
+        log = os.fstat(2)
+        if stat.S_ISREG(log.st_mode):
+            return {"log": Path(os.readlink("/proc/self/fd/2")).name, "log_offset": log.st_size}
+    except OSError:
+        pass
+    return {}
+
+
 @click.group(hidden=True)
 def attempt() -> None:
     """Record the start and end of this run of the job (used by hpctrain's batch scripts)."""
@@ -44,7 +60,7 @@ def start() -> None:
     task, number = env.task_index, env.run_number
     history = [o for n, o in journal_outcomes(journal, task).items() if n < number]
     step = latest_committed_step(policy.checkpoint_dir(task))
-    journal.write("attempt_start", attempt=number, step=step)
+    journal.write("attempt_start", attempt=number, step=step, **_log_position())
     # A previous run that ended without its own record was requeued by Slurm (preemption with no grace,
     # node failure): the cap still applies. A run after a recorded stop was requeued by a person: it runs.
     if history and history[-1].cause is None:

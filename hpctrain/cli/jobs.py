@@ -235,6 +235,28 @@ def rerun(job: str, site: str | None) -> None:
 
 
 @click.command()
+@click.argument("job")
+@site_option
+@click.option("-f", "--follow", is_flag=True, help="go on printing lines as they are written until the job ends")
+@click.option("--task", type=click.IntRange(min=0), default=None, help="only this array task's log")
+@click.option("--attempt", type=click.IntRange(min=0), default=None, help="only this run's lines (see `show`)")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="only this rank's lines (a multi-task job)")
+def logs(job: str, site: str | None, follow: bool, task: int | None, attempt: int | None, rank: int | None) -> None:
+    """The output of JOB across its runs and array tasks, with a mark where each run began."""
+    from hpctrain.errors import HpctrainError
+    from hpctrain.jobs.logs import show_logs
+
+    cfg, ledger, client = open_site(site)
+    with ledger:
+        row = find_job(ledger, job)
+        if task is not None and not row["is_array"]:
+            raise HpctrainError(f"job {row['id']} is not an array: it has no task {task}")
+        if row["job_dir"] is None:
+            raise HpctrainError(f"job {row['id']} has no job directory (it was never submitted: {row['state']})")
+        show_logs(ledger, client, cfg.name, row, click.echo, task, attempt, rank, follow)
+
+
+@click.command()
 @click.argument("job", required=False)
 @site_option
 @click.option("--sweep", "sweep", help="cancel every job of this sweep")

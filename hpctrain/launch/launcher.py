@@ -22,8 +22,9 @@ def launch_env(site: SiteConfig, env: Mapping[str, str]) -> dict[str, str]:
 
 
 def srun_argv(command: list[str], python: str = sys.executable) -> list[str]:
-    """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim."""
-    return ["srun", "--kill-on-bad-exit=1", python, "-m", "hpctrain.launch.task", "--", *command]
+    """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim. Each line of
+    the log starts with its task's rank ("3: "), for `hpctrain logs --rank`."""
+    return ["srun", "--kill-on-bad-exit=1", "--label", python, "-m", "hpctrain.launch.task", "--", *command]
 
 
 def launch(site: SiteConfig, command: list[str], dry_run: bool = False) -> None:
