@@ -283,3 +283,26 @@ def test_dumped_spec_validates_to_the_same_spec(tmp_path):
     again = JobSpec.model_validate(spec.redacted())
     assert again == spec
     assert spec.redacted()["resources"]["time"] == "01:30:00" and spec.redacted()["resources"]["mem"] == "32768M"
+
+
+def test_dependencies_take_slurm_and_ledger_ids_as_integers_or_strings(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text('name = "d"\ncommand = ["true"]\n[dependency]\nafter = [1234, "1234_5"]\nafter_jobs = [3, "4"]\n')
+    dep = load_job_spec(path).dependency
+    assert (dep.after, dep.after_jobs) == (["1234", "1234_5"], [3, 4])
+    for bad, message in (("after_jobs = [0]", "dependency.after_jobs[0]: expected a number >= 1, got 0"),
+                         ('after_jobs = ["x"]', "dependency.after_jobs[0]: expected an integer, got 'x'"),
+                         ("after = [true]", "dependency.after[0]: expected a string, got True")):
+        path.write_text(f'name = "d"\ncommand = ["true"]\n[dependency]\n{bad}\n')
+        with pytest.raises(ConfigError) as err:
+            load_job_spec(path)
+        assert str(err.value) == f"{path}: {message}"
+
+
+def test_job_setup_lines_are_one_shell_line_each(tmp_path):
+    path = tmp_path / "setup.toml"
+    path.write_text('name = "s"\ncommand = ["true"]\nsetup = ["module load cuda/12.4", "source env.sh"]\n')
+    assert load_job_spec(path).setup == ["module load cuda/12.4", "source env.sh"]
+    path.write_text('name = "s"\ncommand = ["true"]\nsetup = ["module load a\\nrm -rf ~"]\n')
+    with pytest.raises(ConfigError, match=r"setup\[0\]: expected one shell line per item"):
+        load_job_spec(path)

@@ -144,3 +144,12 @@ def test_chunks_cover_every_index_once(n, limit, counts):
     covered = [c.offset + t for c in chunks for t in range(c.count)]
     assert covered == list(range(n))
     assert all(c.array_spec == f"0-{c.count - 1}%3" for c in chunks)
+
+
+def test_job_setup_runs_after_the_sites_and_before_the_command(site):
+    site = site.model_copy(update={"setup": ["module purge"]})
+    script = render_script(spec(setup=["module load cuda/12.4", "source $HOME/env.sh"]), site, PLACEMENT, FILES, "1")
+    order = [script.index(line) for line in ("module purge\n", "# The job's setup.\nmodule load cuda/12.4\n"
+                                              "source $HOME/env.sh\n", "export PATH=", "attempt start")]
+    assert order == sorted(order)
+    assert "# The job's setup." not in render_script(spec(), site, PLACEMENT, FILES, "1")

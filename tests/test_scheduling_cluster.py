@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.errors import ConfigError
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
@@ -89,20 +91,28 @@ def test_low_qos_job_is_requeued_by_a_high_job_and_status_shows_it(dev_cluster, 
     assert run_cli("cancel", str(low.ledger_ids[0])).returncode == 0
 
 
-def test_afterok_dependency_waits(dev_cluster, isolated_ledger):
-    first = submit(isolated_ledger, {"name": "first", "command": ["sleep", "3"], "launcher": "none",
-                                     "resources": {"mem": "100M", "time": "5"}})
-    second = submit(isolated_ledger, {"name": "second", "command": ["true"], "launcher": "none",
-                                      "resources": {"mem": "100M", "time": "5"},
-                                      "dependency": {"after": first.slurm_ids, "kind": "afterok"}})
+def test_afterok_dependency_waits_given_slurm_or_ledger_ids(dev_cluster, isolated_ledger):
+    """A dependency on a Slurm id (a TOML integer) or on a ledger id (a string), which submit turns into Slurm ids;
+    a ledger id that is not in the ledger is one line naming the key."""
+    quick = {"launcher": "none", "resources": {"mem": "100M", "time": "5"}}
+    first = submit(isolated_ledger, {"name": "first", "command": ["sleep", "3"], **quick})
+    second = submit(isolated_ledger, {"name": "second", "command": ["true"], **quick,
+                                      "dependency": {"after": [int(first.slurm_ids[0])], "kind": "afterok"}})
+    third = submit(isolated_ledger, {"name": "third", "command": ["true"], **quick,
+                                     "dependency": {"after_jobs": [str(first.ledger_ids[0])], "kind": "afterok"}})
+    with pytest.raises(ConfigError, match=r"^<test>: dependency\.after_jobs\[0\]: ledger job 99 is not in the ledger$"):
+        submit(isolated_ledger, {"name": "fourth", "command": ["true"], **quick, "dependency": {"after_jobs": [99]}})
     with Ledger(isolated_ledger) as ledger:
         poller = Poller(ledger, SlurmClient(), "dev")
 
-        def both_done():
+        def all_done():
             poller.refresh()
             rows = {r["name"]: r for r in job_summaries(ledger, "dev")}
             return rows if {r["state"] for r in rows.values()} == {"COMPLETED"} else None
 
-        rows = wait_until(both_done, 90, 1.0, "both jobs to complete")
+        rows = wait_until(all_done, 90, 1.0, "the jobs to complete")
+        script = Path(ledger.jobs.get(third.ledger_ids[0])["script_path"]).read_text()
+    assert f"#SBATCH --dependency=afterok:{first.slurm_ids[0]}\n" in script
     assert rows["second"]["started_at"] >= rows["first"]["ended_at"]
+    assert rows["third"]["started_at"] >= rows["first"]["ended_at"]
     assert second.slurm_ids != first.slurm_ids

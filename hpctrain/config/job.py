@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import AfterValidator, Field, FiniteFloat, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, model_validator
 
 from hpctrain.config.loading import Loc, StrictModel, load_model, validate
 from hpctrain.config.types import ENV_NAME, ExpandedPath, MiB, Seconds, SlurmName
@@ -23,6 +23,26 @@ def _slurm_job_id(value: str) -> str:
     if not re.fullmatch(r"[0-9]+(_[0-9]+)?", value):
         raise ValueError("expected a Slurm job id such as '1234' or '1234_5'")
     return value
+
+
+def _int_as_text(value: Any) -> Any:
+    """A job id written as a TOML integer (1234) reads as its digits ("1234")."""
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _text_as_int(value: Any) -> Any:
+    """A ledger id written as a string ("12") reads as the integer."""
+    return int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]{1,18}", value) else value
+
+
+def _shell_line(value: str) -> str:
+    if "\n" in value or "\r" in value:
+        raise ValueError("expected one shell line per item")
+    return value
+
+
+SlurmJobId = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_slurm_job_id)]
+LedgerId = Annotated[int, BeforeValidator(_text_as_int), Field(ge=1)]
 
 
 def _argv(value: list[str]) -> list[str]:
@@ -118,8 +138,9 @@ class ArraySpec(StrictModel):
 
 
 class Dependency(StrictModel):
-    after: list[Annotated[str, AfterValidator(_slurm_job_id)]] = Field(
-        default_factory=list, description="Slurm job ids this job waits for")
+    after: list[SlurmJobId] = Field(default_factory=list, description="Slurm job ids this job waits for")
+    after_jobs: list[LedgerId] = Field(default_factory=list, description=(
+        "ledger ids this job waits for (every chunk of each one's submission), resolved to Slurm ids at submit"))
     kind: Literal["afterok", "afterany", "afternotok"] = "afterok"
     singleton: bool = False
 
@@ -156,6 +177,8 @@ class JobSpec(StrictModel):
     command: Annotated[list[str], AfterValidator(_argv)] = Field(
         min_length=1, description="argv run once per task, e.g. ['python', 'train.py']")
     workdir: ExpandedPath | None = None
+    setup: list[Annotated[str, AfterValidator(_shell_line)]] = Field(default_factory=list, description=(
+        "shell lines run before the command, after the site's setup: `module load ...`, `source env.sh`"))
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)
     model: Model | None = None

@@ -137,6 +137,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "job_id": job_id,
         "directives": sbatch,
         "setup": site.setup,
+        "job_setup": spec.setup,
         "exports": exports(spec, site, job_id, files, chunk),
         "secret_names": spec.secret_names(),
         "secrets_file": shlex.quote(str(files.secrets_file(job_id))),

@@ -86,6 +86,7 @@ class Submitter:
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch."""
         placement = choose_placement(spec, self.site, self.client, self.user, where)
+        rendered = self._with_ledger_dependencies(spec, where)
         secret_values = secret_env(spec, where)
         if lineage is None and not dry_run:
             lineage = build_lineage(spec)
@@ -97,7 +98,7 @@ class Submitter:
         for chunk in chunks:
             after = previous if chunk and chunk.throttle else []
             if dry_run:
-                sub.scripts.append(render_script(spec, self.site, placement, files, "DRYRUN", chunk, after))
+                sub.scripts.append(render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after))
                 previous = ["DRYRUN"]
                 continue
             job_id = self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id, lineage, on_record)
@@ -106,7 +107,7 @@ class Submitter:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
                     files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
                     self._prepare_dir(files, spec, params)
-                script = render_script(spec, self.site, placement, files, str(job_id), chunk, after)
+                script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after)
                 sub.scripts.append(script)
                 path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
@@ -134,6 +135,22 @@ class Submitter:
             tmp = files.job_dir / ".params.jsonl.tmp"
             tmp.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in params))
             tmp.replace(files.params_file)
+
+    def _with_ledger_dependencies(self, spec: JobSpec, where: Path | str) -> JobSpec:
+        """The spec to render: its dependency.after_jobs (ledger ids) added to dependency.after as the Slurm ids of
+        every chunk of their submissions."""
+        dep = spec.dependency
+        if not dep.after_jobs:
+            return spec
+        slurm_ids = []
+        for n, job_id in enumerate(dep.after_jobs):
+            row = self.ledger.jobs.get(job_id)
+            ids = [r["slurm_job_id"] for r in self.ledger.jobs.in_group(row["group_id"]) if r["slurm_job_id"]] if row else []
+            if not ids:
+                why = "is not in the ledger" if row is None else f"was never submitted ({row['state']})"
+                raise ConfigError(format_problems(where, [(("dependency", "after_jobs", n), f"ledger job {job_id} {why}")]))
+            slurm_ids += ids
+        return spec.model_copy(update={"dependency": dep.model_copy(update={"after": [*dep.after, *slurm_ids]})})
 
     def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[dict[str, Any]],
                     group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None,
