@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from hpctrain.config import load_job_spec, load_site
+from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
@@ -77,7 +78,7 @@ def under_launch(spec: Path, workdir: Path) -> float:
         job = ledger.get("jobs", sub.ledger_ids[0])
     if job["state"] != "COMPLETED":
         raise SystemExit(f"benchmark job {sub.slurm_ids[0]} ended {job['state']}")
-    return median_step((Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text())
+    return median_step(LABEL.sub("", (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()))
 
 
 def main() -> None:

@@ -216,6 +216,7 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
     import sys
 
     from hpctrain.config.job import JobSpec
+    from hpctrain.jobs.logs import LABEL
     from hpctrain.jobs.poll import wait_finished
     from hpctrain.submit import Submitter
 
@@ -236,7 +237,7 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
     job = ledger.jobs.get(sub.ledger_ids[0])
     output = JobPaths(Path(job["job_dir"])).output(sub.slurm_ids[0])
     try:
-        lines = output.read_text().splitlines()
+        lines = LABEL.sub("", output.read_text()).splitlines()  # each task's lines start "<rank>: " (srun --label)
     except OSError as exc:
         return [Check("network", "FAIL", f"preflight job {sub.slurm_ids[0]} ended {state}: {exc.strerror}: {output}")]
     reports = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("PREFLIGHT ")]

@@ -11,7 +11,7 @@ import pytest
 
 from hpctrain.jobs.logs import LogView, RunStart
 
-from conftest import HPCTRAIN, run_cli
+from conftest import HPCTRAIN, REPO, run_cli
 
 FIRST = "setup\n0: run 0 rank 0\n1: run 0 rank 1\n"
 SECOND = "0: run 1 rank 0\n1: run 1 rank 1\n"
@@ -96,3 +96,17 @@ def test_a_requeued_job_logs_both_runs_followed_to_the_end(dev_cluster, isolated
 
     wrong = run_cli("logs", str(job), "--task", "2")
     assert wrong.returncode == 2 and wrong.stderr == f"hpctrain: error: job {job} is not an array: it has no task 2\n"
+
+
+@pytest.mark.slurm
+def test_an_arrays_logs_come_task_by_task(dev_cluster, isolated_ledger):
+    submitted = run_cli("submit", str(REPO / "tests" / "specs" / "array.toml"), "--array", "3", "--json", "--wait")
+    assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+    job = json.loads(submitted.stdout.splitlines()[0])["ledger_ids"][0]
+    lines = run_cli("logs", str(job)).stdout.splitlines()
+    headers = [line for line in lines if line.startswith("==> task ")]
+    assert [h.split(":")[0] for h in headers] == ["==> task 0", "==> task 1", "==> task 2"]
+    for task in range(3):
+        own = run_cli("logs", str(job), "--task", str(task)).stdout.splitlines()
+        assert own[0] == headers[task] and own[1].startswith("==> attempt 0 began ")
+        assert [line.split(" param ")[0] for line in own[2:]] == [f"task {task}"]
