@@ -27,6 +27,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     from hpctrain.errors import HpctrainError
     from hpctrain.cli.common import find_job, open_site
     from hpctrain.report import account_report, job_report, loss_summary, sweep_report
+    from hpctrain.report.collect import job_data
 
     if (target is None) == (account is None):
         raise click.UsageError("give a JOB (ledger id), a SWEEP (name) or --account [NAME]")
@@ -40,7 +41,8 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
             what = f"account-{account}" if account else "accounts"
         elif target.isascii() and target.isdigit():
             job_id = find_job(ledger, target)["id"]
-            html, what, summary = job_report(ledger, cfg, job_id), f"job-{target}", loss_summary(ledger, job_id)
+            data = job_data(ledger, job_id)  # read once: the page and the printed loss
+            html, what, summary = job_report(ledger, cfg, job_id, data), f"job-{target}", loss_summary(data)
         else:
             html, what = sweep_report(ledger, cfg, target), f"sweep-{target}"
     path = Path(out or f"report-{what}.html")

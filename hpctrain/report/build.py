@@ -20,10 +20,10 @@ MAX_LINES = 20  # curves in one plot; more would be unreadable
 MAX_LOSS_FACTS = 4  # curves whose first and last loss the facts give
 
 
-def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
+def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.JobData | None = None) -> str:
     """A job: facts, GPU-hours, attempts, environment (secrets redacted), and its loss, throughput,
-    checkpoint duration and data wait by step (one curve per array task)."""
-    data = collect.job_data(ledger, job_id)
+    checkpoint duration and data wait by step (one curve per array task); ``data``: the job's, if read already."""
+    data = data or collect.job_data(ledger, job_id)
     job, metrics = data.job, data.metrics
     loss = metrics.get("loss", {})
     facts = [
@@ -59,9 +59,9 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int) -> str:
     return render(f"job {job['id']}: {job['name']}", facts, plots, [attempts, env])
 
 
-def loss_summary(ledger: Ledger, job_id: int) -> list[str]:
+def loss_summary(data: collect.JobData) -> list[str]:
     """The job report's loss facts as lines ("loss: 5.545 at step 1 → 1.71 at step 400 (smoothed 1.74)")."""
-    return [f"{name}: {value}" for name, value in _loss_facts(collect.job_data(ledger, job_id).metrics.get("loss", {}))]
+    return [f"{name}: {value}" for name, value in _loss_facts(data.metrics.get("loss", {}))]
 
 
 def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
