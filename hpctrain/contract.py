@@ -146,6 +146,11 @@ class JobEnvironment:
         return self._int("SLURM_ARRAY_TASK_ID", -1)
 
     @property
+    def param_index(self) -> int:
+        """This array task's parameter set: its line in the job's params.jsonl; 0 outside an array."""
+        return max(self._int(PARAM_INDEX_ENV, 0), 0)
+
+    @property
     def restart_count(self) -> int:
         """How often Slurm has requeued this job (this Slurm id)."""
         return self._int("SLURM_RESTART_COUNT", 0)

@@ -42,6 +42,10 @@ class Jobs:
     def get(self, job_id: int) -> dict[str, Any] | None:
         return self.ledger.get("jobs", job_id)
 
+    def by_slurm_id(self, site: str, slurm_job_id: str) -> dict[str, Any] | None:
+        rows = self.ledger.rows("jobs", "site = ? AND slurm_job_id = ?", [site, slurm_job_id])
+        return rows[0] if rows else None
+
     def record(self, row: dict[str, Any], tasks: Iterable[dict[str, Any]] = ()) -> int:
         """A new submission's row, in state SUBMITTING, with its array tasks; the first job of a submission
         is its own group. Returns the ledger id."""

@@ -28,6 +28,7 @@ from hpctrain.submit.render import render_script, submission_tag
 
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
+OnFiles = Callable[[JobPaths], None]
 
 
 @dataclass
@@ -38,6 +39,8 @@ class Submission:
     scripts: list[str]
     ledger_ids: list[int] = field(default_factory=list)
     slurm_ids: list[str] = field(default_factory=list)
+    chunks: list[ArrayChunk | None] = field(default_factory=list)
+    files: JobPaths | None = None
 
     @property
     def group_id(self) -> int | None:
@@ -81,10 +84,12 @@ class Submitter:
         return list(plan_chunks(len(params), limit, spec.array.throttle))
 
     def submit(self, spec: JobSpec, where: Path | str, dry_run: bool = False, sweep_id: str | None = None,
-               lineage: dict[str, Any] | None = None, on_record: OnRecord | None = None) -> Submission:
+               lineage: dict[str, Any] | None = None, on_record: OnRecord | None = None,
+               on_files: OnFiles | None = None) -> Submission:
         """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
-        ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch."""
+        ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
+        ``on_files(paths)`` once the job directory is made, before the first sbatch."""
         placement = choose_placement(spec, self.site, self.client, self.user, where)
         rendered = self._with_ledger_dependencies(spec, where)
         secret_values = secret_env(spec, where)
@@ -107,6 +112,9 @@ class Submitter:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
                     files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
                     self._prepare_dir(files, spec, params)
+                    sub.files = files
+                    if on_files is not None:
+                        on_files(files)
                 script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after)
                 sub.scripts.append(script)
                 path = files.script(chunk.index if chunk else 0)
@@ -125,6 +133,7 @@ class Submitter:
                 raise
             sub.ledger_ids.append(job_id)
             sub.slurm_ids.extend(previous)
+            sub.chunks.append(chunk)
         return sub
 
     def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[dict[str, Any]]) -> None:
