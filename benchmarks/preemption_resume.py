@@ -41,6 +41,7 @@ from hpctrain.submit import Submitter
 from hpctrain.train.dataset import pack_token_dataset
 
 from _figures import figure
+from _preempt import HIGH, wait
 
 MODEL = {"layers": 4, "heads": 4, "hidden": 64, "vocab": 256, "seq_len": 32}
 SPEC = """\
@@ -71,21 +72,9 @@ workers = 1
 dir = "{ckpt}"
 every_steps = 20
 """
-HIGH = {"name": "bench-urgent", "command": ["sleep", "2"], "launcher": "none",
-        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
-                      "qos": "high", "account": "teama"}}
 ROWS = ("notice->step", "checkpoint", "requeue delay", "scheduling", "start-up: to main()", "start-up: engine",
         "load", "first step")
 SLURM_ROWS = {"requeue delay", "scheduling"}
-
-
-def wait(predicate, timeout: float, what: str):
-    end = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > end:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.5)
-    return value
 
 
 def kinds(journal: Journal, kind: str) -> list[dict]:

@@ -69,6 +69,10 @@ class JobPaths:
         found = {p: re.fullmatch(r"slurm-([0-9]+)\.out", p.name) for p in self.job_dir.glob("slurm-*.out")}
         return sorted((p for p, m in found.items() if m), key=lambda p: int(found[p][1]))
 
+    def call(self, index: int) -> Path:
+        """A submitted Python call (submitit's pickle), by array task parameter index (0 for a single job)."""
+        return self.job_dir / "calls" / f"{index}.pkl"
+
     def secrets_file(self, job_id: int | str) -> Path:
         """A ledger job's secret values, readable by the submitting user only (see hpctrain.secret_file)."""
         return self.job_dir / f"secrets-{job_id}.env"

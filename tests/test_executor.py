@@ -13,7 +13,7 @@ import pytest
 from submitit.core.utils import DelayedSubmission, pickle_load
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.function import call_file
+from hpctrain.contract import JobPaths
 from hpctrain.submit.executor import Executor
 
 from conftest import wait_until
@@ -37,9 +37,11 @@ def test_submitit_parameters_become_the_job_spec():
     assert (r.account, r.preemptible, spec.setup, spec.env["WANDB_MODE"].value) == \
         ("auto", True, ["module load cuda"], "offline")
     assert spec.command[-3:] == ["-u", "-m", "hpctrain.runtime.function"] and spec.array is None
-    ex.update_parameters(time="02:00:00", mem="512MB", array_parallelism=3)
+    ex = executor()
+    ex.update_parameters(time="02:00:00", mem="512MB", gpus_per_node=4, array_parallelism=3)
     many = ex.job_spec(10)
     assert (many.resources.time, many.resources.mem, many.array.count, many.array.throttle) == (7200, 512, 10, 3)
+    assert many.resources.ntasks_per_node == 1  # submitit's default: one task, whatever the GPUs
 
 
 @pytest.mark.parametrize("params, message", [
@@ -60,7 +62,7 @@ def test_a_bad_value_is_one_line_naming_the_field():
 
 
 def runner(job_dir: Path, delayed: DelayedSubmission, **env: str) -> subprocess.Popen:
-    call = call_file(job_dir, 0)
+    call = JobPaths(job_dir).call(0)
     call.parent.mkdir(parents=True, exist_ok=True)
     delayed.dump(call)
     environ = {**os.environ, "HPCTRAIN_JOB_DIR": str(job_dir), "SLURM_JOB_ID": JOB_ID, "SLURM_PROCID": "0",
@@ -100,9 +102,9 @@ def test_a_guarded_call_stops_at_its_step_boundary_and_resumes_from_its_checkpoi
     proc = runner(tmp_path, DelayedSubmission(Loop(60, progress, step_s=0.05)))
     stop_after(proc, progress, 5)
     assert outcome(tmp_path) is None
-    saved = DelayedSubmission.load(call_file(tmp_path, 0)).function
+    saved = DelayedSubmission.load(JobPaths(tmp_path).call(0)).function
     assert 5 <= saved.step == len(lines(progress)) < 60
-    again = runner(tmp_path, DelayedSubmission.load(call_file(tmp_path, 0)))
+    again = runner(tmp_path, DelayedSubmission.load(JobPaths(tmp_path).call(0)))
     assert again.wait(60) == 0
     assert outcome(tmp_path) == ("success", {"step": 60, "total": 60 * 61 // 2, "starts": [0, saved.step]})
     assert lines(progress) == list(range(1, 61))
@@ -114,7 +116,7 @@ def test_an_unguarded_checkpointable_is_checkpointed_at_once_as_submitit_does(tm
     progress = tmp_path / "progress"
     proc = runner(tmp_path, DelayedSubmission(Loop(60, progress, step_s=0.05, guarded=False)))
     stop_after(proc, progress, 5)
-    saved = DelayedSubmission.load(call_file(tmp_path, 0)).function
+    saved = DelayedSubmission.load(JobPaths(tmp_path).call(0)).function
     assert saved.step in (len(lines(progress)) - 1, len(lines(progress)))
     assert outcome(tmp_path) is None
 
@@ -125,7 +127,7 @@ def test_a_notice_before_the_call_starts_requeues_it_untouched(tmp_path):
     proc = runner(tmp_path, DelayedSubmission(Loop(10, progress)))
     assert proc.wait(60) == 0
     assert not progress.exists() and outcome(tmp_path) is None
-    assert DelayedSubmission.load(call_file(tmp_path, 0)).function.step == 0
+    assert DelayedSubmission.load(JobPaths(tmp_path).call(0)).function.step == 0
 
 
 def test_requeue_without_a_notice_is_an_error(tmp_path):

@@ -69,7 +69,7 @@ def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolat
     steps, progress = 200, tmp_path / "progress"
     ex = Executor(site="dev")
     ex.update_parameters(timeout_min=15, mem_gb=1, account="teama", preemptible=True, gpus_per_node=2,
-                         tasks_per_node=1, name="guarded-loop")
+                         name="guarded-loop")
     job = ex.submit(Loop(steps, progress))
     site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:

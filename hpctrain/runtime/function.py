@@ -2,7 +2,7 @@
 
     python -m hpctrain.runtime.function      (the job's command; every srun task runs it)
 
-The call is submitit's own pickle (a `DelayedSubmission`) in ``<job dir>/calls/<index>.pkl``, written
+The call is submitit's own pickle (a `DelayedSubmission`) at `JobPaths.call(index)`, written
 before sbatch (index: the array task's parameter index, else 0); its outcome goes where submitit's
 `Job.result()` reads it, under submitit's names, so the login side is plain submitit.
 
@@ -27,11 +27,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from hpctrain.contract import JOB_DIR_ENV, JobEnvironment
+from hpctrain.contract import JOB_DIR_ENV, JobEnvironment, JobPaths
 from hpctrain.runtime.guard import PreemptionGuard
-
-CALLS_DIR = "calls"
-
 
 class Requeue(BaseException):
     """Raised by `requeue()` (and, for a call that never asks `should_stop()`, by the notice itself) to end
@@ -74,10 +71,6 @@ def requeue() -> None:
     raise Requeue()
 
 
-def call_file(job_dir: Path, index: int) -> Path:
-    return job_dir / CALLS_DIR / f"{index}.pkl"
-
-
 def _save(outcome: str, value: Any, path: Path) -> None:
     from submitit.core import utils
 
@@ -110,7 +103,7 @@ def run(job: JobEnvironment) -> int:
     # submitit's own environment, for the call (`submitit.JobEnvironment()`) and for where results go.
     os.environ["SUBMITIT_EXECUTOR"], os.environ["SUBMITIT_FOLDER"] = "slurm", str(job.job_dir)
     env = SubmititEnvironment()
-    path = call_file(job.job_dir, job.param_index)
+    path = JobPaths(job.job_dir).call(job.param_index)
     result_path = env.paths.result_pickle
     _guard = guard = CallGuard(env.global_rank)
     try:

@@ -37,7 +37,6 @@ from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
-from hpctrain.runtime.function import call_file
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit.submitter import Submission, Submitter
 
@@ -167,6 +166,7 @@ class Executor(SlurmExecutor):
                 data[key] = _job_name(value) if key == "name" else value
             else:
                 data["resources"][key] = value
+        data["resources"].setdefault("tasks_per_node", 1)  # submitit's default, not hpctrain's one per GPU
         if count > 1:
             data.setdefault("array", {"count": count})
         return validate(JobSpec, data, WHERE)
@@ -177,7 +177,7 @@ class Executor(SlurmExecutor):
 
         def write_calls(files: JobPaths) -> None:
             for index, delayed in enumerate(delayed_submissions):
-                path = call_file(files.job_dir, index)
+                path = files.call(index)
                 path.parent.mkdir(exist_ok=True)
                 delayed.dump(path)
                 if index == 0 and path.stat().st_size * len(delayed_submissions) > self.max_pickle_size_gb * 1024**3:

@@ -1,0 +1,140 @@
+"""Plain submitit against hpctrain's executor: the same Python loop, preempted N times by QOS high jobs.
+
+    scripts/dev-cluster up && .venv/bin/python benchmarks/submitit_preemption.py [--preemptions 3] [--steps 300]
+
+The loop (``--steps`` steps of 0.1 s, one submitit `Checkpointable`, in QOS low on one node with 2 GPUs)
+runs three ways, one after another on the same cluster:
+  submitit, disk    plain `submitit.SlurmExecutor`; the loop saves its state to a file every 50 steps and
+                    `checkpoint()` resubmits it to resume from that file: what submitit's docs advise for
+                    a model (dump it in a standard format, do not pickle it), so the steps since the last
+                    save are recomputed
+  submitit, memory  plain submitit, `checkpoint()` pickles the loop's state as it is when the signal
+                    handler runs: the strongest a submitit user can do; the step under way runs again
+  hpctrain          `hpctrain.submit.executor.Executor`; the loop asks `should_stop()` after each step and
+                    calls `requeue()`: its `checkpoint()` is taken between two steps
+Each preemption comes a varying number of steps into a run. Per way: steps lost per preemption (steps
+run minus steps), wall time from submit to result, and that the result equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.ledger import Ledger
+from hpctrain.runtime.function import requeue, should_stop
+from hpctrain.submit import Submitter
+from hpctrain.submit.executor import Executor
+
+from _figures import figure
+from _preempt import HIGH, wait
+
+STEP_S = 0.1
+
+
+class Loop(submitit.helpers.Checkpointable):
+    """Sum 1..steps, a step each STEP_S; ``progress`` gets a line per step begun and one per run started.
+    ``save_every``: keep the state in ``state_file`` every that many steps and resume from it (else the
+    state lives in the object, pickled by checkpoint())."""
+
+    def __init__(self, steps: int, progress: Path, save_every: int = 0):
+        self.steps, self.progress, self.save_every = steps, progress, save_every
+        self.state = {"step": 0, "total": 0}
+
+    @property
+    def state_file(self) -> Path:
+        return self.progress.with_suffix(".state")
+
+    def __call__(self) -> dict[str, Any]:
+        if self.save_every and self.state_file.exists():
+            self.state = json.loads(self.state_file.read_text())
+        with self.progress.open("a") as f:
+            f.write(f"start {self.state['step']}\n")
+        while self.state["step"] < self.steps:
+            with self.progress.open("a") as f:
+                f.write(f"{self.state['step'] + 1}\n")
+            time.sleep(STEP_S)
+            step = self.state["step"] + 1
+            self.state = {"step": step, "total": self.state["total"] + step}
+            if self.save_every and step % self.save_every == 0:
+                self.state_file.write_text(json.dumps(self.state))
+            if should_stop():
+                requeue()
+        return self.state
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        if self.save_every:  # the model is not pickled: the next run reads the last save
+            self.state = {"step": 0, "total": 0}
+        return super().checkpoint(*args, **kwargs)
+
+
+def lines(progress: Path) -> list[str]:
+    return progress.read_text().splitlines() if progress.exists() else []
+
+
+def run_way(way: str, work: Path, steps: int, preemptions: int, site, ledger: Ledger) -> dict[str, Any]:
+    progress = work / f"{way.replace(', ', '-')}.progress"
+    loop = Loop(steps, progress, save_every=50 if way == "submitit, disk" else 0)
+    if way == "hpctrain":
+        ex: submitit.SlurmExecutor = Executor(site, ledger)
+        ex.update_parameters(time=20, mem="1GB", gpus_per_node=2, account="teama", preemptible=True,
+                             job_name="bench-loop")
+    else:
+        ex = submitit.SlurmExecutor(work / "submitit")
+        ex.update_parameters(time=20, mem="1GB", gpus_per_node=2, account="teama", qos="low", partition="gpu",
+                             job_name="bench-loop")
+    t0 = time.monotonic()
+    job = ex.submit(loop)
+    for k in range(preemptions):
+        starts = lambda: [ln for ln in lines(progress) if ln.startswith("start")]  # noqa: E731
+        wait(lambda: len(starts()) == k + 1, 300, f"{way}: run {k} to start")
+        begun = int(starts()[-1].split()[1])
+        target = begun + 17 + 11 * k  # a varying distance from the last periodic save
+        wait(lambda: int(lines(progress)[-1].split()[-1]) >= target, 300, f"{way}: run {k} to train")
+        Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+        wait(lambda: len(starts()) == k + 2, 300, f"{way}: preemption {k + 1} to resume")
+    result = job.result()
+    wall = time.monotonic() - t0
+    ran = [ln for ln in lines(progress) if not ln.startswith("start")]
+    return {"lost": (len(ran) - steps) / preemptions, "wall_s": wall,
+            "exact": result == {"step": steps, "total": steps * (steps + 1) // 2}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preemptions", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-submitit-"))
+    os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
+    site = load_site("dev")
+    found = {}
+    with Ledger(work / "ledger.db") as ledger:
+        for way in ("submitit, disk", "submitit, memory", "hpctrain"):
+            found[way] = run_way(way, work, args.steps, args.preemptions, site, ledger)
+            print(f"{way:17s} steps lost per preemption {found[way]['lost']:5.1f}   wall {found[way]['wall_s']:6.1f} s"
+                  f"   result exact: {found[way]['exact']}", flush=True)
+    ours, best = found["hpctrain"], min(found["submitit, disk"]["wall_s"], found["submitit, memory"]["wall_s"])
+    print(f"hpctrain wall / best plain submitit: {ours['wall_s'] / best:.2f}x "
+          f"(uninterrupted compute: {args.steps * STEP_S:.0f} s; median of the three: "
+          f"{statistics.median(f['wall_s'] for f in found.values()):.1f} s)")
+    figure("submitit loop: steps lost per preemption (hpctrain)", ours["lost"], "steps", goal="0",
+           met=ours["lost"] == 0 and ours["exact"])
+    figure("submitit loop: steps lost per preemption (plain submitit, disk saves every 50)",
+           found["submitit, disk"]["lost"], "steps")
+    figure("submitit loop: wall, hpctrain / best plain submitit", ours["wall_s"] / best, "x", goal="<= 1.0",
+           met=ours["wall_s"] <= best)
+
+
+if __name__ == "__main__":
+    main()
