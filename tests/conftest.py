@@ -14,6 +14,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 REPO = Path(__file__).resolve().parents[1]
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
+# A job spec taking every GPU of the dev cluster's three nodes in QOS high: whatever runs in QOS low is preempted.
+HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
+        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
+                      "qos": "high", "account": "teama"}}
 
 
 @pytest.fixture(scope="session")

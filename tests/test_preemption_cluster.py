@@ -19,7 +19,7 @@ from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
-from conftest import run_cli, wait_until
+from conftest import HIGH, run_cli, wait_until
 from report_helpers import mark_steps, pixels, plot_images, screenshot
 from train_helpers import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, straight_run, trainer_spec
 
@@ -30,9 +30,6 @@ STEPS = 300
 
 
 RESOURCES = {"nodes": 2, "gpus_per_node": 2, "mem": "2G", "time": "00:15:00", "account": "teama", "preemptible": True}
-HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
-        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
-                      "qos": "high", "account": "teama"}}
 
 
 def records(journal: Journal, kind: str) -> list[dict]:
@@ -52,13 +49,33 @@ def low_qos_grace(request, dev_cluster):
     set_grace(20)
 
 
-def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_ledger, tmp_path):
-    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
-    specs = {}
-    for name in ("preempted", "straight"):
-        specs[name] = tmp_path / f"{name}.toml"
-        specs[name].write_text(trainer_spec("gpt-preempt", seed=11, index=index, ckpt=tmp_path / f"ck-{name}",
-                                            every_steps=10, steps=STEPS, resources=RESOURCES))
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The data both grace variants train on, and the checkpoints of the run never preempted: made once, by the
+    first test that asks (during its run, after its preemptions), not per variant."""
+    work = tmp_path_factory.mktemp("straight")
+    index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
+
+    def spec(name: str) -> str:
+        return trainer_spec("gpt-preempt", seed=11, index=index, ckpt=work / f"ck-{name}", every_steps=10, steps=STEPS,
+                            resources=RESOURCES)
+
+    done: list[Path] = []
+
+    def checkpoints() -> Path:
+        if not done:
+            (work / "straight.toml").write_text(spec("straight"))
+            straight_run(work / "straight.toml", STEPS)
+            done.append(work / "ck-straight")
+        return done[0]
+
+    return spec, checkpoints
+
+
+def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, isolated_ledger, tmp_path):
+    spec, straight_checkpoints = straight
+    specs = {"preempted": tmp_path / "preempted.toml"}
+    specs["preempted"].write_text(spec(f"preempted-grace{low_qos_grace}"))
 
     site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
@@ -73,8 +90,8 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
             wait_until(lambda: len(records(journal, "requeue")) == k, 120, 0.5, f"preemption {k} to checkpoint and requeue")
 
-        # The run never preempted, the same layout and data, meanwhile under torchrun.
-        straight_run(specs["straight"], STEPS)
+        # The run never preempted, the same layout and data, meanwhile under torchrun (once for both variants).
+        straight_ckpt = straight_checkpoints()
 
         poller = Poller(ledger, SlurmClient.for_site(site), "dev")
 
@@ -88,7 +105,7 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, isolated_le
     requeues = records(journal, "requeue")
     assert [r["cause"] for r in requeues] == ["preemption"] * 3
     assert all(r["checkpointed"] for r in requeues)
-    assert_bitwise_equal(tmp_path / "ck-preempted", tmp_path / "ck-straight", STEPS)
+    assert_bitwise_equal(Path(load_job_spec(specs["preempted"]).checkpoint.dir), straight_ckpt, STEPS)
 
     # Every attempt, and why it ended, is in the ledger.
     assert run_cli("reconcile").returncode == 0

@@ -98,6 +98,11 @@ class PreemptionGuard:
         """'timeout', 'cancelled' or 'preemption' (see `stop_cause`)."""
         return stop_cause(self.job_now(), JobEnvironment().restart_count, self.timeout_margin_s)
 
+    def reinstall(self) -> None:
+        """Take the stop signals back from a framework that installed handlers of its own over this guard's."""
+        for s in STOP_SIGNALS:
+            signal.signal(s, self._handle)
+
     def uninstall(self) -> None:
         for s, handler in self._previous.items():
             signal.signal(s, handler)

@@ -1,0 +1,41 @@
+"""Hugging Face Transformers' `Trainer` under hpctrain: on a preemption or time-limit notice, save through
+the Trainer's own checkpointing at the step boundary and stop; the batch script requeues the job, and the
+next run resumes with ``resume_from_checkpoint``.
+
+    callback = HpctrainCallback()
+    trainer = Trainer(..., callbacks=[callback])
+    trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
+    if callback.stopped:
+        sys.exit(0)          # requeued: skip what follows training (evaluation, the final save)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_utils import get_last_checkpoint
+
+from hpctrain.runtime.guard import PreemptionGuard
+
+
+class HpctrainCallback(TrainerCallback):
+    """Asks hpctrain's guard after every optimizer step (collective: every rank stops at the same step);
+    on a notice the Trainer saves a checkpoint of that step (model, optimizer, scheduler, RNG, data
+    position) and stops. Build it in the main thread, before training: it installs the signal handlers."""
+
+    def __init__(self, guard: PreemptionGuard | None = None):
+        self.guard = guard or PreemptionGuard()
+        self.stopped = False
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    **kwargs: Any) -> TrainerControl:
+        if self.guard.should_stop():
+            control.should_save = control.should_training_stop = self.stopped = True
+        return control
+
+
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The Trainer's newest ``checkpoint-N`` in ``output_dir`` to resume from; None on a first run."""
+    return get_last_checkpoint(str(output_dir)) if os.path.isdir(output_dir) else None
