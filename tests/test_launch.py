@@ -1,11 +1,17 @@
 """hpctrain launch: rendezvous and task variables from Slurm's environment."""
 
+import os
+import shlex
+import subprocess
+
 import pytest
 
 from hpctrain.config import load_site
 from hpctrain.errors import HpctrainError
 from hpctrain.launch.launcher import launch_env, srun_argv
 from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
+
+from conftest import HPCTRAIN, REPO
 
 
 # every form `scontrol show hostnames` accepts (tests/test_launch_cluster.py compares the two)
@@ -71,3 +77,24 @@ def test_srun_runs_the_task_shim():
     argv = srun_argv(["python", "train.py", "--lr", "1e-3"], python="/venv/bin/python")
     assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
                     "python", "train.py", "--lr", "1e-3"]
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_rendered_container_launch_line_starts_the_shim_in_the_image(runtime):
+    """The golden script's `hpctrain launch ...` line, read back as the batch shell would, gives srun the pyxis
+    options, or runs the image's Python under `apptainer exec`."""
+    script = (REPO / "tests" / "golden" / f"container-distributed-{runtime}.sh").read_text()
+    line = next(ln for ln in script.splitlines() if " -m hpctrain launch " in ln)
+    args = shlex.split(line.rstrip(" &"))[4:]
+    env = {**os.environ, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    out = subprocess.run([*HPCTRAIN, "launch", "--dry-run", *args], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    shim = ["/usr/bin/python3", "-m", "hpctrain.launch.task", "--", "python", "train.py", "--config", "run 1.yaml"]
+    mounts = "/shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw,/datasets/imagenet:/data:ro"
+    if runtime == "pyxis":
+        assert argv == ["srun", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3", f"--container-mounts={mounts}",
+                        "--container-workdir=/home/alice/proj", "--kill-on-bad-exit=1", "--label", *shim]
+    else:
+        assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "apptainer", "exec", "--nv", "--bind", mounts,
+                        "--pwd", "/home/alice/proj", "nvcr.io#nvidia/pytorch:24.05-py3", *shim]

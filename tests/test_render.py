@@ -9,6 +9,7 @@ import pytest
 
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.config.site import Containers
 from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
@@ -42,6 +43,30 @@ def test_golden_scripts(site, name, chunk, after):
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(script)
     assert script == golden.read_text()
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+@pytest.mark.parametrize("name", ["container-distributed", "container-single"])
+def test_golden_container_scripts(site, runtime, name):
+    """pyxis options on the srun line (never #SBATCH), Apptainer as the tasks' prefix; hpctrain's task shim runs
+    in the image with its Python; the job directory, the site's binds and the spec's mounts are mounted."""
+    site.launch.python = Path("/opt/hpctrain/bin/python")
+    site._source = Path("/etc/hpctrain/sites/dev.toml")
+    site.containers = Containers(runtime=runtime, binds=["/lustre", "/scratch:/scratch:rw"], python="/usr/bin/python3")
+    script = render_script(load_job_spec(SPECS / f"{name}.toml"), site, PLACEMENT, FILES, "42")
+    golden = GOLDEN / f"{name}-{runtime}.sh"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text()
+    assert not any("container" in line for line in sbatch_lines(script))
+
+
+def test_a_container_needs_a_runtime_and_pyxis_needs_srun(site):
+    with pytest.raises(ConfigError, match="^container.image: site dev has no container runtime"):
+        render_script(spec(container={"image": "/i.sif"}), site, PLACEMENT, FILES, "1")
+    site.containers = Containers(runtime="pyxis")
+    with pytest.raises(ConfigError, match="launcher must be 'srun'"):
+        render_script(spec(container={"image": "ubuntu:24.04"}, launcher="none"), site, PLACEMENT, FILES, "1")
 
 
 def spec(**overrides) -> JobSpec:

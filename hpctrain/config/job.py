@@ -12,7 +12,7 @@ from typing import Annotated, Any, Iterator, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, model_validator
 
 from hpctrain.config.loading import Loc, StrictModel, load_model, validate
-from hpctrain.config.types import ENV_NAME, ExpandedPath, MiB, Seconds, SlurmName
+from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName
 from hpctrain.contract import PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -172,6 +172,15 @@ class EnvVar(StrictModel):
         return self
 
 
+class Container(StrictModel):
+    """The image the job's tasks run in, with the site's runtime (site `[containers]`)."""
+
+    image: ImageRef = Field(description="pyxis: an enroot image ('nvcr.io#nvidia/pytorch:24.05-py3') or .sqsh file; "
+                                        "Apptainer: a .sif file or a sandbox directory")
+    mounts: list[BindPath] = Field(default_factory=list, description="more host paths, after the site's binds")
+    workdir: ExpandedPath | None = Field(None, description="inside the container (default: the job's workdir)")
+
+
 class JobSpec(StrictModel):
     name: str = Field(pattern=JOB_NAME)
     command: Annotated[list[str], AfterValidator(_argv)] = Field(
@@ -188,6 +197,7 @@ class JobSpec(StrictModel):
     seed: int = 0
     env: dict[str, EnvVar] = Field(default_factory=dict)
     launcher: Literal["srun", "none"] = Field("srun", description="srun: one task per GPU; none: run once")
+    container: Container | None = None
     requeue: bool = Field(True, description="let Slurm requeue the job after preemption or node failure")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     array: ArraySpec | None = None

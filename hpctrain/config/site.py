@@ -12,8 +12,8 @@ from pydantic import Field, FiniteFloat, PrivateAttr
 from hpctrain.bundled import data_dir
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
-from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, ExpandedPath, FileMode, MiB, Seconds,
-                                   SlurmName)
+from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, BindPath, ExpandedPath, FileMode, MiB,
+                                   Seconds, SlurmName)
 from hpctrain.errors import ConfigError
 
 
@@ -80,6 +80,16 @@ class Launch(StrictModel):
     master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
 
 
+class Containers(StrictModel):
+    """How jobs that name a container image run on this cluster."""
+
+    runtime: Literal["pyxis", "apptainer"] | None = Field(
+        None, description="pyxis/enroot (srun --container-*) or Apptainer (apptainer exec); None: no containers")
+    binds: list[BindPath] = Field(default_factory=list, description="host paths every container sees: src[:dst[:ro]]")
+    apptainer: str = Field("apptainer", description="the apptainer command on the compute nodes")
+    python: str = Field("python3", description="the Python inside images, with hpctrain installed")
+
+
 class SiteConfig(StrictModel):
     name: SlurmName
     description: str = ""
@@ -95,6 +105,7 @@ class SiteConfig(StrictModel):
     setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
     gpu_hour_price: dict[str, FiniteFloat] = Field(default_factory=dict, description="per partition")
     launch: Launch = Field(default_factory=Launch)
+    containers: Containers = Field(default_factory=Containers)
     alerts: Alerts = Field(default_factory=Alerts)
     templates_dir: ExpandedPath | None = None
     _source: Path | None = PrivateAttr(None)

@@ -23,6 +23,21 @@ def check_slurm_name(value: str) -> str:
     return value
 
 
+def check_bind_path(value: str) -> str:
+    """A container mount 'src[:dst[:ro|rw]]' of absolute paths (pyxis and Apptainer both join them with commas)."""
+    parts = value.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.startswith("/") for p in parts[:2]) or \
+            (len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[,\s]", value):
+        raise ValueError("expected 'src[:dst[:ro|rw]]' with absolute paths and no commas or spaces")
+    return value
+
+
+def check_image(value: str) -> str:
+    if not value or re.search(r"\s", value):
+        raise ValueError("expected a container image: a path or an image reference, without spaces")
+    return value
+
+
 def check_file_mode(value: int) -> int:
     if not 0 <= value <= 0o777:
         raise ValueError("expected permission bits from 0o000 to 0o777, such as 0o640")
@@ -93,3 +108,5 @@ MiB = Annotated[int, BeforeValidator(parse_memory), PlainSerializer(lambda mb: f
 ExpandedPath = Annotated[Path, BeforeValidator(expand_path)]
 SlurmName = Annotated[str, AfterValidator(check_slurm_name)]
 FileMode = Annotated[int, AfterValidator(check_file_mode)]  # TOML: 0o640
+BindPath = Annotated[str, AfterValidator(check_bind_path)]
+ImageRef = Annotated[str, AfterValidator(check_image)]

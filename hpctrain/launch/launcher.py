@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.contract import JobEnvironment
@@ -21,16 +21,20 @@ def launch_env(site: SiteConfig, env: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def srun_argv(command: list[str], python: str = sys.executable) -> list[str]:
-    """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim. Each line of
-    the log starts with its task's rank ("3: "), for `hpctrain logs --rank`."""
-    return ["srun", "--kill-on-bad-exit=1", "--label", python, "-m", "hpctrain.launch.task", "--", *command]
+def srun_argv(command: list[str], python: str = sys.executable, srun_options: Sequence[str] = (),
+              inside: Sequence[str] = ()) -> list[str]:
+    """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim, under
+    ``inside`` (a container's `apptainer exec ... IMAGE`; pyxis comes as ``srun_options``). Each line of the log
+    starts with its task's rank ("3: "), for `hpctrain logs --rank`."""
+    return ["srun", *srun_options, "--kill-on-bad-exit=1", "--label", *inside, python, "-m", "hpctrain.launch.task",
+            "--", *command]
 
 
-def launch(site: SiteConfig, command: list[str], dry_run: bool = False) -> None:
+def launch(site: SiteConfig, command: list[str], dry_run: bool = False, python: str = sys.executable,
+           srun_options: Sequence[str] = (), inside: Sequence[str] = ()) -> None:
     """Record the launch environment in the job's journal, then exec srun (signals then reach srun directly)."""
     extra = launch_env(site, os.environ)
-    argv = srun_argv(command)
+    argv = srun_argv(command, python, srun_options, inside)
     network = {k: extra[k] for k in site.network_env}
     summary = " ".join(f"{k}={v}" for k, v in extra.items())
     print(f"hpctrain launch: {summary}", file=sys.stderr)

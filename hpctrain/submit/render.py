@@ -22,6 +22,7 @@ from hpctrain.config.types import format_slurm_time
 from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk
+from hpctrain.submit.container import container_wrap
 from hpctrain.submit.placement import Placement
 
 TEMPLATE_DIR = data_dir("sbatch_templates")
@@ -131,6 +132,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)
     python = Path(site.launch.python or sys.executable)
+    wrap = container_wrap(spec, site, files)
     context = {
         "version": __version__,
         "name": spec.name,
@@ -146,6 +148,10 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "command": shlex.join(spec.command),
         "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
         "launcher": spec.launcher,
+        # Each ends with a space when set, so a job without a container renders as before.
+        "container_srun": "".join(shlex.quote(o) + " " for o in wrap.srun_options) if wrap else "",
+        "container_prefix": shlex.join(wrap.prefix) + " " if wrap and wrap.prefix else "",
+        "launch_options": shlex.join(wrap.launch_options()) + " " if wrap else "",
         "hpctrain": shlex.join([str(python), "-m", "hpctrain"]),
         "python_bin": shlex.quote(str(python.parent)),
     }
