@@ -87,6 +87,8 @@ class Containers(StrictModel):
         None, description="pyxis/enroot (srun --container-*) or Apptainer (apptainer exec); None: no containers")
     binds: list[BindPath] = Field(default_factory=list, description="host paths every container sees: src[:dst[:ro]]")
     apptainer: str = Field("apptainer", description="the apptainer command on the compute nodes")
+    apptainer_options: list[str] = Field(default_factory=list, description=(
+        "more `apptainer exec` options, e.g. --cleanenv, or --no-privs where root may not hold every capability"))
     python: str = Field("python3", description="the Python inside images, with hpctrain installed")
 
 

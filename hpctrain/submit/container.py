@@ -50,5 +50,6 @@ def container_wrap(spec: JobSpec, site: SiteConfig, files: JobPaths) -> Wrap | N
         return Wrap([f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}",
                      *([f"--container-workdir={workdir}"] if workdir else [])], python=python)
     gpus = ["--nv"] if spec.resources.gpus_per_node else []
-    return Wrap(prefix=[site.containers.apptainer, "exec", *gpus, "--bind", ",".join(mounts),
+    return Wrap(prefix=[site.containers.apptainer, "exec", *site.containers.apptainer_options, *gpus,
+                        "--bind", ",".join(mounts),
                         *(["--pwd", str(workdir)] if workdir else []), c.image], python=python)
