@@ -42,6 +42,9 @@ def test_submitit_parameters_become_the_job_spec():
     many = ex.job_spec(10)
     assert (many.resources.time, many.resources.mem, many.array.count, many.array.throttle) == (7200, 512, 10, 3)
     assert many.resources.ntasks_per_node == 1  # submitit's default: one task, whatever the GPUs
+    ex.update_parameters(dependency="afterany:123:456_7")
+    assert ex.job_spec(1).dependency.model_dump(include={"kind", "after"}) == {"kind": "afterany",
+                                                                             "after": ["123", "456_7"]}
 
 
 @pytest.mark.parametrize("params, message", [
@@ -142,3 +145,23 @@ def test_should_stop_is_false_outside_a_submitted_call():
     from hpctrain.runtime.function import should_stop
 
     assert should_stop() is False
+
+
+def test_waiting_outlives_a_slurm_outage(tmp_path, monkeypatch, caplog):
+    """As submitit's watcher: a poll that cannot reach Slurm warns and leaves the states as they were."""
+    from hpctrain.errors import SlurmError
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.ledger import Ledger
+    from hpctrain.slurm.client import SlurmClient
+    from hpctrain.submit.executor import LedgerWatcher
+
+    def down(self):
+        raise SlurmError("sacct: error: Problem talking to the database")
+
+    monkeypatch.setattr(Poller, "refresh", down)
+    watcher, site = LedgerWatcher(), executor().site
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        watcher.track("123", ledger, SlurmClient.for_site(site), site.name)
+        watcher.update()
+        assert watcher.get_state("123", mode="cache") == "UNKNOWN" and not watcher.is_done("123", mode="cache")
+    assert "Problem talking to the database" in caplog.text

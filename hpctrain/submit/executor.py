@@ -26,6 +26,7 @@ import shlex
 import time
 from typing import Any
 
+from submitit.core import logger
 from submitit.core import utils as submitit_utils
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
@@ -34,7 +35,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import validate
 from hpctrain.config.site import SiteConfig
 from hpctrain.contract import JobPaths
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
@@ -46,6 +47,7 @@ SUBMITIT_FIELDS = {
     "job_name": "name", "partition": "partition", "time": "time", "nodes": "nodes",
     "ntasks_per_node": "tasks_per_node", "cpus_per_task": "cpus_per_task", "gpus_per_node": "gpus_per_node",
     "mem": "mem", "qos": "qos", "account": "account", "setup": "setup", "array_parallelism": "array.throttle",
+    "dependency": "dependency",
 }
 # hpctrain's own parameters: the job spec's fields of the same names.
 HPCTRAIN_FIELDS = {"preemptible": "preemptible", "requeue": "requeue", "env": "env", "workdir": "workdir"}
@@ -78,7 +80,10 @@ class LedgerWatcher(SlurmInfoWatcher):
         waiting = self._registered - self._finished
         for poller in {id(p): p for p in map(self._poller, waiting)}.values():
             self._num_calls += 1
-            poller.refresh()
+            try:
+                poller.refresh()
+            except HpctrainError as exc:  # as submitit's watcher: a wait outlives a Slurm outage
+                logger.get_logger().warning(f"hpctrain: job states not refreshed: {exc}")
         for job_id in waiting:
             poller = self._poller(job_id)
             self._info_dict[job_id] = {"State": ledger_state(poller.ledger, poller.site, job_id)}
@@ -162,6 +167,9 @@ class Executor(SlurmExecutor):
             if key == "array.throttle":
                 if count > 1:
                     data["array"] = {"count": count, "throttle": value}
+            elif key == "dependency":  # sbatch's form, as submitit passes it: 'afterok:123:456'
+                kind, *after = str(value).split(":")
+                data["dependency"] = {"kind": kind, "after": after}
             elif key in ("name", "setup", "requeue", "env", "workdir"):
                 data[key] = _job_name(value) if key == "name" else value
             else:
