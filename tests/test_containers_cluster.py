@@ -70,7 +70,7 @@ def test_a_guarded_loop_in_the_image_is_preempted_and_resumes(dev_cluster, isola
     state = tmp_path / "state"
     loop = REPO / "scripts" / "examples" / "guarded_loop.py"
     spec = JobSpec.model_validate({
-        "name": "loop-in-apptainer", "command": [sys.executable, str(loop), str(state), "150"],
+        "name": "loop-in-apptainer", "command": [sys.executable, str(loop), str(state), "60"],
         "resources": {"gpus_per_node": 2, "tasks_per_node": 1, "mem": "1G", "time": "00:10:00", "account": "teama",
                       "preemptible": True},
         "container": {"image": str(image), "mounts": [str(tmp_path)]}})
@@ -85,7 +85,7 @@ def test_a_guarded_loop_in_the_image_is_preempted_and_resumes(dev_cluster, isola
         wait_until(lambda: any(r["requeued"] for r in ends()), 120, 0.5, "the preempted loop to requeue")
         assert finish(ledger, job["id"], timeout=180) == "COMPLETED"
     assert [r["cause"] for r in ends()] == ["preemption", "completed"]
-    assert json.loads(state.read_text()) == {"step": 150, "total": 150 * 151 // 2}
+    assert json.loads(state.read_text()) == {"step": 60, "total": 60 * 61 // 2}
     logs = run_cli("logs", str(job["id"]))
     assert logs.returncode == 0, logs.stderr
     assert "==> attempt 0 began" in logs.stdout and "==> attempt 1 began" in logs.stdout

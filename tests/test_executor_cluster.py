@@ -66,7 +66,7 @@ def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolat
     """A guarded `Checkpointable` in the preemptible QOS, preempted by two high jobs: each notice stops it at a step
     boundary, its checkpoint() is the next run's call, and it ends with every step run exactly once and the
     result of a run never preempted."""
-    steps, progress = 200, tmp_path / "progress"
+    steps, progress = 120, tmp_path / "progress"
     ex = Executor(site="dev")
     ex.update_parameters(timeout_min=15, mem_gb=1, account="teama", preemptible=True, gpus_per_node=2,
                          name="guarded-loop")

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow,
               pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason="host's Slurm only (see the docstring)")]
 
 EXAMPLES = REPO / "scripts" / "examples"
-STEPS = 100
+STEPS = 60
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
