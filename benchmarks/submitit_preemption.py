@@ -13,7 +13,14 @@ runs three ways, one after another on the same cluster:
   hpctrain          `hpctrain.submit.executor.Executor`; the loop asks `should_stop()` after each step and
                     calls `requeue()`: its `checkpoint()` is taken between two steps
 Each preemption comes a varying number of steps into a run. Per way: steps lost per preemption (steps
-run minus steps), wall time from submit to result, and that the result equals an uninterrupted run's.
+run minus steps), preemption to the first resumed step (from the high job's submission to the end of the
+next run's first step began; Slurm's requeue delay, 10 s here before 25.11, is most of it), wall time from
+submit to result, and that the result equals an uninterrupted run's.
+
+Then the cost of watching: ``--watch`` calls (default 1,000) of a function that sleeps, as one
+`map_array` each way, held behind a blocker job so none runs, and every job's `done()` asked once a
+second for ``--watch-s`` seconds, as a user's wait loop does: sacct calls per minute, counted by a
+wrapper on PATH, plain submitit (its own watcher) against hpctrain (the ledger's poller).
 """
 
 from __future__ import annotations
@@ -21,11 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import submitit
 
@@ -40,10 +49,14 @@ from _figures import figure
 from _preempt import HIGH, wait
 
 STEP_S = 0.1
+# Holds the watched arrays (afterok) without taking a node's GPUs from anything else.
+BLOCKER = {"name": "bench-blocker", "command": ["sleep", "3600"], "launcher": "none",
+           "resources": {"mem": "100M", "time": "01:05:00", "account": "teama"}}
 
 
 class Loop(submitit.helpers.Checkpointable):
-    """Sum 1..steps, a step each STEP_S; ``progress`` gets a line per step begun and one per run started.
+    """Sum 1..steps, a step each STEP_S; ``progress`` gets a line per step begun (its number and when) and one
+    per run started.
     ``save_every``: keep the state in ``state_file`` every that many steps and resume from it (else the
     state lives in the object, pickled by checkpoint())."""
 
@@ -59,10 +72,10 @@ class Loop(submitit.helpers.Checkpointable):
         if self.save_every and self.state_file.exists():
             self.state = json.loads(self.state_file.read_text())
         with self.progress.open("a") as f:
-            f.write(f"start {self.state['step']}\n")
+            f.write(f"start {self.state['step']} {time.time()}\n")
         while self.state["step"] < self.steps:
             with self.progress.open("a") as f:
-                f.write(f"{self.state['step'] + 1}\n")
+                f.write(f"{self.state['step'] + 1} {time.time()}\n")
             time.sleep(STEP_S)
             step = self.state["step"] + 1
             self.state = {"step": step, "total": self.state["total"] + step}
@@ -82,6 +95,10 @@ def lines(progress: Path) -> list[str]:
     return progress.read_text().splitlines() if progress.exists() else []
 
 
+def last_step(progress: Path) -> int:
+    return next((int(ln.split()[0]) for ln in reversed(lines(progress)) if not ln.startswith("start")), 0)
+
+
 def run_way(way: str, work: Path, steps: int, preemptions: int, site, ledger: Ledger) -> dict[str, Any]:
     progress = work / f"{way.replace(', ', '-')}.progress"
     loop = Loop(steps, progress, save_every=50 if way == "submitit, disk" else 0)
@@ -93,27 +110,64 @@ def run_way(way: str, work: Path, steps: int, preemptions: int, site, ledger: Le
         ex = submitit.SlurmExecutor(work / "submitit")
         ex.update_parameters(time=20, mem="1GB", gpus_per_node=2, account="teama", qos="low", partition="gpu",
                              job_name="bench-loop")
-    t0 = time.monotonic()
+    t0, resumes = time.monotonic(), []
     job = ex.submit(loop)
     for k in range(preemptions):
         starts = lambda: [ln for ln in lines(progress) if ln.startswith("start")]  # noqa: E731
         wait(lambda: len(starts()) == k + 1, 300, f"{way}: run {k} to start")
-        begun = int(starts()[-1].split()[1])
+        begun = int(starts()[-1].split()[1])  # "start STEP TIME"
         target = begun + 17 + 11 * k  # a varying distance from the last periodic save
-        wait(lambda: int(lines(progress)[-1].split()[-1]) >= target, 300, f"{way}: run {k} to train")
+        wait(lambda: last_step(progress) >= target, 300, f"{way}: run {k} to train")
+        preempted_at = time.time()
         Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
-        wait(lambda: len(starts()) == k + 2, 300, f"{way}: preemption {k + 1} to resume")
+        wait(lambda: len(starts()) == k + 2 and not lines(progress)[-1].startswith("start"), 300,
+             f"{way}: preemption {k + 1} to resume")
+        resumes.append(float(lines(progress)[-1].split()[1]) - preempted_at)
     result = job.result()
     wall = time.monotonic() - t0
     ran = [ln for ln in lines(progress) if not ln.startswith("start")]
-    return {"lost": (len(ran) - steps) / preemptions, "wall_s": wall,
+    return {"lost": (len(ran) - steps) / preemptions, "wall_s": wall, "resume_s": statistics.median(resumes),
             "exact": result == {"step": steps, "total": steps * (steps + 1) // 2}}
+
+
+def sacct_counter(work: Path) -> Callable[[], int]:
+    """A wrapper of sacct first on PATH (for this process and what it starts) that counts its calls."""
+    bin_dir, log = work / "bin", work / "sacct.calls"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "sacct"
+    wrapper.write_text(f'#!/bin/sh\necho >> {log}\nexec {shutil.which("sacct")} "$@"\n')
+    wrapper.chmod(0o755)
+    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    return lambda: len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def watch_cost(way: str, work: Path, count: int, seconds: float, site, ledger: Ledger, calls: Callable[[], int],
+               blocker: str) -> float:
+    """sacct calls per minute while ``count`` held calls are waited on one way."""
+    if way == "hpctrain":
+        ex: submitit.SlurmExecutor = Executor(site, ledger)
+        ex.update_parameters(account="teama", preemptible=False)
+    else:
+        ex = submitit.SlurmExecutor(work / "submitit-watch")
+        ex.update_parameters(account="teama", qos="normal", partition="gpu")
+    ex.update_parameters(time=5, mem="100MB", job_name="bench-watch", dependency=f"afterok:{blocker}")
+    jobs = ex.map_array(time.sleep, [1] * count)
+    before, t0 = calls(), time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        assert not any(j.done() for j in jobs)
+        time.sleep(1)
+    per_minute = (calls() - before) * 60 / (time.monotonic() - t0)
+    for job_id in {j.job_id.split("_")[0] for j in jobs}:
+        subprocess.run(["scancel", job_id], check=True)
+    return per_minute
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preemptions", type=int, default=3)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--watch", type=int, default=1000, help="calls waited on for the sacct count")
+    parser.add_argument("--watch-s", type=float, default=60.0)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-submitit-"))
     os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
@@ -122,8 +176,18 @@ def main() -> None:
     with Ledger(work / "ledger.db") as ledger:
         for way in ("submitit, disk", "submitit, memory", "hpctrain"):
             found[way] = run_way(way, work, args.steps, args.preemptions, site, ledger)
-            print(f"{way:17s} steps lost per preemption {found[way]['lost']:5.1f}   wall {found[way]['wall_s']:6.1f} s"
-                  f"   result exact: {found[way]['exact']}", flush=True)
+            f = found[way]
+            print(f"{way:17s} steps lost per preemption {f['lost']:5.1f}   preemption to first resumed step "
+                  f"{f['resume_s']:5.1f} s (median)   wall {f['wall_s']:6.1f} s   result exact: {f['exact']}", flush=True)
+        calls = sacct_counter(work)
+        blocker = Submitter(site, ledger).submit(JobSpec.model_validate(BLOCKER), "<blocker>").slurm_ids[0]
+        try:
+            watched = {way: watch_cost(way, work, args.watch, args.watch_s, site, ledger, calls, blocker)
+                       for way in ("submitit", "hpctrain")}
+        finally:
+            subprocess.run(["scancel", blocker], check=True)
+        for way, per_minute in watched.items():
+            print(f"{way:17s} sacct calls per minute while {args.watch} calls are waited on: {per_minute:.1f}")
     ours, best = found["hpctrain"], min(found["submitit, disk"]["wall_s"], found["submitit, memory"]["wall_s"])
     print(f"hpctrain wall / best plain submitit: {ours['wall_s'] / best:.2f}x "
           f"(uninterrupted compute: {args.steps * STEP_S:.0f} s; median of the three: "
@@ -134,6 +198,9 @@ def main() -> None:
            found["submitit, disk"]["lost"], "steps")
     figure("submitit loop: wall, hpctrain / best plain submitit", ours["wall_s"] / best, "x", goal="<= 1.0",
            met=ours["wall_s"] <= best)
+    figure(f"watching {args.watch} calls: sacct calls per minute, hpctrain / plain submitit",
+           watched["hpctrain"] / max(watched["submitit"], 1e-9), "x", goal="<= 1.0",
+           met=watched["hpctrain"] <= watched["submitit"])
 
 
 if __name__ == "__main__":
