@@ -149,7 +149,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
         "launcher": spec.launcher,
         # Each ends with a space when set, so a job without a container renders as before.
-        "container_srun": "".join(shlex.quote(o) + " " for o in wrap.srun_options) if wrap else "",
+        "container_srun": shlex.join(wrap.srun_options) + " " if wrap and wrap.srun_options else "",
         "container_prefix": shlex.join(wrap.prefix) + " " if wrap and wrap.prefix else "",
         "launch_options": shlex.join(wrap.launch_options()) + " " if wrap else "",
         "hpctrain": shlex.join([str(python), "-m", "hpctrain"]),
