@@ -110,7 +110,7 @@ def run_way(way: str, work: Path, steps: int, preemptions: int, site, ledger: Le
         ex = submitit.SlurmExecutor(work / "submitit")
         ex.update_parameters(time=20, mem="1GB", gpus_per_node=2, account="teama", qos="low", partition="gpu",
                              job_name="bench-loop")
-    t0, resumes = time.monotonic(), []
+    t0, submitted, resumes = time.monotonic(), time.time(), []
     job = ex.submit(loop)
     for k in range(preemptions):
         starts = lambda: [ln for ln in lines(progress) if ln.startswith("start")]  # noqa: E731
@@ -124,9 +124,11 @@ def run_way(way: str, work: Path, steps: int, preemptions: int, site, ledger: Le
              f"{way}: preemption {k + 1} to resume")
         resumes.append(float(lines(progress)[-1].split()[1]) - preempted_at)
     result = job.result()
-    wall = time.monotonic() - t0
+    wall, returned = time.monotonic() - t0, time.time()
     ran = [ln for ln in lines(progress) if not ln.startswith("start")]
     return {"lost": (len(ran) - steps) / preemptions, "wall_s": wall, "resume_s": statistics.median(resumes),
+            "start_s": float(ran[0].split()[1]) - submitted,
+            "result_s": returned - float(ran[-1].split()[1]) - STEP_S,
             "exact": result == {"step": steps, "total": steps * (steps + 1) // 2}}
 
 
@@ -178,7 +180,8 @@ def main() -> None:
             found[way] = run_way(way, work, args.steps, args.preemptions, site, ledger)
             f = found[way]
             print(f"{way:17s} steps lost per preemption {f['lost']:5.1f}   preemption to first resumed step "
-                  f"{f['resume_s']:5.1f} s (median)   wall {f['wall_s']:6.1f} s   result exact: {f['exact']}", flush=True)
+                  f"{f['resume_s']:5.1f} s (median)   submit to first step {f['start_s']:4.1f} s   last step to "
+                  f"result {f['result_s']:4.1f} s   wall {f['wall_s']:6.1f} s   result exact: {f['exact']}", flush=True)
         calls = sacct_counter(work)
         blocker = Submitter(site, ledger).submit(JobSpec.model_validate(BLOCKER), "<blocker>").slurm_ids[0]
         try:

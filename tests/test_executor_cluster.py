@@ -61,11 +61,11 @@ def test_waiting_on_many_jobs_is_one_sacct_per_poll(dev_cluster, isolated_ledger
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "host's Slurm only: the requeue after the call stops is the batch script's, which the lanes test with the "
-    "guarded loop (test_requeue_cluster)"))
+    "host's Slurm only (CI time): the lanes test the requeue from inside a run, which calls share, with the "
+    "reference trainer (test_requeue_cluster)"))
 def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolated_ledger, tmp_path):
     """A guarded `Checkpointable` in the preemptible QOS, preempted by two high jobs: each notice stops it at a step
-    boundary, its checkpoint() is the next run's call, and it ends with every step run exactly once and the
+    boundary, its checkpoint() is the next run's call, rank 0 requeues the job, and it ends with every step run exactly once and the
     result of a run never preempted."""
     steps, progress = 120, tmp_path / "progress"
     ex = Executor(site="dev")
@@ -77,7 +77,7 @@ def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolat
         row = ledger.jobs.get(job.ledger_id)
         assert row["qos"] == "low"
         journal = Journal(Path(row["job_dir"]) / "journal")
-        requeues = lambda: [r for _, r in journal.records(kinds=["attempt_end"]) if r["requeued"]]  # noqa: E731
+        requeues = lambda: [r for _, r in journal.records(kinds=["requeue"])]  # noqa: E731
         for k in (1, 2):
             done = len(progress.read_text().split()) if progress.exists() else 0
             wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= done + 10, 120, 0.2,

@@ -13,9 +13,9 @@ What changes from submitit's own `process_job`, and why:
   call that asks `should_stop()` is only told, and stops at its step boundary with `requeue()`: its
   `checkpoint()` is then taken between two steps and nothing is recomputed. A call that never asks gets
   submitit's behaviour (rank 0 checkpoints at once).
-- The requeue is left to the batch script (`hpctrain attempt end`): the job's retry policy, the
-  ledger's attempts and Slurm-version quirks apply as to every hpctrain job, instead of submitit's
-  timeout countdown.
+- Rank 0 requeues once the checkpoint is saved, the way hpctrain's own trainer does
+  (`requeue_after_stop`): journaled, so the ledger's attempts, the requeue cap and Slurm-version quirks
+  apply as to every hpctrain job, instead of submitit's timeout countdown.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _checkpoint(delayed: Any, path: Path) -> str:
 
 def run(job: JobEnvironment) -> int:
     """Run this task's call; its exit status. The result (or the traceback) is written for every rank under
-    submitit's name for it; a requeued call writes nothing and exits 0 (the batch script requeues)."""
+    submitit's name for it; a requeued call writes nothing and exits 0 (rank 0 has requeued the job)."""
     global _guard
     from submitit import JobEnvironment as SubmititEnvironment
     from submitit.core.utils import DelayedSubmission
@@ -120,8 +120,13 @@ def run(job: JobEnvironment) -> int:
         if guard.signal is None:
             _save("error", "requeue() was called without a stop notice (see should_stop())", result_path)
             return 1
-        done = _checkpoint(delayed, path) if env.global_rank == 0 else "rank 0 checkpoints"
-        print(f"hpctrain: call stopped on the notice; {done}; the batch script requeues the job", file=sys.stderr)
+        if env.global_rank != 0:
+            return 0
+        message = f"{guard.cause()}: call stopped on the notice; {_checkpoint(delayed, path)}"
+        print(f"hpctrain: {message}", file=sys.stderr, flush=True)
+        from hpctrain.runtime.requeue import requeue_after_stop  # pydantic: only when requeueing
+
+        requeue_after_stop(guard, message)
         return 0
     except Exception:
         guard.running = False

@@ -16,11 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from hpctrain.config.types import parse_slurm_time
 from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
-from hpctrain.errors import SlurmError
+from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.ledger.journal import Journal
-from hpctrain.runtime.guard import JobNow
+from hpctrain.runtime.guard import JobNow, PreemptionGuard
 from hpctrain.slurm.client import SlurmClient
 
 
@@ -29,6 +28,8 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
 
     The end is this run's start + its time limit, not Slurm's EndTime: preemption with a GraceTime
     moves that to the end of the grace."""
+    from hpctrain.config.types import parse_slurm_time  # pydantic: not on 22.05's requeue path
+
     try:
         # By task: an array's last task runs under the array's own id, which shows every task.
         job = client.show_job(JobEnvironment(env).requeue_target)
@@ -83,11 +84,9 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
     for the journal."""
     job_env = JobEnvironment(env)
     target = job_env.requeue_target
-    now = job_now(client, env)
-    if now is not None and now.preempted:
-        version = client.version()
-        if version.requeues_preempted_exit:
-            return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
+    version = client.version()
+    if version.requeues_preempted_exit and (now := job_now(client, env)) is not None and now.preempted:
+        return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     base = job_env.run_number + 1
     done = run_again(client, target, job_env.script, base, after=job_env.slurm_job_id, task_index=job_env.task_index,
                      unset_env=_secret_names(job_env))
@@ -95,3 +94,26 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
     if done.new_id is not None and journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=done.new_id, attempt_base=base, message=done.how)
     return done.how
+
+
+def requeues(guard: PreemptionGuard) -> bool:
+    """Whether a run stopped by ``guard``'s notice is requeued from inside it (not after a cancel)."""
+    return JobEnvironment().in_slurm and guard.cause() != "cancelled"
+
+
+def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -> None:
+    """Rank 0, once its checkpoint is saved after a stop notice: journal the stop and requeue the job at
+    once, as `requeues` says. Slurm's requeue delay starts now, not after the job step and the batch
+    script's bookkeeping have ended (`hpctrain attempt end` then sees the run requeued)."""
+    if not requeues(guard):
+        return  # the batch script records how the run ended
+    journal = Journal.from_env()
+    # Recorded before requeueing: the requeue ends this process.
+    if journal is not None:
+        journal.write("requeue", message=message, cause=guard.cause(), signal=guard.signal,
+                      signal_at=guard.received_at, **record)
+    try:
+        self_requeue(SlurmClient())
+    except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
+        if journal is not None:
+            journal.write("requeue_failed", message=str(exc), step=record.get("step"))

@@ -167,8 +167,7 @@ def journal_startup(engine: Any, start: int, times: dict[str, float]) -> None:
 
 def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> None:
     """Checkpoint this step (finishing any save in flight), then requeue the job from rank 0."""
-    from hpctrain.runtime import self_requeue
-    from hpctrain.slurm import SlurmClient
+    from hpctrain.runtime.requeue import requeue_after_stop, requeues
 
     stopped_at = time.time()
     if checkpoints:
@@ -176,23 +175,11 @@ def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> 
     checkpoint_s = time.time() - stopped_at
     if engine.global_rank != 0:
         return
-    journal, cause = Journal.from_env(), guard.cause()
-    requeue = JobEnvironment().in_slurm and cause != "cancelled"
-    message = f"{cause} at step {result.step} (signal {guard.signal}): checkpointed, " + (
-        "requeueing" if requeue else "exiting")
+    message = f"{guard.cause()} at step {result.step} (signal {guard.signal}): checkpointed, " + (
+        "requeueing" if requeues(guard) else "exiting")
     print(f"hpctrain.train: {message}", file=sys.stderr, flush=True)
-    if not requeue:
-        return  # the batch script records how the run ended
-    # Recorded before requeueing: the requeue ends this process.
-    if journal is not None:
-        journal.write("requeue", message=message, cause=cause, step=result.step, signal=guard.signal,
-                      checkpointed=bool(checkpoints), signal_at=guard.received_at, stopped_at=stopped_at,
-                      checkpoint_s=checkpoint_s)
-    try:
-        self_requeue(SlurmClient())
-    except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
-        if journal is not None:
-            journal.write("requeue_failed", message=str(exc), step=result.step)
+    requeue_after_stop(guard, message, step=result.step, checkpointed=bool(checkpoints), stopped_at=stopped_at,
+                       checkpoint_s=checkpoint_s)
 
 
 if __name__ == "__main__":
