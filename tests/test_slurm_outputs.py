@@ -10,11 +10,14 @@ from typing import Any
 
 import pytest
 
+from hpctrain.config import load_site
+from hpctrain.jobs.pending import waiting
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
 from hpctrain.slurm.sacct import FIELDS as SACCT_FIELDS, histories
 from hpctrain.slurm.version import SlurmFeatures
+from hpctrain.submit.quota import JobNeeds, user_limits, verdict
 
 RECORDINGS = sorted((Path(__file__).parent / "slurm_outputs").glob("*.json"))
 
@@ -81,3 +84,26 @@ def test_config_partitions_nodes_shares_and_qos(recording):
     assert {("teama", "root"), ("teamb", "root")} <= shares
     qos = {q["name"]: q for q in client.sacctmgr("qos", fields="name,priority,preempt,preemptmode,gracetime")}
     assert qos["high"]["preempt"] == "low" and qos["low"]["preemptmode"] == "requeue"
+
+
+def test_a_job_waiting_behind_the_running_gpu_cap(recording):
+    """The quota reads and the waiting job's reason, as every release prints them: the same limits and the
+    same sentence, with the numbers."""
+    jobs, client = recording["limit_jobs"], Replay(recording, "limits")
+    limits = user_limits(load_site("dev"), client, "root")
+    cap = next(lim for lim in limits if lim.scope == "account teamb" and lim.slurm_name == "GrpTRES:gres/gpu")
+    assert (cap.limit, cap.used, cap.left) == (8, 8, 0)
+    assert {(lim.scope, lim.slurm_name, lim.limit) for lim in limits} >= {
+        ("account teama", "GrpTRESMins:gres/gpu", 10_000_000), ("QOS normal per user", "MaxTRESPU:gres/gpu", 12),
+        ("QOS normal per user", "MaxSubmitJobsPU", 20_000), ("QOS low", "MaxWallPJ", 1440)}
+    per_user = next(lim for lim in limits if lim.slurm_name == "MaxTRESPU:gres/gpu")
+    assert per_user.used == 8  # root's GPUs running in QOS normal: the holding job's
+    reasons = client.pending_reasons([jobs["hold"], jobs["behind"]])
+    assert reasons == {jobs["behind"]: "AssocGrpGRES"}
+    # The ledger may still hold a job as pending that has started: squeue lists only what waits.
+    rows = [{"id": n + 1, "slurm_job_id": jobs[name], "state": "PENDING", "account": "teamb", "qos": "normal"}
+            for n, name in enumerate(("hold", "behind"))]
+    assert waiting(rows, client, lambda: limits) == {
+        2: "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use"}
+    assert verdict(limits, "teamb", "normal", JobNeeds(gpus=1, minutes=5))[1] == [
+        "it will wait: account teamb's running GPUs cap: 8 of 8 in use"]

@@ -184,6 +184,31 @@ def test_dry_run_renders_and_submits_nothing(dev_cluster, isolated_ledger, slurm
         assert ledger.rows("jobs") == []
 
 
+def test_associations_are_cached_and_read_again_before_refusing(dev_cluster, isolated_ledger, slurm_calls, tmp_path):
+    env, counts = slurm_calls
+    spec = tmp_path / "assoc.toml"
+
+    def dry_run(account: str) -> subprocess.CompletedProcess[str]:
+        spec.write_text(_toml({"name": "assoc", "command": ["true"], "resources": {"mem": "100M", "account": account}}))
+        return run_cli("submit", str(spec), "--dry-run", env=env)
+
+    assert dry_run("teama").returncode == 0
+    first = counts()["sacctmgr"]  # the user's associations and the QOS's per-user limits
+    assert dry_run("teama").returncode == 0
+    assert counts()["sacctmgr"] == first
+    # A cache from before the user was added to teamb: read again rather than refused.
+    with Ledger(isolated_ledger) as ledger:
+        rows = json.loads(ledger.get("site_cache", ("dev", "assoc:root"))["value_json"])
+        ledger.update("site_cache", ("dev", "assoc:root"),
+                      {"value_json": json.dumps([r for r in rows if r["account"] != "teamb"])})
+    assert dry_run("teamb").returncode == 0
+    assert dry_run("teamb").returncode == 0
+    assert counts()["sacctmgr"] == first + 1
+    out = dry_run("teamz")
+    assert out.returncode == 2 and "has no association with account 'teamz'" in out.stderr
+    assert counts()["sacctmgr"] == first + 2
+
+
 def test_injection_attempts_run_as_plain_data(dev_cluster, isolated_ledger, tmp_path):
     marker = tmp_path / "pwned"
     nasty = [f"$(touch {marker})", f"`touch {marker}`", f"'; touch {marker}; '", f"a\n#SBATCH --uid=bob\ntouch {marker}"]

@@ -26,6 +26,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "rerun": "hpctrain.cli.jobs:rerun",
     "metrics": "hpctrain.cli.observe:metrics",
     "cost": "hpctrain.cli.observe:cost",
+    "quota": "hpctrain.cli.observe:quota",
     "launch": "hpctrain.cli.launch:launch",
     "data": "hpctrain.cli.data:data",
     "ckpt": "hpctrain.cli.ckpt:ckpt",

@@ -50,3 +50,16 @@ def warn(result: Any) -> Any:
     if result.warning:
         click.echo(f"hpctrain: warning: {result.warning}", err=True)
     return result
+
+
+def quota_limits(cfg: Any, client: Any, ledger: Any) -> list[Any]:
+    """The user's quota limits (hpctrain.submit.quota); none where Slurm will not tell them."""
+    import getpass
+
+    from hpctrain.errors import SlurmError
+    from hpctrain.submit.quota import user_limits
+
+    try:
+        return user_limits(cfg, client, getpass.getuser(), ledger)
+    except SlurmError:
+        return []

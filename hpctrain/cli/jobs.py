@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli.common import find_job, make_console, open_site, site_option, warn
+from hpctrain.cli.common import find_job, make_console, open_site, quota_limits, site_option, warn
 
 
 def _steps(start: int | None, end: int | None) -> str:
@@ -43,13 +43,16 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
     cfg, ledger, client = open_site(site)
     with ledger:
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
+        for why in sub.placement.waits:
+            click.echo(f"hpctrain: warning: {why}", err=True)
         if dry_run:
             click.echo("\n".join(sub.scripts), nl=False)
             return
         if as_json:
             click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids,
                                    "account": sub.placement.account, "partition": sub.placement.partition,
-                                   "qos": sub.placement.qos, "reason": sub.placement.reason}))
+                                   "qos": sub.placement.qos, "reason": sub.placement.reason,
+                                   "waits": list(sub.placement.waits)}))
         else:
             for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
                 click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
@@ -110,6 +113,7 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
     """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
     running jobs that stalled or wait on data are flagged."""
     from hpctrain.jobs.alerts import job_alerts
+    from hpctrain.jobs.pending import waiting
     from hpctrain.jobs.reconcile import reconcile
     from hpctrain.jobs.poll import job_summaries, next_interval
 
@@ -123,12 +127,16 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             polls += 1
             rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
             alerts = job_alerts(ledger, rows, cfg.alerts)
+            waits = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
             if as_json:
-                click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], [])} for r in rows]))
+                click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])}
+                                       for r in rows]))
             else:
                 console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
                 for job_id, found in alerts.items():
                     console.print(f"  [bold red]job {job_id}[/]: {'; '.join(found)}")
+                for job_id, why in waits.items():
+                    console.print(f"  job {job_id} waits: {why}")
             if not watch or (count is not None and polls >= count):
                 return
             wait = next_interval(wait, interval, max_interval, changed > 0)
@@ -149,7 +157,9 @@ def _seconds(param: click.Parameter, value: float) -> float:
 @click.option("--lineage", "show_lineage", is_flag=True, help="what the job ran: code, data, parameters, versions")
 def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
-    _, ledger, _ = open_site(site)
+    from hpctrain.jobs.pending import waiting
+
+    cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
         if show_lineage:
@@ -161,6 +171,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             "array_tasks": ledger.jobs.tasks(row["id"]),
             "attempts": ledger.attempts.of_job(row["id"]),
             "events": ledger.events_of(row["id"]),
+            "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
     if as_json:
         click.echo(json.dumps(detail, default=str))
@@ -170,6 +181,8 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     console = make_console()
     console.print(f"[bold]{row['name']}[/] ledger id {row['id']}, slurm job {row['slurm_job_id']}: [bold]{row['state']}[/]")
     console.print(f"  {row['partition']}/{row['qos']} as {row['account']}: {row['choice_reason']}")
+    if detail["waiting"]:
+        console.print(f"  waits: {detail['waiting']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
     attempts = Table(title="attempts", title_justify="left")
     for col in ("task", "attempt", "state", "cause", "ckpt steps", "then", "nodes", "start", "end", "gpus", "exit"):

@@ -80,20 +80,67 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     cfg, ledger = _refreshed(site, no_refresh)
     with ledger:
         groups = totals(usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts), by)
+        budgets = _budgets(cfg, ledger) if by == "account" and not no_refresh else {}
     rows = [{by: g.key, "jobs": len(g.jobs), "runs": g.runs, "gpu_hours": g.gpu_hours,
              "lost_gpu_hours": g.lost_gpu_hours, "cost": g.cost} for g in groups]
+    for r in rows:
+        if (budget := budgets.get(r[by])) is not None:
+            r.update(budget_gpu_hours=budget.limit / 60, budget_spent_gpu_hours=budget.used / 60,
+                     budget_left_gpu_hours=budget.left / 60)
     if as_json:
         click.echo(json.dumps(rows))
         return
     from rich.table import Table
 
     table = Table(title=f"GPU-hours on {cfg.name}" + (f" since {since}" if since else ""), title_justify="left")
-    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "cost"):
+    budget_cols = ("budget GPU-h", "spent (Slurm)", "left") if budgets else ()
+    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "cost", *budget_cols):
         table.add_column(col, justify="left" if col == by else "right")
     for r in rows:
+        budget = [f"{r[k]:.1f}" if k in r else "-" for k in
+                  ("budget_gpu_hours", "budget_spent_gpu_hours", "budget_left_gpu_hours")] if budgets else []
         table.add_row(str(r[by] if r[by] is not None else "-"), str(r["jobs"]), str(r["runs"]), f"{r['gpu_hours']:.3f}",
-                      f"{r['lost_gpu_hours']:.3f}", f"{r['cost']:.2f}")
+                      f"{r['lost_gpu_hours']:.3f}", f"{r['cost']:.2f}", *budget)
     table.add_row("total", str(sum(r["jobs"] for r in rows)), str(sum(r["runs"] for r in rows)),
                   f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
-                  f"{sum(r['cost'] for r in rows):.2f}")
+                  f"{sum(r['cost'] for r in rows):.2f}", *(["", "", ""] if budgets else []))
+    make_console().print(table)
+
+
+def _budgets(cfg: Any, ledger: Any) -> dict[str, Any]:
+    """Each account's GPU-minute budget (GrpTRESMins on the account itself), where one is set."""
+    from hpctrain.cli.common import quota_limits
+    from hpctrain.slurm import SlurmClient
+    from hpctrain.slurm.assoc_mgr import GPU
+
+    return {lim.account(): lim for lim in quota_limits(cfg, SlurmClient.for_site(cfg), ledger)
+            if lim.slurm_name == f"GrpTRESMins:{GPU}" and lim.scope.startswith("account ")}
+
+
+@click.command()
+@site_option
+@click.option("--account", "accounts", multiple=True, help="only this account (repeatable)")
+@click.option("--json", "as_json", is_flag=True)
+def quota(site: str | None, accounts: tuple[str, ...], as_json: bool) -> None:
+    """Your limits: for each of your accounts and the QOS they allow, every association and QOS limit
+    Slurm enforces, what is in use (running GPUs, jobs) or spent (GPU-minutes) against it, and what is left."""
+    import getpass
+
+    from hpctrain.cli.common import open_site
+    from hpctrain.submit.quota import user_limits
+
+    cfg, ledger, client = open_site(site)
+    with ledger:
+        limits = user_limits(cfg, client, getpass.getuser(), ledger, fresh=True, accounts=list(accounts) or None)
+    if as_json:
+        click.echo(json.dumps([lim.as_dict() for lim in limits]))
+        return
+    from rich.table import Table
+
+    table = Table(title=f"limits on {cfg.name}" + ("" if limits else ": none set"), title_justify="left")
+    for col in ("where", "limit", "slurm", "value", "in use / spent", "left"):
+        table.add_column(col, justify="right" if col in ("value", "in use / spent", "left") else "left")
+    for lim in limits:
+        table.add_row(lim.scope, lim.what, lim.slurm_name, f"{lim.limit:g}",
+                      "-" if lim.how == "per job" else f"{lim.used:g}", "-" if lim.how == "per job" else f"{lim.left:g}")
     make_console().print(table)

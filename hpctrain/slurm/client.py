@@ -102,6 +102,12 @@ class SlurmClient:
             raise SlurmError(f"scontrol show job {target}: expected one record, got {len(records)}")
         return records[0]
 
+    def assoc_mgr(self, accounts: list[str], user: str, qos: list[str]) -> str:
+        """`scontrol show assoc_mgr` for ``accounts`` (their own rows and ``user``'s) and ``qos``: every limit
+        with what is in use against it (see hpctrain.slurm.assoc_mgr)."""
+        return self.run("scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", f"users={user}",
+                        f"qos={','.join(qos)}", "flags=assoc,qos")
+
     def requeue(self, target: str) -> None:
         """`scontrol requeue TARGET`: a job, or only one task of an array (``<array>_<task>``)."""
         self.run("scontrol", "requeue", target)
@@ -145,6 +151,12 @@ class SlurmClient:
         state_only = ("--only-job-state",) if self.features().version.has_only_job_state else ()
         out = self.run("squeue", *state_only, "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids))
         return [dict(zip(("JobID", "State"), line.split("|"))) for line in out.splitlines() if "|" in line]
+
+    def pending_reasons(self, job_ids: list[str]) -> dict[str, str]:
+        """Why each pending job (or array task, ``<array>_<task>``) of ``job_ids`` waits, as the controller
+        says it (one `squeue` call; sacct does not say it on every release)."""
+        out = self.run("squeue", "-h", "-r", "-t", "PENDING", "-o", "%i|%r", "-j", ",".join(job_ids))
+        return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
     def scancel(self, job_ids: list[str], signal: str | None = None, batch_only: bool = False) -> None:
         if not job_ids:

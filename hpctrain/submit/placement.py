@@ -13,8 +13,11 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
 from hpctrain.config.types import format_slurm_time
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, SlurmError
+from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit.limits import user_associations
+from hpctrain.submit.quota import JobNeeds, user_limits, verdict
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,7 @@ class Placement:
     qos: str
     account: str
     reason: str
+    waits: tuple[str, ...] = ()  # the limits the job will wait for (a sentence each)
 
 
 @dataclass(frozen=True)
@@ -87,8 +91,20 @@ def check_resources(spec: JobSpec, site: SiteConfig, partition: str, where: Path
         raise ConfigError(format_problems(where, problems))
 
 
-def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user: str, where: Path | str) -> Placement:
-    """Pick and validate partition, QOS and account; account "auto" goes to the best fairshare standing."""
+def _allowed_accounts(rows: list[dict[str, str]], partition: str, qos: str) -> dict[str, bool]:
+    """Each account of the user's associations: whether one of them allows ``qos`` on ``partition``."""
+    allowed: dict[str, bool] = {}
+    for row in rows:
+        ok_partition = row["partition"] in ("", partition)
+        ok_qos = qos in row["qos"].split(",")
+        allowed[row["account"]] = allowed.get(row["account"], False) or (ok_partition and ok_qos)
+    return allowed
+
+
+def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user: str, where: Path | str,
+                     ledger: Ledger | None = None) -> Placement:
+    """Pick and validate partition, QOS and account; account "auto" goes to the best fairshare standing.
+    With a ledger, the user's associations come from its cache (read again before refusing)."""
     r, d = spec.resources, site.defaults
 
     def refuse(loc: tuple[str, ...], msg: str) -> ConfigError:
@@ -111,30 +127,52 @@ def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user:
     if qos not in site.qos:
         raise refuse(("resources", "qos"), f"QOS {qos!r} is not in site {site.name!r} (has: {', '.join(sorted(site.qos))})")
 
-    # One sacctmgr call: the user's associations, with the QOS and partitions each allows.
-    assoc = client.sacctmgr("assoc", f"user={user}", fields="account,partition,qos")
-    allowed = {}
-    for row in assoc:
-        ok_partition = row["partition"] in ("", partition)
-        ok_qos = qos in row["qos"].split(",")
-        allowed.setdefault(row["account"], False)
-        allowed[row["account"]] |= ok_partition and ok_qos
+    def limits_verdicts(accounts: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+        """Per account: (why the job can never start there, what it will wait for). Limits that block it are
+        read again before anything is refused; where Slurm will not show limits, sbatch decides."""
+        verdicts: dict[str, tuple[list[str], list[str]]] = {}
+        for fresh in (False, True):
+            try:
+                limits = user_limits(site, client, user, ledger, fresh=fresh, accounts=accounts)
+            except SlurmError:
+                return {}
+            verdicts = {a: verdict(limits, a, qos, needs) for a in accounts}
+            if ledger is None or not any(never for never, _ in verdicts.values()):
+                break
+        return verdicts
 
+    needs = JobNeeds(r.nodes * r.gpus_per_node, (r.time or d.time) / 60,
+                     len(spec.array.parameter_sets()) if spec.array else 1)
     account = r.account or d.account
+    allowed = _allowed_accounts(user_associations(site, ledger, client, user), partition, qos)
+    if ledger is not None and not (allowed.get(account) if account != "auto" else any(allowed.values())):
+        allowed = _allowed_accounts(user_associations(site, ledger, client, user, fresh=True), partition, qos)
     if account != "auto":
         if account not in allowed:
             raise refuse(("resources", "account"), f"user {user!r} has no association with account {account!r} "
                                                    f"(has: {', '.join(sorted(allowed)) or 'none'})")
         if not allowed[account]:
             raise refuse(("resources", "qos"), f"QOS {qos!r} on partition {partition!r} is not allowed for account {account!r}")
-        return Placement(partition, qos, account, f"account {account!r} named by the {'spec' if r.account else 'site'}")
+        never, waits = limits_verdicts([account]).get(account, ([], []))
+        if never:
+            raise refuse(("resources", "account"), f"the job can never start as {account!r}: {'; '.join(never)}")
+        return Placement(partition, qos, account, f"account {account!r} named by the {'spec' if r.account else 'site'}",
+                         tuple(waits))
 
     candidates = sorted(a for a, ok in allowed.items() if ok and a in site.accounts)
     if not candidates:
         raise refuse(("resources", "account"), f"no account of user {user!r} in site {site.name!r} allows QOS {qos!r} "
                                                f"on partition {partition!r}")
+    verdicts = limits_verdicts(candidates)
+    blocked = {a: verdicts[a][0] for a in candidates if a in verdicts and verdicts[a][0]}
+    if len(blocked) == len(candidates):
+        raise refuse(("resources", "account"), "the job can never start in any account: "
+                     + "; ".join(f"{a}: {', '.join(why)}" for a, why in blocked.items()))
     standings = fairshare_standings(client, user)
-    ranked = sorted((standings.get(a, Standing(a, 0.0, 0.0, 0.0)) for a in candidates), key=Standing.key, reverse=True)
+    ranked = sorted((standings.get(a, Standing(a, 0.0, 0.0, 0.0)) for a in candidates if a not in blocked),
+                    key=Standing.key, reverse=True)
     best = ranked[0]
     others = "; ".join(s.describe() for s in ranked[1:]) or "no other candidate"
-    return Placement(partition, qos, best.account, f"auto: best fairshare {best.describe()} over {others}")
+    left_out = "".join(f"; left out {a}: {', '.join(why)}" for a, why in blocked.items())
+    return Placement(partition, qos, best.account, f"auto: best fairshare {best.describe()} over {others}{left_out}",
+                     tuple(verdicts.get(best.account, ([], []))[1]))

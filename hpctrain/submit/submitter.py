@@ -90,7 +90,7 @@ class Submitter:
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
         ``on_files(paths)`` once the job directory is made, before the first sbatch."""
-        placement = choose_placement(spec, self.site, self.client, self.user, where)
+        placement = choose_placement(spec, self.site, self.client, self.user, where, self.ledger)
         rendered = self._with_ledger_dependencies(spec, where)
         secret_values = secret_env(spec, where)
         if lineage is None and not dry_run:

@@ -5,7 +5,8 @@
 
 The scenario: a job in QOS low preempted once by a high job (so it has two runs; it outlasts the QOS
 grace time, which 22.05 would not requeue it after), and a throttled array
-(6 tasks, %2). Every call goes through SlurmClient's own methods (and the compute side's job_now), so
+(6 tasks, %2); then a job waiting behind teamb's running-GPU cap (8, set by scripts/dev-cluster) while
+another holds it, with the quota reads of `hpctrain quota`. Every call goes through SlurmClient's own methods (and the compute side's job_now), so
 the recording holds exactly the commands hpctrain runs, under a label for the moment of the scenario.
 Writes tests/slurm_outputs/<release>.json.
 """
@@ -18,10 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config import load_site
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import parse_kv_lines
 from hpctrain.slurm.sacct import FIELDS as SACCT_FIELDS
+from hpctrain.submit.quota import user_limits
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,8 +92,20 @@ def main() -> None:
     rec.sshare("root")
     rec.sacctmgr("qos", fields="name,priority,preempt,preemptmode,gracetime")
 
+    rec.label = ""
+    hold = sbatch("--account=teamb", "-J", "rec-hold", "-N2", "--gres=gpu:4", "--wrap", "sleep 120")
+    until(lambda: job(rec, hold)["JobState"] == "RUNNING", "the job holding teamb's GPUs")
+    behind = sbatch("--account=teamb", "-J", "rec-behind", "-N1", "--gres=gpu:1", "--wrap", "sleep 1")
+    until(lambda: rec.pending_reasons([behind]).get(behind) == "AssocGrpGRES", "the job to wait behind the cap")
+    rec.label = "limits"
+    rec.pending_reasons([hold, behind])
+    user_limits(load_site("dev"), rec, "root")
+    rec.label = ""
+    subprocess.run(["scancel", hold, behind], check=True)
+
     out = HERE / f"{release.major}.{release.minor:02d}.json"
     out.write_text(json.dumps({"release": str(release), "jobs": {"low": low, "high": high, "array": array},
+                               "limit_jobs": {"hold": hold, "behind": behind},
                                "calls": rec.recorded}, indent=1) + "\n")
     print(f"wrote {out.relative_to(HERE.parent.parent)}: {len(rec.recorded)} outputs of Slurm {release}")
 

@@ -1,0 +1,138 @@
+"""Quotas: the association and QOS limits that apply to a user's jobs, what is in use against each, and
+what they mean for one job (refused before sbatch, or warned that it will wait).
+
+Limits and usage come from slurmctld's own accounting manager (`scontrol show assoc_mgr`, one call);
+a QOS's per-user limits, which that shows only for users with jobs in it, from `sacctmgr show qos`
+(cached with the user's associations). Limits on the parents of the user's accounts are not read.
+"""
+
+from __future__ import annotations
+
+import pwd
+from dataclasses import dataclass
+
+from hpctrain.config.site import SiteConfig
+from hpctrain.ledger import Ledger
+from hpctrain.slurm import assoc_mgr
+from hpctrain.slurm.assoc_mgr import GPU, Limit, number
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit.limits import cached, user_associations
+
+QOS_FIELDS = "name,maxtrespu,maxjobspu,maxsubmitpu"
+QOS_MAX_AGE_S = 3600
+
+# Slurm's name -> what it limits. "running": held while jobs run; "spent": used up (minutes);
+# "per job": each job alone.
+ASSOC_LIMITS = {
+    f"GrpTRES:{GPU}": ("running GPUs", "running"),
+    f"GrpTRESMins:{GPU}": ("GPU-minutes", "spent"),
+    "GrpJobs": ("running jobs", "running"),
+    "GrpSubmitJobs": ("submitted jobs", "submitted"),
+    "MaxJobs": ("running jobs per user", "running"),
+    "MaxSubmitJobs": ("submitted jobs per user", "submitted"),
+    "MaxWallPJ": ("minutes per job", "per job"),
+    f"MaxTRESPJ:{GPU}": ("GPUs per job", "per job"),
+}
+QOS_LIMITS = {k: v for k, v in ASSOC_LIMITS.items() if k.startswith("Grp") or "PJ" in k}
+QOS_USER_LIMITS = {  # sacctmgr's field -> (assoc_mgr's per-user name, what, how)
+    "maxtrespu": (f"MaxTRESPU:{GPU}", "running GPUs per user", "running"),
+    "maxjobspu": ("MaxJobsPU", "running jobs per user", "running"),
+    "maxsubmitpu": ("MaxSubmitJobsPU", "submitted jobs per user", "submitted"),
+}
+
+
+def qos_user_limits(site: SiteConfig, ledger: Ledger | None, client: SlurmClient,
+                    fresh: bool = False) -> list[dict[str, str]]:
+    """Every QOS's per-user limits (one `sacctmgr show qos`), cached for an hour unless ``fresh``."""
+    def fetch() -> list[dict[str, str]]:
+        return client.sacctmgr("qos", fields=QOS_FIELDS)
+    if ledger is None:
+        return fetch()
+    return cached(site, ledger, "qos-limits", 0 if fresh else QOS_MAX_AGE_S, fetch)
+
+
+def _tres(text: str, name: str) -> float | None:
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        if key == name and value:
+            return float(value)
+    return None
+
+
+def user_limits(site: SiteConfig, client: SlurmClient, user: str, ledger: Ledger | None = None,
+                fresh: bool = False, accounts: list[str] | None = None) -> list[Limit]:
+    """Every limit set on ``user``'s associations (or those of ``accounts``) and the QOS they allow."""
+    assocs = user_associations(site, ledger, client, user, fresh)
+    mine = sorted({a["account"] for a in assocs if accounts is None or a["account"] in accounts})
+    qos_names = sorted({q for a in assocs if a["account"] in mine for q in a["qos"].split(",") if q})
+    if not mine:
+        return []
+    state, qos_state = assoc_mgr.parse(client.assoc_mgr(mine, user, qos_names))
+    limits: list[Limit] = []
+    for rec in state:
+        if rec.account not in mine or rec.user not in ("", user):
+            continue
+        scope = f"account {rec.account}" if not rec.user else f"{rec.account}/{rec.user}"
+        for name, (what, how) in ASSOC_LIMITS.items():
+            value = rec.values.get(name)
+            # An account's Max* limits are the defaults of its users' associations, enforced there.
+            if value is None or value.limit is None or (not rec.user and name.startswith("Max")):
+                continue
+            limits.append(Limit(scope, what, name, value.limit, value.used or 0.0, how))
+    try:
+        uid = str(pwd.getpwnam(user).pw_uid)  # a QOS's per-user usage is listed by uid
+    except KeyError:
+        uid = ""
+    per_user = {q["name"]: q for q in qos_user_limits(site, ledger, client, fresh)}
+    for rec in qos_state:
+        for name, (what, how) in QOS_LIMITS.items():
+            value = rec.values.get(name)
+            if value is not None and value.limit is not None:
+                limits.append(Limit(f"QOS {rec.name}", what, name, value.limit, value.used or 0.0, how))
+        row, usage = per_user.get(rec.name, {}), rec.users.get(uid, {})
+        for field, (name, what, how) in QOS_USER_LIMITS.items():
+            text = row.get(field, "")
+            value = _tres(text, GPU) if field == "maxtrespu" else (float(text) if text else None)
+            if value is not None:
+                used = usage.get(name)
+                limits.append(Limit(f"QOS {rec.name} per user", what, name, value, (used.used if used else 0) or 0.0, how))
+    return limits
+
+
+@dataclass(frozen=True)
+class JobNeeds:
+    """What one job asks of the limits: GPUs and minutes per job (an array task), and how many jobs."""
+
+    gpus: int
+    minutes: float
+    jobs: int = 1
+
+
+def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tuple[list[str], list[str]]:
+    """(why the job can never start under ``account`` and ``qos``, which limit it will wait for): one
+    sentence each, with the numbers."""
+    never: list[str] = []
+    waits: list[str] = []
+    for lim in limits:
+        if lim.account() not in (None, account) or lim.qos() not in (None, qos):
+            continue
+        asked = {"minutes": needs.minutes, "GPUs": needs.gpus, "GPU-minutes": needs.gpus * needs.minutes,
+                 "jobs": needs.jobs if lim.how == "submitted" else 1}[lim.unit]
+        if not asked:
+            continue
+        if lim.how == "spent":
+            if lim.used >= lim.limit or asked > lim.limit:
+                never.append(f"{lim.scope}'s {lim.what} budget: {number(round(lim.used))} of {number(lim.limit)} spent, "
+                             f"the job may use {number(round(asked))}")
+            elif asked > lim.left:
+                waits.append(f"{lim.scope}'s {lim.what} budget has {number(round(lim.left))} left and the job may use "
+                             f"{number(round(asked))}: it is stopped if the budget runs out")
+        elif lim.how == "submitted":
+            if lim.used + asked > lim.limit:
+                never.append(f"{lim.scope}'s {lim.what} cap: {number(lim.used)} of {number(lim.limit)} submitted, "
+                             f"{number(asked)} more asked")
+        elif asked > lim.limit:
+            never.append(f"{lim.scope} allows {number(lim.limit)} {lim.what}; the job asks {number(asked)} {lim.unit}")
+        elif lim.how == "running" and lim.used + asked > lim.limit:
+            waits.append(f"it will wait: {lim.describe()}")
+    return never, waits

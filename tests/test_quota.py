@@ -1,0 +1,87 @@
+"""Quota checks and pending-reason sentences without a cluster (the recorded releases are in test_slurm_outputs)."""
+
+from __future__ import annotations
+
+from hpctrain.jobs.pending import LIMIT_REASONS, SENTENCES, explain
+from hpctrain.slurm import assoc_mgr
+from hpctrain.slurm.assoc_mgr import Limit, Usage
+from hpctrain.submit.quota import JobNeeds, verdict
+
+QOS_RECORD = """Current Association Manager state
+
+QOS Records
+
+QOS=normal(1)
+    UsageRaw=9.989578
+    GrpJobs=N(0) GrpJobsAccrue=N(0) GrpSubmitJobs=N(0) GrpWall=N(0.17)
+    GrpTRES=cpu=N(0),mem=N(0),gres/gpu=16(5)
+    MaxWallPJ=120
+    MaxTRESPJ=gres/gpu=4
+    Account Limits
+      teama
+        MaxJobsPA=N(0) MaxJobsAccruePA=N(0) MaxSubmitJobsPA=N(0)
+        MaxTRESPA=cpu=N(0),gres/gpu=2(1)
+    User Limits
+      1001
+        MaxJobsPU=N(3) MaxJobsAccruePU=N(0) MaxSubmitJobsPU=N(4)
+        MaxTRESPU=cpu=N(0),gres/gpu=8(3)
+"""
+
+
+def test_a_qos_record_with_per_account_and_per_user_sections():
+    assocs, (normal,) = assoc_mgr.parse(QOS_RECORD)
+    assert assocs == [] and normal.name == "normal"
+    assert normal.values["GrpTRES:gres/gpu"] == Usage(16, 5) and normal.values["GrpJobs"] == Usage(None, 0)
+    assert normal.values["MaxWallPJ"] == Usage(120, None) and normal.values["MaxTRESPJ:gres/gpu"] == Usage(4, None)
+    assert "MaxTRESPA:gres/gpu" not in normal.values  # another account's limit is not the QOS's
+    assert normal.users["1001"]["MaxTRESPU:gres/gpu"] == Usage(8, 3)
+
+
+def _limit(scope: str, name: str, limit: float, used: float = 0, how: str = "running") -> Limit:
+    return Limit(scope, "x", name, limit, used, how)
+
+
+LIMITS = [
+    _limit("account teamb", "GrpTRES:gres/gpu", 8, 6),
+    _limit("account teama", "GrpTRESMins:gres/gpu", 600, 590, "spent"),
+    _limit("teama/root", "MaxSubmitJobs", 10, 8, "submitted"),
+    _limit("QOS normal", "MaxWallPJ", 60, how="per job"),
+    _limit("QOS normal per user", "MaxTRESPU:gres/gpu", 12, 3),
+]
+
+
+def test_what_can_never_start_and_what_will_wait():
+    assert verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=2, minutes=30)) == ([], [])
+    never, waits = verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=4, minutes=90))
+    assert never == ["QOS normal allows 60 x; the job asks 90 minutes"]
+    assert waits == ["it will wait: account teamb's x cap: 6 of 8 in use"]
+    assert verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=16, minutes=5))[0] == [
+        "account teamb allows 8 x; the job asks 16 GPUs", "QOS normal per user allows 12 x; the job asks 16 GPUs"]
+    # teama: its budget has 10 GPU-minutes left; 3 submitted jobs pass its cap of 10 with 8 queued.
+    never, waits = verdict(LIMITS, "teama", "low", JobNeeds(gpus=1, minutes=20, jobs=3))
+    assert never == ["teama/root's x cap: 8 of 10 submitted, 3 more asked"]
+    assert waits == ["account teama's x budget has 10 left and the job may use 20: it is stopped if the budget runs out"]
+    assert verdict(LIMITS, "teama", "low", JobNeeds(gpus=0, minutes=20)) == ([], [])  # no GPU, no GPU budget
+
+
+def test_a_spent_budget_refuses_any_gpu_job():
+    spent = [_limit("account teama", "GrpTRESMins:gres/gpu", 600, 612, "spent")]
+    assert verdict(spent, "teama", "normal", JobNeeds(gpus=1, minutes=1))[0] == [
+        "account teama's x budget: 612 of 600 spent, the job may use 1"]
+
+
+def test_pending_reasons_in_words():
+    assert explain(None) is None and explain("None") is None
+    assert explain("Priority") == SENTENCES["Priority"]
+    assert explain("SomethingNew") == "Slurm says 'SomethingNew'"
+    assert set(LIMIT_REASONS) <= set(SENTENCES)
+    # The numbers come from the job's own account or QOS only.
+    assert explain("AssocGrpGRES", "teama", "normal", LIMITS) == SENTENCES["AssocGrpGRES"]
+    assert explain("AssocGrpGRES", "teamb", "normal", LIMITS) == (
+        "its account's running-GPU cap is reached: account teamb, 6 of 8 GPUs in use")
+    assert explain("QOSMaxGRESPerUser", "teamb", "normal", LIMITS) == (
+        "your running-GPU cap in its QOS is reached: QOS normal per user, 3 of 12 GPUs in use")
+    assert explain("AssocGrpGRESMinutes", "teama", "low", LIMITS) == (
+        "its account's GPU-minute budget is spent: account teama, 590 of 600 GPU-minutes spent")
+    assert explain("QOSMaxWallDurationPerJobLimit", "teama", "normal", LIMITS) == (
+        "its time limit is above its QOS's per-job cap: QOS normal, 60 minutes")
