@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpctrain.jobs.pending import LIMIT_REASONS, SENTENCES, explain
 from hpctrain.slurm import assoc_mgr
 from hpctrain.slurm.assoc_mgr import Limit, Usage
-from hpctrain.submit.quota import JobNeeds, verdict
+from hpctrain.submit.quota import JobNeeds, parallel_cap, verdict
 
 QOS_RECORD = """Current Association Manager state
 
@@ -85,3 +85,13 @@ def test_pending_reasons_in_words():
         "its account's GPU-minute budget is spent: account teama, 590 of 600 GPU-minutes spent")
     assert explain("QOSMaxWallDurationPerJobLimit", "teama", "normal", LIMITS) == (
         "its time limit is above its QOS's per-job cap: QOS normal, 60 minutes")
+
+
+def test_how_many_jobs_run_at_once_under_the_caps():
+    assert parallel_cap(LIMITS, "teamb", "normal", gpus=2) == (
+        4, "account teamb's x cap (8) holds 4 jobs of 2 GPUs")
+    assert parallel_cap(LIMITS, "teama", "normal", gpus=2) == (
+        6, "QOS normal per user's x cap (12) holds 6 jobs of 2 GPUs")
+    assert parallel_cap(LIMITS, "teama", "low", gpus=2) is None  # a budget and a submit cap do not cap running jobs
+    jobs_cap = [_limit("account teama", "GrpJobs", 3)]
+    assert parallel_cap(jobs_cap, "teama", "low", gpus=0) == (3, "account teama's x cap (3)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +20,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm import SlurmClient
 from hpctrain.submit import Submitter
 
-from conftest import run_cli, wait_until
+from conftest import REPO, run_cli, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "host's Slurm only (CI time): every release's quota reads and pending reasons are replayed from recordings "
@@ -160,3 +161,34 @@ def test_auto_leaves_out_an_account_whose_budget_is_spent(dev_cluster, isolated_
         assert placement.account == "teamb"
         assert "left out teama: account teama's GPU-minutes budget: " in placement.reason
         assert placement.reason.endswith("of 0 spent, the job may use 5")
+
+
+def test_a_sweep_runs_no_more_trials_at_once_than_the_cap_lets_run(dev_cluster, isolated_ledger, tmp_path):
+    """max_parallel 10 on teamb (8 running GPUs) with trials of 2 GPUs: each tick keeps 4 going and says why;
+    no trial ever waits on the cap, and every trial runs once."""
+    trial = REPO / "scripts" / "examples" / "sweep_trial.py"
+    spec = tmp_path / "capped.toml"
+    spec.write_text(f'name = "capped"\nmetric = "loss"\ndirection = "minimize"\nmethod = "random"\nmax_trials = 10\n'
+                    f'max_parallel = 10\n[search]\nx = {{ type = "uniform", low = -2.0, high = 2.0 }}\n'
+                    f'y = {{ type = "uniform", low = -2.0, high = 2.0 }}\n\n[job]\nname = "capped-trial"\n'
+                    f'command = ["{sys.executable}", "{trial}", "--steps", "3", "--step-s", "0.1"]\nlauncher = "none"\n'
+                    f'resources = {{ mem = "100M", time = "00:05:00", account = "teamb", gpus_per_node = 2, '
+                    f'tasks_per_node = 1 }}\n')
+    out = run_cli("sweep", "start", str(spec))
+    assert out.returncode == 0, out.stderr
+    assert "sweep capped: 4 submitted, 0 resubmitted, 0 stopped early; ACTIVE\n  4 trials at once, not 10: account " \
+           "teamb's running GPUs cap (8) holds 4 jobs of 2 GPUs\n" in out.stdout
+
+    def done() -> bool:
+        assert "AssocGrpGRES" not in sh("squeue", "-h", "-t", "PENDING", "-A", "teamb", "-o", "%r")
+        tick = run_cli("sweep", "tick", "capped")
+        assert tick.returncode == 0, tick.stderr
+        return "DONE" in tick.stdout
+
+    wait_until(done, 240, 1.0, "the sweep's trials to finish")
+    with Ledger(isolated_ledger) as ledger:
+        trials = ledger.rows("trials")
+        slurm_ids = [j["slurm_job_id"] for j in ledger.rows("jobs", "sweep_id = 'capped'")]
+    assert len(trials) == 10 and {t["state"] for t in trials} == {"completed"}
+    runs = sh("sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State", "-j", ",".join(slurm_ids)).split()
+    assert len(runs) == 10 and {r.split("|")[1] for r in runs} == {"COMPLETED"}

@@ -18,6 +18,7 @@ from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import account_report, job_report, sweep_report
 from hpctrain.report.collect import attempt_marks, cumulative_gpu_hours, smoothed
+from hpctrain.slurm.assoc_mgr import Limit
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
 
@@ -208,6 +209,19 @@ def test_account_report_totals_and_cumulative_gpu_hours(reports):
     assert "<td>72.00</td>" in teamb  # 3 tasks x 4 GPUs x 6 h
     image = pixels(plot_images(every)["cumulative GPU-hours per account"])
     assert _colour_count(image, C0) > 100 and _colour_count(image, (0xFF, 0x7F, 0x0E)) > 100
+
+
+def test_an_account_budget_is_a_fact_and_a_dashed_level(reports):
+    budgets = {"teamb": Limit("account teamb", "GPU-minutes", "GrpTRESMins:gres/gpu", 6000, 1200, "spent"),
+               "teama": Limit("account teama", "GPU-minutes", "GrpTRESMins:gres/gpu", 60, 0, "spent")}
+    with Ledger(reports["ledger"]) as ledger:
+        page = account_report(ledger, reports["site"], "teamb", None, budgets)
+    assert "100.0 GPU-hours, 20.0 spent as Slurm counts it (all users, decayed), 80.0 left" in page
+    assert "budget teama" not in page  # the report is teamb's
+    image = pixels(plot_images(page)["cumulative GPU-hours per account"])
+    plain = pixels(plot_images(reports["html"]["teamb"])["cumulative GPU-hours per account"])
+    orange = (0xFF, 0x7F, 0x0E)  # the second line: the budget, beside teamb's curve (dashed: blended edges)
+    assert colour_mask(image, orange, 60).sum() > 300 and colour_mask(plain, orange, 60).sum() == 0
 
 
 def test_secret_values_never_reach_a_report(reports):

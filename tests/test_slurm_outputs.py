@@ -86,9 +86,9 @@ def test_config_partitions_nodes_shares_and_qos(recording):
     assert qos["high"]["preempt"] == "low" and qos["low"]["preemptmode"] == "requeue"
 
 
-def test_a_job_waiting_behind_the_running_gpu_cap(recording):
-    """The quota reads and the waiting job's reason, as every release prints them: the same limits and the
-    same sentence, with the numbers."""
+def test_jobs_waiting_behind_limits_and_for_other_reasons(recording):
+    """The quota reads and the waiting jobs' reasons, as every release prints them: the same limits and the
+    same sentences, with the numbers of the limit behind each."""
     jobs, client = recording["limit_jobs"], Replay(recording, "limits")
     limits = user_limits(load_site("dev"), client, "root")
     cap = next(lim for lim in limits if lim.scope == "account teamb" and lim.slurm_name == "GrpTRES:gres/gpu")
@@ -98,12 +98,19 @@ def test_a_job_waiting_behind_the_running_gpu_cap(recording):
         ("QOS normal per user", "MaxSubmitJobsPU", 20_000), ("QOS low", "MaxWallPJ", 1440)}
     per_user = next(lim for lim in limits if lim.slurm_name == "MaxTRESPU:gres/gpu")
     assert per_user.used == 8  # root's GPUs running in QOS normal: the holding job's
-    reasons = client.pending_reasons([jobs["hold"], jobs["behind"]])
-    assert reasons == {jobs["behind"]: "AssocGrpGRES"}
     # The ledger may still hold a job as pending that has started: squeue lists only what waits.
-    rows = [{"id": n + 1, "slurm_job_id": jobs[name], "state": "PENDING", "account": "teamb", "qos": "normal"}
-            for n, name in enumerate(("hold", "behind"))]
-    assert waiting(rows, client, lambda: limits) == {
-        2: "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use"}
-    assert verdict(limits, "teamb", "normal", JobNeeds(gpus=1, minutes=5))[1] == [
-        "it will wait: account teamb's running GPUs cap: 8 of 8 in use"]
+    rows = [{"id": n, "slurm_job_id": slurm_id, "state": "PENDING", "account": "teamb" if name == "behind" else "teama",
+             "qos": "high" if name == "wide" else "normal"} for n, (name, slurm_id) in enumerate(jobs.items())]
+    reasons = {"behind": "AssocGrpGRES", "held": "JobHeldUser", "begin": "BeginTime", "per_user": "QOSMaxGRESPerUser",
+               "wide": "Resources", "after": "Dependency"}
+    sentences = {
+        "behind": "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use",
+        "held": "held by its user: `scontrol release` it",
+        "begin": "it may not start before its begin time (Slurm's delay after a requeue, or --begin)",
+        "per_user": "your running-GPU cap in its QOS is reached: QOS normal per user, 8 of 12 GPUs in use",
+        "wide": "it is next, waiting for nodes with the GPUs, CPUs and memory it asks to free up",
+        "after": "it waits for the jobs it depends on to end"}
+    waiting_jobs = [name for name in jobs if name != "hold"]
+    assert client.pending_reasons([r["slurm_job_id"] for r in rows]) == {jobs[n]: reasons[n] for n in waiting_jobs}
+    assert waiting(rows, client, lambda: limits) == {r["id"]: sentences[name] for r, name in zip(rows, jobs)
+                                                     if name != "hold"}

@@ -63,3 +63,12 @@ def quota_limits(cfg: Any, client: Any, ledger: Any) -> list[Any]:
         return user_limits(cfg, client, getpass.getuser(), ledger)
     except SlurmError:
         return []
+
+
+def account_budgets(cfg: Any, ledger: Any) -> dict[str, Any]:
+    """Each account's GPU-minute budget (GrpTRESMins on the account itself), where one is set."""
+    from hpctrain.slurm import SlurmClient
+    from hpctrain.slurm.assoc_mgr import GPU
+
+    return {lim.account(): lim for lim in quota_limits(cfg, SlurmClient.for_site(cfg), ledger)
+            if lim.slurm_name == f"GrpTRESMins:{GPU}" and lim.scope.startswith("account ")}

@@ -83,6 +83,9 @@ def _array_option(text: str) -> Any:
                                  param_hint="--array") from None
 
 
+WAITS_EVERY_S = 60.0
+
+
 def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
     from rich.table import Table
 
@@ -120,6 +123,8 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
     cfg, ledger, client = open_site(site)
     console = make_console()
     wait, polls = interval, 0
+    waits: dict[int, str] = {}
+    waits_at = -WAITS_EVERY_S
     with ledger:
         while True:
             # Backs off on job state changes only: new metrics arrive all the time.
@@ -127,7 +132,11 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             polls += 1
             rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
             alerts = job_alerts(ledger, rows, cfg.alerts)
-            waits = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
+            # Why jobs wait is the controller's to say (one squeue): once a run, at most once a minute under --watch.
+            if not no_refresh and time.monotonic() - waits_at >= WAITS_EVERY_S:
+                waits, waits_at = waiting(rows, client, lambda: quota_limits(cfg, client, ledger)), time.monotonic()
+            pending = {r["id"] for r in rows if r["state"] == "PENDING"}
+            waits = {job_id: why for job_id, why in waits.items() if job_id in pending}
             if as_json:
                 click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])}
                                        for r in rows]))

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli.common import make_console, site_option
+from hpctrain.cli.common import account_budgets, make_console, site_option
 from hpctrain.jobs.accounting import GROUPS
 
 FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
@@ -80,7 +80,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     cfg, ledger = _refreshed(site, no_refresh)
     with ledger:
         groups = totals(usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts), by)
-        budgets = _budgets(cfg, ledger) if by == "account" and not no_refresh else {}
+        budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
     rows = [{by: g.key, "jobs": len(g.jobs), "runs": g.runs, "gpu_hours": g.gpu_hours,
              "lost_gpu_hours": g.lost_gpu_hours, "cost": g.cost} for g in groups]
     for r in rows:
@@ -106,15 +106,6 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
                   f"{sum(r['cost'] for r in rows):.2f}", *(["", "", ""] if budgets else []))
     make_console().print(table)
 
-
-def _budgets(cfg: Any, ledger: Any) -> dict[str, Any]:
-    """Each account's GPU-minute budget (GrpTRESMins on the account itself), where one is set."""
-    from hpctrain.cli.common import quota_limits
-    from hpctrain.slurm import SlurmClient
-    from hpctrain.slurm.assoc_mgr import GPU
-
-    return {lim.account(): lim for lim in quota_limits(cfg, SlurmClient.for_site(cfg), ledger)
-            if lim.slurm_name == f"GrpTRESMins:{GPU}" and lim.scope.startswith("account ")}
 
 
 @click.command()

@@ -25,7 +25,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     throughput, checkpoint durations, data wait; its first and last loss are printed too), a sweep by name, or
     GPU-hours per account over time."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.cli.common import find_job, open_site
+    from hpctrain.cli.common import account_budgets, find_job, open_site
     from hpctrain.report import account_report, job_report, loss_summary, sweep_report
     from hpctrain.report.collect import job_data
 
@@ -37,7 +37,8 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     summary: list[str] = []
     with ledger:
         if account is not None:
-            html = account_report(ledger, cfg, account or None, since.timestamp() if since else None)
+            html = account_report(ledger, cfg, account or None, since.timestamp() if since else None,
+                                  account_budgets(cfg, ledger))
             what = f"account-{account}" if account else "accounts"
         elif target.isascii() and target.isdigit():
             job_id = find_job(ledger, target)["id"]

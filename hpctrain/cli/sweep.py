@@ -60,6 +60,8 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
             continue
         parts = [f"{len(r.submitted)} submitted", f"{len(r.resubmitted)} resubmitted", f"{len(r.stopped)} stopped early"]
         click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")
+        if r.capped:
+            click.echo(f"  {r.capped}")
         for number, why in r.stopped.items():
             click.echo(f"  trial {number}: {why}")
     if any(r.error is not None for r in results):

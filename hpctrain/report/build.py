@@ -15,6 +15,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines
+from hpctrain.slurm.assoc_mgr import Limit
 
 MAX_LINES = 20  # curves in one plot; more would be unreadable
 MAX_LOSS_FACTS = 4  # curves whose first and last loss the facts give
@@ -98,9 +99,10 @@ def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
 
 
 def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = None,
-                   since: float | None = None) -> str:
+                   since: float | None = None, budgets: dict[str, Limit] | None = None) -> str:
     """GPU-hours, lost GPU-hours and cost of one account (None: every account) since a time, with the
-    cumulative GPU-hours of each account over time (each run's hours spread evenly over its run time)."""
+    cumulative GPU-hours of each account over time (each run's hours spread evenly over its run time) and,
+    for accounts in ``budgets`` (their GPU-minute limits), the budget as a dashed line beside them."""
     now = time.time()
     runs = _usage(ledger, site_cfg, since, now)
     if account is not None:
@@ -115,8 +117,16 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
         ("runs", f"{len(runs)} ({len({u.job_id for u in runs})} jobs)"),
         *_usage_facts(runs),
     ]
+    budgets = {name: b for name, b in (budgets or {}).items() if account in (None, name)}
+    start = min((t[0] for t, _ in series.values()), default=datetime.fromtimestamp(since or now))
+    for name, budget in budgets.items():
+        series[f"{name} budget"] = ([start, datetime.fromtimestamp(now)], [budget.limit / 60] * 2)
+        facts.append((f"budget {name}", f"{budget.limit / 60:.1f} GPU-hours, {budget.used / 60:.1f} spent as Slurm "
+                                        f"counts it (all users, decayed), {budget.left / 60:.1f} left"))
     plot = _plot("cumulative GPU-hours per account", "GPU-hours", series, xlabel="time",
-                 note="each run's GPU-hours are spread evenly over its run time")
+                 note="each run's GPU-hours are spread evenly over its run time"
+                      + ("; dashed level: the account's GPU-minute budget (GrpTRESMins)" if budgets else ""),
+                 dashed=[f"{name} budget" for name in budgets])
     table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "cost"],
                   [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}", f"{t.cost:.2f}"]
                    for t in totals(runs, "account")])

@@ -38,15 +38,16 @@ def png(fig: Any) -> bytes:
 
 def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False,
           smooth: Callable[[Sequence[float]], list[float]] | None = None, marks: Sequence[Mark] = (),
-          mark_legend: str = "") -> bytes:
-    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled.
+          mark_legend: str = "", dashed: Sequence[str] = ()) -> bytes:
+    """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled;
+    the series named in ``dashed`` dashed (levels such as a budget).
     With ``smooth``, each series' values are drawn faint and the smoothed ones on top in its colour; each mark
     is a dashed vertical line in MARK_COLOUR, its label at the top, ``mark_legend`` their legend entry."""
     fig, ax = figure()
     style = {"marker": "o", "linestyle": "none", "markersize": 5} if points else {"linewidth": 1.2}
     for label, (xs, ys) in series.items():
         if smooth is None:
-            ax.plot(xs, ys, label=label or None, **style)
+            ax.plot(xs, ys, label=label or None, **{**style, **({"linestyle": "--"} if label in dashed else {})})
         else:
             (line,) = ax.plot(xs, smooth(ys), label=label or "smoothed", linewidth=1.5)
             ax.plot(xs, ys, label=None if label else "raw", color=line.get_color(), alpha=RAW_ALPHA, linewidth=0.8,

@@ -136,3 +136,18 @@ def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tup
         elif lim.how == "running" and lim.used + asked > lim.limit:
             waits.append(f"it will wait: {lim.describe()}")
     return never, waits
+
+
+def parallel_cap(limits: list[Limit], account: str, qos: str, gpus: int) -> tuple[int, str] | None:
+    """How many jobs of ``gpus`` GPUs each can run at once as ``account`` in ``qos`` under the limits held
+    while jobs run (their caps, not what others use now), and which limit says so; None without such limits."""
+    caps = []
+    for lim in limits:
+        if lim.how != "running" or lim.account() not in (None, account) or lim.qos() not in (None, qos):
+            continue
+        if lim.unit == "jobs":
+            caps.append((int(lim.limit), f"{lim.scope}'s {lim.what} cap ({number(lim.limit)})"))
+        elif gpus:
+            caps.append((int(lim.limit // gpus), f"{lim.scope}'s {lim.what} cap ({number(lim.limit)}) "
+                                                 f"holds {int(lim.limit // gpus)} jobs of {gpus} GPUs"))
+    return min(caps, default=None)

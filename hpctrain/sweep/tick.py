@@ -8,6 +8,7 @@ so a second tick right after the first finds nothing missing and submits nothing
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,12 +16,14 @@ from typing import Callable, Iterator
 
 from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit import Submitter
 from hpctrain.submit.arrays import ArrayChunk
+from hpctrain.submit.placement import choose_placement
+from hpctrain.submit.quota import parallel_cap, user_limits
 from hpctrain.sweep import store
 from hpctrain.sweep.methods import suggest
 from hpctrain.sweep.stopping import trials_to_stop
@@ -36,6 +39,7 @@ class TickResult:
     stopped: dict[int, str] = field(default_factory=dict)
     state: str = "ACTIVE"
     error: str | None = None
+    capped: str | None = None  # why fewer than max_parallel trials run at once
 
 
 @contextlib.contextmanager
@@ -95,6 +99,9 @@ def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -
     result.resubmitted = _retry_failed(ledger, sweep, rows)
     active = sum(r["state"] in ("new", "pending", "running") for r in rows)
     due = spec.max_parallel - active
+    if due > 0:  # the limits are read only when trials are due
+        parallel, result.capped = _parallel(ledger, client, site, sweep)
+        due = parallel - active
     if due > 0:
         curves = store.intermediate(ledger, sweep, [r["number"] for r in rows if r["state"] == "pruned"], spec.metric)
         ledger.sweeps.add_trials(sweep.id, len(rows), suggest(spec, store.records(rows, curves), due))
@@ -103,6 +110,22 @@ def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -
         ledger.sweeps.set_state(sweep.id, "DONE")
         result.state = "DONE"
     return result
+
+
+def _parallel(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep) -> tuple[int, str | None]:
+    """How many trials may run at once: max_parallel, or fewer where the account's or QOS's limits would
+    leave the rest pending (and why)."""
+    wanted = sweep.spec.max_parallel
+    user, r = getpass.getuser(), sweep.job.resources
+    placement = choose_placement(sweep.job, site, client, user, f"<sweep {sweep.id}>", ledger)
+    try:
+        limits = user_limits(site, client, user, ledger, accounts=[placement.account])
+    except SlurmError:
+        return wanted, None
+    cap = parallel_cap(limits, placement.account, placement.qos, r.nodes * r.gpus_per_node)
+    if cap is None or cap[0] >= wanted:
+        return wanted, None
+    return max(cap[0], 1), f"{max(cap[0], 1)} trials at once, not {wanted}: {cap[1]}"
 
 
 def _early_stop(ledger: Ledger, client: SlurmClient, sweep: store.Sweep, rows: list[dict]) -> dict[int, str]:

@@ -5,8 +5,10 @@
 
 The scenario: a job in QOS low preempted once by a high job (so it has two runs; it outlasts the QOS
 grace time, which 22.05 would not requeue it after), and a throttled array
-(6 tasks, %2); then a job waiting behind teamb's running-GPU cap (8, set by scripts/dev-cluster) while
-another holds it, with the quota reads of `hpctrain quota`. Every call goes through SlurmClient's own methods (and the compute side's job_now), so
+(6 tasks, %2); then, while one job holds teamb's running-GPU cap (8, set by scripts/dev-cluster), jobs
+waiting behind that cap, held, for a begin time, behind QOS normal's per-user GPU cap and on a dependency,
+with the quota reads of `hpctrain quota`. (The 22.05 and 26.05 recordings also hold a QOS high job waiting
+for resources; on 24.11 such a job makes the jobs below it wait for "Priority", hiding their limits.) Every call goes through SlurmClient's own methods (and the compute side's job_now), so
 the recording holds exactly the commands hpctrain runs, under a label for the moment of the scenario.
 Writes tests/slurm_outputs/<release>.json.
 """
@@ -93,19 +95,28 @@ def main() -> None:
     rec.sacctmgr("qos", fields="name,priority,preempt,preemptmode,gracetime")
 
     rec.label = ""
+    # Jobs waiting for every reason hpctrain words, while one holds teamb's 8 GPUs (n1, n2) in QOS normal.
     hold = sbatch("--account=teamb", "-J", "rec-hold", "-N2", "--gres=gpu:4", "--wrap", "sleep 120")
     until(lambda: job(rec, hold)["JobState"] == "RUNNING", "the job holding teamb's GPUs")
-    behind = sbatch("--account=teamb", "-J", "rec-behind", "-N1", "--gres=gpu:1", "--wrap", "sleep 1")
-    until(lambda: rec.pending_reasons([behind]).get(behind) == "AssocGrpGRES", "the job to wait behind the cap")
+    waiting = {
+        "behind": sbatch("--account=teamb", "-J", "rec-behind", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
+        "held": sbatch("--hold", "-J", "rec-held", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
+        "begin": sbatch("--begin=now+3600", "-J", "rec-begin", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
+        "per_user": sbatch("-J", "rec-per-user", "-N3", "--gres=gpu:2", "--wrap", "sleep 1"),  # 8 + 6 > 12
+    }
+    waiting["after"] = sbatch(f"--dependency=afterok:{waiting['held']}", "-J", "rec-after", "--wrap", "sleep 1")
+    ids = [hold, *waiting.values()]
+    until(lambda: len([r for r in rec.pending_reasons(ids).values() if r not in ("", "None")]) == len(waiting),
+          "every waiting job's reason")
     rec.label = "limits"
-    rec.pending_reasons([hold, behind])
+    rec.pending_reasons(ids)
     user_limits(load_site("dev"), rec, "root")
     rec.label = ""
-    subprocess.run(["scancel", hold, behind], check=True)
+    subprocess.run(["scancel", *ids], check=True)
 
     out = HERE / f"{release.major}.{release.minor:02d}.json"
     out.write_text(json.dumps({"release": str(release), "jobs": {"low": low, "high": high, "array": array},
-                               "limit_jobs": {"hold": hold, "behind": behind},
+                               "limit_jobs": {"hold": hold, **waiting},
                                "calls": rec.recorded}, indent=1) + "\n")
     print(f"wrote {out.relative_to(HERE.parent.parent)}: {len(rec.recorded)} outputs of Slurm {release}")
 
