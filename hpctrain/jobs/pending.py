@@ -60,7 +60,7 @@ SENTENCES: dict[str, str] = {
 
 def explain(reason: str | None, account: str | None = None, qos: str | None = None,
             limits: list[Limit] | None = None) -> str | None:
-    """A sentence for a pending reason (None for none, the reason itself when unknown); with ``limits``,
+    """A sentence for a pending reason (None for none; "Slurm says 'X'" for one it does not know); with ``limits``,
     the numbers of the limit it names for the job's ``account`` or ``qos``."""
     if not reason or reason == "None":
         return None

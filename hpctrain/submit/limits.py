@@ -17,8 +17,11 @@ ASSOC_FIELDS = "account,partition,qos"
 ASSOC_MAX_AGE_S = 3600
 
 
-def cached(site: SiteConfig, ledger: Ledger, key: str, max_age_s: float, fetch: Callable[[], Any]) -> Any:
-    """The value cached under ``key``, else (missing, older than ``max_age_s``) ``fetch()``'s, stored."""
+def cached(site: SiteConfig, ledger: Ledger | None, key: str, max_age_s: float, fetch: Callable[[], Any]) -> Any:
+    """The value cached under ``key``, else (missing, older than ``max_age_s``) ``fetch()``'s, stored; without a
+    ledger, ``fetch()``'s."""
+    if ledger is None:
+        return fetch()
     row = ledger.get("site_cache", (site.name, key))
     if row and time.time() - row["fetched_at"] < max_age_s:
         return json.loads(row["value_json"])
@@ -43,8 +46,6 @@ def user_associations(site: SiteConfig, ledger: Ledger | None, client: SlurmClie
     cached rows, so a new association is never refused for an hour; one that was removed is refused by sbatch."""
     def fetch() -> list[dict[str, str]]:
         return client.sacctmgr("assoc", f"user={user}", fields=ASSOC_FIELDS)
-    if ledger is None:
-        return fetch()
     return cached(site, ledger, f"assoc:{user}", 0 if fresh else ASSOC_MAX_AGE_S, fetch)
 
 

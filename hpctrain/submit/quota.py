@@ -46,8 +46,6 @@ def qos_user_limits(site: SiteConfig, ledger: Ledger | None, client: SlurmClient
     """Every QOS's per-user limits (one `sacctmgr show qos`), cached for an hour unless ``fresh``."""
     def fetch() -> list[dict[str, str]]:
         return client.sacctmgr("qos", fields=QOS_FIELDS)
-    if ledger is None:
-        return fetch()
     return cached(site, ledger, "qos-limits", 0 if fresh else QOS_MAX_AGE_S, fetch)
 
 
