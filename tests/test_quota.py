@@ -5,7 +5,7 @@ from __future__ import annotations
 from hpctrain.jobs.pending import LIMIT_REASONS, SENTENCES, explain
 from hpctrain.slurm import assoc_mgr
 from hpctrain.slurm.assoc_mgr import Limit, Usage
-from hpctrain.submit.quota import JobNeeds, parallel_cap, verdict
+from hpctrain.submit.quota import ASSOC_LIMITS, JobNeeds, parallel_cap, verdict
 
 QOS_RECORD = """Current Association Manager state
 
@@ -37,8 +37,11 @@ def test_a_qos_record_with_per_account_and_per_user_sections():
     assert normal.users["1001"]["MaxTRESPU:gres/gpu"] == Usage(8, 3)
 
 
+WHAT = {name: what for name, (what, _) in ASSOC_LIMITS.items()} | {"MaxTRESPU:gres/gpu": "running GPUs per user"}
+
+
 def _limit(scope: str, name: str, limit: float, used: float = 0, how: str = "running") -> Limit:
-    return Limit(scope, "x", name, limit, used, how)
+    return Limit(scope, WHAT[name], name, limit, used, how)
 
 
 LIMITS = [
@@ -53,21 +56,21 @@ LIMITS = [
 def test_what_can_never_start_and_what_will_wait():
     assert verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=2, minutes=30)) == ([], [])
     never, waits = verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=4, minutes=90))
-    assert never == ["QOS normal allows 60 x; the job asks 90 minutes"]
-    assert waits == ["it will wait: account teamb's x cap: 6 of 8 in use"]
+    assert never == ["QOS normal allows 60 minutes per job; the job asks 90 minutes"]
+    assert waits == ["it will wait: account teamb's running GPUs cap: 6 of 8 in use"]
     assert verdict(LIMITS, "teamb", "normal", JobNeeds(gpus=16, minutes=5))[0] == [
-        "account teamb allows 8 x; the job asks 16 GPUs", "QOS normal per user allows 12 x; the job asks 16 GPUs"]
+        "account teamb allows 8 running GPUs; the job asks 16 GPUs", "QOS normal per user allows 12 running GPUs per user; the job asks 16 GPUs"]
     # teama: its budget has 10 GPU-minutes left; 3 submitted jobs pass its cap of 10 with 8 queued.
     never, waits = verdict(LIMITS, "teama", "low", JobNeeds(gpus=1, minutes=20, jobs=3))
-    assert never == ["teama/root's x cap: 8 of 10 submitted, 3 more asked"]
-    assert waits == ["account teama's x budget has 10 left and the job may use 20: it is stopped if the budget runs out"]
+    assert never == ["teama/root's submitted jobs per user cap: 8 of 10 submitted, 3 more asked"]
+    assert waits == ["account teama's GPU-minutes budget has 10 left and the job may use 20: it is stopped if the budget runs out"]
     assert verdict(LIMITS, "teama", "low", JobNeeds(gpus=0, minutes=20)) == ([], [])  # no GPU, no GPU budget
 
 
 def test_a_spent_budget_refuses_any_gpu_job():
     spent = [_limit("account teama", "GrpTRESMins:gres/gpu", 600, 612, "spent")]
     assert verdict(spent, "teama", "normal", JobNeeds(gpus=1, minutes=1))[0] == [
-        "account teama's x budget: 612 of 600 spent, the job may use 1"]
+        "account teama's GPU-minutes budget: 612 of 600 spent, the job may use 1"]
 
 
 def test_pending_reasons_in_words():
@@ -84,14 +87,14 @@ def test_pending_reasons_in_words():
     assert explain("AssocGrpGRESMinutes", "teama", "low", LIMITS) == (
         "its account's GPU-minute budget is spent: account teama, 590 of 600 GPU-minutes spent")
     assert explain("QOSMaxWallDurationPerJobLimit", "teama", "normal", LIMITS) == (
-        "its time limit is above its QOS's per-job cap: QOS normal, 60 minutes")
+        "its time limit is above its QOS's per-job cap: QOS normal, 60 minutes per job")
 
 
 def test_how_many_jobs_run_at_once_under_the_caps():
     assert parallel_cap(LIMITS, "teamb", "normal", gpus=2) == (
-        4, "account teamb's x cap (8) holds 4 jobs of 2 GPUs")
+        4, "account teamb's running GPUs cap (8) holds 4 jobs of 2 GPUs")
     assert parallel_cap(LIMITS, "teama", "normal", gpus=2) == (
-        6, "QOS normal per user's x cap (12) holds 6 jobs of 2 GPUs")
+        6, "QOS normal per user's running GPUs per user cap (12) holds 6 jobs of 2 GPUs")
     assert parallel_cap(LIMITS, "teama", "low", gpus=2) is None  # a budget and a submit cap do not cap running jobs
     jobs_cap = [_limit("account teama", "GrpJobs", 3)]
-    assert parallel_cap(jobs_cap, "teama", "low", gpus=0) == (3, "account teama's x cap (3)")
+    assert parallel_cap(jobs_cap, "teama", "low", gpus=0) == (3, "account teama's running jobs cap (3)")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hpctrain.config import load_site
-from hpctrain.jobs.pending import waiting
+from hpctrain.jobs.pending import SENTENCES, waiting
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
@@ -86,31 +86,90 @@ def test_config_partitions_nodes_shares_and_qos(recording):
     assert qos["high"]["preempt"] == "low" and qos["low"]["preemptmode"] == "requeue"
 
 
-def test_jobs_waiting_behind_limits_and_for_other_reasons(recording):
-    """The quota reads and the waiting jobs' reasons, as every release prints them: the same limits and the
-    same sentences, with the numbers of the limit behind each."""
-    jobs, client = recording["limit_jobs"], Replay(recording, "limits")
-    limits = user_limits(load_site("dev"), client, "root")
+def test_the_quota_reads_with_jobs_waiting(recording):
+    """`hpctrain quota`'s reads while one job holds teamb's GPUs, as every release prints them."""
+    limits = user_limits(load_site("dev"), Replay(recording, "limits"), "root")
     cap = next(lim for lim in limits if lim.scope == "account teamb" and lim.slurm_name == "GrpTRES:gres/gpu")
     assert (cap.limit, cap.used, cap.left) == (8, 8, 0)
     assert {(lim.scope, lim.slurm_name, lim.limit) for lim in limits} >= {
         ("account teama", "GrpTRESMins:gres/gpu", 10_000_000), ("QOS normal per user", "MaxTRESPU:gres/gpu", 12),
         ("QOS normal per user", "MaxSubmitJobsPU", 20_000), ("QOS low", "MaxWallPJ", 1440)}
-    per_user = next(lim for lim in limits if lim.slurm_name == "MaxTRESPU:gres/gpu")
+    per_user = next(lim for lim in limits if lim.slurm_name == "MaxTRESPU:gres/gpu" and lim.scope == "QOS normal per user")
     assert per_user.used == 8  # root's GPUs running in QOS normal: the holding job's
-    # The ledger may still hold a job as pending that has started: squeue lists only what waits.
-    rows = [{"id": n, "slurm_job_id": slurm_id, "state": "PENDING", "account": "teamb" if name == "behind" else "teama",
-             "qos": "high" if name == "wide" else "normal"} for n, (name, slurm_id) in enumerate(jobs.items())]
-    reasons = {"behind": "AssocGrpGRES", "held": "JobHeldUser", "begin": "BeginTime", "per_user": "QOSMaxGRESPerUser",
-               "wide": "Resources", "after": "Dependency"}
-    sentences = {
-        "behind": "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use",
-        "held": "held by its user: `scontrol release` it",
-        "begin": "it may not start before its begin time (Slurm's delay after a requeue, or --begin)",
-        "per_user": "your running-GPU cap in its QOS is reached: QOS normal per user, 8 of 12 GPUs in use",
-        "wide": "it is next, waiting for nodes with the GPUs, CPUs and memory it asks to free up",
-        "after": "it waits for the jobs it depends on to end"}
-    waiting_jobs = [name for name in jobs if name != "hold"]
-    assert client.pending_reasons([r["slurm_job_id"] for r in rows]) == {jobs[n]: reasons[n] for n in waiting_jobs}
-    assert waiting(rows, client, lambda: limits) == {r["id"]: sentences[name] for r, name in zip(rows, jobs)
-                                                     if name != "hold"}
+
+
+# The recordings' waiting jobs, scene by scene (record.py's waiting_jobs): the reason every release gives
+# each (what a release adds after a comma, such as the nodes, varies) and hpctrain's sentence for it, with the
+# numbers of the limit behind it.
+WAITS = {
+    "limits": {
+        "behind": ("AssocGrpGRES", "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use"),
+        "held": ("JobHeldUser", "held by its user: `scontrol release` it"),
+        "begin": ("BeginTime", "it may not start before its begin time (Slurm's delay after a requeue, or --begin)"),
+        "per_user": ("QOSMaxGRESPerUser",
+                     "your running-GPU cap in its QOS is reached: QOS normal per user, 8 of 12 GPUs in use"),
+        "after": ("Dependency", "it waits for the jobs it depends on to end"),
+        "admin_held": ("JobHeldAdmin", "held by an administrator"),
+        "reservation": ("Reservation", "it waits for its reservation to start"),
+        "account_grp_jobs": ("AssocGrpJobsLimit",
+                             "its account's running-job cap is reached: account rec_grp_jobs, 0 of 0 jobs in use"),
+        "account_user_jobs": ("AssocMaxJobsLimit",
+                              "your running-job cap in its account is reached: rec_user_jobs/root, 0 of 0 jobs in use"),
+        "account_wall": ("AssocMaxWallDurationPerJobLimit",
+                         "its time limit is above its account's per-job cap: rec_wall/root, 10 minutes per job"),
+        "qos_grp_jobs": ("QOSGrpJobsLimit", "its QOS's running-job cap is reached: QOS rec_grp_jobs, 0 of 0 jobs in use"),
+        "qos_user_jobs": ("QOSMaxJobsPerUserLimit",
+                          "your running-job cap in its QOS is reached: QOS rec_user_jobs per user, 0 of 0 jobs in use"),
+        "qos_wall": ("QOSMaxWallDurationPerJobLimit",
+                     "its time limit is above its QOS's per-job cap: QOS rec_wall, 10 minutes per job"),
+        "never": ("DependencyNeverSatisfied", "its dependency can never be met (a job it needs failed): cancel it"),
+    },
+    "select": {
+        "partition_time": ("PartitionTimeLimit", "its time limit is above the partition's"),
+        "partition_nodes": ("PartitionNodeLimit", "it asks more nodes than the partition allows"),
+        "partition_down": ("PartitionDown", "its partition is down"),
+        "account_budget": ("AssocGrpGRESMinutes",
+                           "its account's GPU-minute budget is spent: account rec_budget, 0 of 0 GPU-minutes spent"),
+        "account_per_job": ("AssocMaxGRESPerJob",
+                            "it asks more GPUs than its account allows a job: rec_per_job/root, 1 GPUs per job"),
+        "qos_grp_gpus": ("QOSGrpGRES", "its QOS's running-GPU cap is reached: QOS rec_grp_gpus, 0 of 0 GPUs in use"),
+        "qos_budget": ("QOSGrpGRESMinutes",
+                       "its QOS's GPU-minute budget is spent: QOS rec_budget, 0 of 0 GPU-minutes spent"),
+        "qos_per_job": ("QOSMaxGRESPerJob", "it asks more GPUs than its QOS allows a job: QOS rec_per_job, 1 GPUs per job"),
+    },
+    "queue": {
+        "wide": ("Resources", "it is next, waiting for nodes with the GPUs, CPUs and memory it asks to free up"),
+        "next": ("Priority", "other jobs of higher priority are ahead of it (fairshare, QOS, age)"),
+        "drained": ("ReqNodeNotAvail", "a node it needs is down, drained or reserved"),
+    },
+}
+
+
+def account_and_qos(name: str) -> tuple[str, str]:
+    """The account and QOS record.py submits a waiting job of that name under."""
+    if name.startswith("account_"):
+        return f"rec_{name.removeprefix('account_')}", "normal"
+    if name.startswith("qos_"):
+        return "teama", f"rec_{name.removeprefix('qos_')}"
+    return "teamb" if name in ("hold", "behind") else "teama", "high" if name in ("wide", "next") else "normal"
+
+
+def test_every_reason_hpctrain_words_is_recorded():
+    """hpctrain words no reason it has not seen a release give (any other is quoted as Slurm says it)."""
+    assert {reason for scene in WAITS.values() for reason, _ in scene.values()} == set(SENTENCES)
+
+
+@pytest.mark.parametrize("scene", WAITS)
+def test_why_jobs_wait(recording, scene):
+    """Each waiting job's reason as the release gives it, in words, with the numbers of the limit behind it.
+    The ledger may still hold a job as pending that has started (the scene's first): squeue lists only what waits."""
+    jobs, client = recording["scenes"][scene], Replay(recording, scene)
+    limits = user_limits(load_site("dev"), Replay(recording, "limits"), "root")
+    rows = [{"id": name, "slurm_job_id": slurm_id, "state": "PENDING", "account": account_and_qos(name)[0],
+             "qos": account_and_qos(name)[1]} for name, slurm_id in jobs.items()]
+    reasons = {name: client.pending_reasons(list(jobs.values())).get(slurm_id) for name, slurm_id in jobs.items()}
+    assert {name: reason and reason.partition(", ")[0] for name, reason in reasons.items()} == {
+        name: WAITS[scene][name][0] if name in WAITS[scene] else None for name in jobs}
+    detail = {name: f" ({reason.partition(', ')[2]})" if ", " in reason else "" for name, reason in reasons.items() if reason}
+    assert waiting(rows, client, lambda: limits) == {name: sentence + detail[name]
+                                                     for name, (_, sentence) in WAITS[scene].items()}

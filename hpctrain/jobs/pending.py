@@ -1,25 +1,26 @@
 """Why a job waits, in words: Slurm's pending reason as a short sentence, with the numbers of the limit
-behind it where hpctrain knows them (see hpctrain.submit.quota)."""
+behind it where hpctrain knows them (see hpctrain.submit.quota). Every reason worded here is one that
+every supported release was seen to give (tests/slurm_outputs); any other is quoted as Slurm says it."""
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
 from hpctrain.errors import SlurmError
-from hpctrain.slurm.assoc_mgr import GPU, Limit
+from hpctrain.slurm.assoc_mgr import GPU, Limit, number
 from hpctrain.slurm.client import SlurmClient
 
 # Reason -> the limit behind it (True: the association's, False: the QOS's; Slurm's name of the limit).
 LIMIT_REASONS: dict[str, tuple[bool, str]] = {
     "AssocGrpGRES": (True, f"GrpTRES:{GPU}"),
     "AssocGrpGRESMinutes": (True, f"GrpTRESMins:{GPU}"),
-    "AssocGrpJobs": (True, "GrpJobs"),
+    "AssocGrpJobsLimit": (True, "GrpJobs"),
     "AssocMaxJobsLimit": (True, "MaxJobs"),
     "AssocMaxWallDurationPerJobLimit": (True, "MaxWallPJ"),
     "AssocMaxGRESPerJob": (True, f"MaxTRESPJ:{GPU}"),
     "QOSGrpGRES": (False, f"GrpTRES:{GPU}"),
     "QOSGrpGRESMinutes": (False, f"GrpTRESMins:{GPU}"),
-    "QOSGrpJobs": (False, "GrpJobs"),
+    "QOSGrpJobsLimit": (False, "GrpJobs"),
     "QOSMaxGRESPerUser": (False, f"MaxTRESPU:{GPU}"),
     "QOSMaxJobsPerUserLimit": (False, "MaxJobsPU"),
     "QOSMaxWallDurationPerJobLimit": (False, "MaxWallPJ"),
@@ -39,18 +40,15 @@ SENTENCES: dict[str, str] = {
     "PartitionNodeLimit": "it asks more nodes than the partition allows",
     "PartitionDown": "its partition is down",
     "Reservation": "it waits for its reservation to start",
-    "NodeDown": "a node it needs is down",
-    "BadConstraints": "no node can ever satisfy what it asks",
-    "launch failed requeued held": "its launch failed; Slurm requeued and held it: `scontrol release` it",
     "AssocGrpGRES": "its account's running-GPU cap is reached",
     "AssocGrpGRESMinutes": "its account's GPU-minute budget is spent",
-    "AssocGrpJobs": "its account's running-job cap is reached",
+    "AssocGrpJobsLimit": "its account's running-job cap is reached",
     "AssocMaxJobsLimit": "your running-job cap in its account is reached",
     "AssocMaxWallDurationPerJobLimit": "its time limit is above its account's per-job cap",
     "AssocMaxGRESPerJob": "it asks more GPUs than its account allows a job",
     "QOSGrpGRES": "its QOS's running-GPU cap is reached",
     "QOSGrpGRESMinutes": "its QOS's GPU-minute budget is spent",
-    "QOSGrpJobs": "its QOS's running-job cap is reached",
+    "QOSGrpJobsLimit": "its QOS's running-job cap is reached",
     "QOSMaxGRESPerUser": "your running-GPU cap in its QOS is reached",
     "QOSMaxJobsPerUserLimit": "your running-job cap in its QOS is reached",
     "QOSMaxWallDurationPerJobLimit": "its time limit is above its QOS's per-job cap",
@@ -64,15 +62,22 @@ def explain(reason: str | None, account: str | None = None, qos: str | None = No
     the numbers of the limit it names for the job's ``account`` or ``qos``."""
     if not reason or reason == "None":
         return None
-    sentence = SENTENCES.get(reason, f"Slurm says {reason!r}")
-    if reason in LIMIT_REASONS and limits:
-        on_assoc, name = LIMIT_REASONS[reason]
+    key, _, detail = reason.partition(", ")  # "ReqNodeNotAvail, UnavailableNodes:n3"
+    if key not in SENTENCES:
+        return f"Slurm says {reason!r}"
+    sentence = SENTENCES[key] + (f" ({detail})" if detail else "")
+    if key in LIMIT_REASONS and limits:
+        on_assoc, name = LIMIT_REASONS[key]
         for lim in limits:
             if lim.slurm_name == name and ((lim.account() == account) if on_assoc else (lim.qos() == qos)):
-                numbers = (f"{lim.limit:g} minutes" if lim.unit == "minutes"
-                           else f"{lim.used:g} of {lim.limit:g} {lim.unit} {'spent' if lim.how == 'spent' else 'in use'}")
-                return f"{sentence}: {lim.scope}, {numbers}"
+                return f"{sentence}: {lim.scope}, {_numbers(lim)}"
     return sentence
+
+
+def _numbers(lim: Limit) -> str:
+    if lim.how == "per job":
+        return f"{number(lim.limit)} {lim.what}"
+    return f"{number(lim.used)} of {number(lim.limit)} {lim.unit} {'spent' if lim.how == 'spent' else 'in use'}"
 
 
 def waiting(jobs: list[dict[str, Any]], client: SlurmClient, limits: Callable[[], list[Limit]]) -> dict[int, str]:
@@ -91,6 +96,6 @@ def waiting(jobs: list[dict[str, Any]], client: SlurmClient, limits: Callable[[]
         job = pending.get(task_id.split("_")[0])
         if job is not None and job["id"] not in reasons and reason not in ("", "None"):
             reasons[job["id"]] = (reason, job.get("account"), job.get("qos"))
-    known = limits() if any(reason in LIMIT_REASONS for reason, _, _ in reasons.values()) else []
+    known = limits() if any(reason.partition(", ")[0] in LIMIT_REASONS for reason, _, _ in reasons.values()) else []
     return {job_id: text for job_id, (reason, account, qos) in reasons.items()
             if (text := explain(reason, account, qos, known))}

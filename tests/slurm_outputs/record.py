@@ -4,12 +4,13 @@
     scripts/slurm-lane 26.05 run bash -c 'scripts/dev-cluster up && .venv/bin/python tests/slurm_outputs/record.py'
 
 The scenario: a job in QOS low preempted once by a high job (so it has two runs; it outlasts the QOS
-grace time, which 22.05 would not requeue it after), and a throttled array
-(6 tasks, %2); then, while one job holds teamb's running-GPU cap (8, set by scripts/dev-cluster), jobs
-waiting behind that cap, held, for a begin time, behind QOS normal's per-user GPU cap and on a dependency,
-with the quota reads of `hpctrain quota`. (The 22.05 and 26.05 recordings also hold a QOS high job waiting
-for resources; on 24.11 such a job makes the jobs below it wait for "Priority", hiding their limits.) Every call goes through SlurmClient's own methods (and the compute side's job_now), so
-the recording holds exactly the commands hpctrain runs, under a label for the moment of the scenario.
+grace time, which 22.05 would not requeue it after), and a throttled array (6 tasks, %2); then jobs
+waiting for every reason hpctrain words (`waiting_jobs`): behind teamb's running-GPU cap (8, set by
+scripts/dev-cluster) while one job holds it, behind QOS normal's per-user cap, held, for a begin time, on
+dependencies, on partition limits and a reservation, behind each limit of temporary accounts and QOS, with
+the quota reads of `hpctrain quota`; then jobs queued behind a job that fills the cluster and one for a
+drained node. Every call goes through SlurmClient's own methods (and the compute side's job_now), so the
+recording holds exactly the commands hpctrain runs, under a label for the moment of the scenario.
 Writes tests/slurm_outputs/<release>.json.
 """
 
@@ -65,6 +66,112 @@ def until(predicate, what: str, timeout: float = 120) -> None:
         time.sleep(0.5)
 
 
+# Temporary accounts and QOS, each with a limit no job of the scenario fits: name -> the limit.
+ACCOUNT_LIMITS = {"grp_jobs": "GrpJobs=0", "budget": "GrpTRESMins=gres/gpu=0", "wall": "MaxWall=10",
+                  "per_job": "MaxTRES=gres/gpu=1"}
+QOS_LIMITS = {"grp_gpus": "GrpTRES=gres/gpu=0", "grp_jobs": "GrpJobs=0", "budget": "GrpTRESMins=gres/gpu=0",
+              "user_jobs": "MaxJobsPerUser=0", "wall": "MaxWall=10", "per_job": "MaxTRESPerJob=gres/gpu=1"}
+
+
+def sacctmgr(*args: str, check: bool = True) -> None:
+    subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, check=check)
+
+
+def scontrol(*args: str, check: bool = True) -> None:
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, check=check)
+
+
+def set_up() -> None:
+    """The temporary limits, partitions and reservation the waiting jobs meet."""
+    for name, limit in ACCOUNT_LIMITS.items():
+        sacctmgr("add", "account", f"rec_{name}", "parent=root")
+        sacctmgr("add", "user", "root", f"account=rec_{name}")
+        sacctmgr("modify", "account", f"rec_{name}", "set", limit)
+    sacctmgr("add", "account", "rec_user_jobs", "parent=root")
+    sacctmgr("add", "user", "root", "account=rec_user_jobs", "MaxJobs=0")
+    for name, limit in QOS_LIMITS.items():
+        sacctmgr("add", "qos", f"rec_{name}", limit)
+    sacctmgr("modify", "user", "root", "where", "account=teama", "set", f"qos+={','.join('rec_' + n for n in QOS_LIMITS)}")
+    scontrol("create", "PartitionName=rec_small", "Nodes=n3", "MaxTime=10", "MaxNodes=1", "State=UP")
+    scontrol("create", "PartitionName=rec_down", "Nodes=n3", "State=DOWN")
+    scontrol("create", "reservation", "ReservationName=rec_later", "StartTime=now+3600", "Duration=10", "Nodes=n3",
+             "Users=root")
+
+
+def undo() -> None:
+    """Everything set_up made, and every job, gone (whatever failed on the way)."""
+    subprocess.run(["scancel", "-u", "root"], check=False)
+    scontrol("update", "NodeName=n3", "State=RESUME", check=False)
+    scontrol("delete", "ReservationName=rec_later", check=False)
+    for partition in ("rec_small", "rec_down"):
+        scontrol("delete", f"PartitionName={partition}", check=False)
+    accounts = ",".join(f"rec_{n}" for n in [*ACCOUNT_LIMITS, "user_jobs"])
+    sacctmgr("delete", "user", "root", "where", f"account={accounts}", check=False)
+    sacctmgr("delete", "account", accounts, check=False)
+    sacctmgr("delete", "qos", ",".join(f"rec_{n}" for n in QOS_LIMITS), check=False)
+
+
+def record_waiting(rec: Recorder, label: str, waiting: dict[str, str], others: list[str]) -> None:
+    """Under ``label``, why each of ``waiting`` waits (once each has a reason), asked with ``others``."""
+    ids = list(waiting.values())
+    until(lambda: len([r for r in rec.pending_reasons(ids).values() if r not in ("", "None")]) == len(ids),
+          f"every waiting job's reason ({label})")
+    rec.label = label
+    rec.pending_reasons([*others, *ids])
+    rec.label = ""
+
+
+def waiting_jobs(rec: Recorder) -> dict[str, dict[str, str]]:
+    """Jobs waiting for every reason hpctrain words, in three scenes: behind limits checked before nodes
+    are picked while one job holds n1 and n2 (label "limits", with the quota reads of `hpctrain quota`);
+    behind limits checked once nodes are picked, on an idle cluster (label "select": with no node free
+    they wait for "Priority" instead); queued behind a job that fills n1 and n2 while n3 is drained
+    (label "queue"). Label -> name -> job id, in the order squeue was asked."""
+    hold = sbatch("--account=teamb", "-J", "rec-hold", "-N2", "-w", "n[1-2]", "--gres=gpu:4", "--wrap", "sleep 120")
+    until(lambda: job(rec, hold)["JobState"] == "RUNNING", "the job holding teamb's GPUs")
+    failed = sbatch("--wrap", "false")
+    set_up()
+    small = ("-N1", "--gres=gpu:2", "--time=20", "--wrap", "sleep 1")  # over every per-job limit of set_up
+    limits = {
+        "behind": sbatch("--account=teamb", *small),
+        "held": sbatch("--hold", *small),
+        "begin": sbatch("--begin=now+3600", *small),
+        "per_user": sbatch("-N2", "-w", "n[1-2]", "--gres=gpu:3", "--wrap", "sleep 1"),  # 8 + 6 > 12
+        "after": sbatch(f"--dependency=afterok:{hold}", "--wrap", "sleep 1"),
+        "admin_held": sbatch(*small),
+        "reservation": sbatch("--reservation=rec_later", "--time=5", "--wrap", "sleep 1"),
+        **{f"account_{n}": sbatch(f"--account=rec_{n}", *small) for n in ("grp_jobs", "user_jobs", "wall")},
+        **{f"qos_{n}": sbatch(f"--qos=rec_{n}", *small) for n in ("grp_jobs", "user_jobs", "wall")},
+    }
+    scontrol("hold", limits["admin_held"])
+    until(lambda: job(rec, failed)["JobState"] == "FAILED", "the job that fails")
+    limits["never"] = sbatch(f"--dependency=afterok:{failed}", "--wrap", "sleep 1")
+    record_waiting(rec, "limits", limits, [hold])
+    rec.label = "limits"
+    user_limits(load_site("dev"), rec, "root")
+    rec.label = ""
+    subprocess.run(["scancel", hold, *limits.values()], check=True)
+
+    select = {
+        "partition_time": sbatch("-p", "rec_small", *small),
+        "partition_nodes": sbatch("-p", "rec_small", "-N2", "--wrap", "sleep 1"),
+        "partition_down": sbatch("-p", "rec_down", *small),
+        **{f"account_{n}": sbatch(f"--account=rec_{n}", *small) for n in ("budget", "per_job")},
+        **{f"qos_{n}": sbatch(f"--qos=rec_{n}", *small) for n in ("grp_gpus", "budget", "per_job")},
+    }
+    record_waiting(rec, "select", select, [])
+    subprocess.run(["scancel", *select.values()], check=True)
+
+    scontrol("update", "NodeName=n3", "State=DRAIN", "Reason=recording")
+    full = sbatch("-J", "rec-full", "-N2", "-w", "n[1-2]", "--gres=gpu:4", "--wrap", "sleep 120")
+    until(lambda: job(rec, full)["JobState"] == "RUNNING", "the job filling n1 and n2")
+    queue = {"wide": sbatch("--qos=high", "-N2", "--gres=gpu:4", "--wrap", "sleep 1")}
+    queue["next"] = sbatch("--qos=high", "-N2", "--gres=gpu:4", "--wrap", "sleep 1")
+    queue["drained"] = sbatch("-w", "n3", *small)
+    record_waiting(rec, "queue", queue, [full])
+    return {"limits": {"hold": hold, **limits}, "select": select, "queue": {"full": full, **queue}}
+
+
 def main() -> None:
     rec = Recorder()
     release = rec.version()
@@ -72,7 +179,7 @@ def main() -> None:
     low = sbatch("--qos=low", "--requeue", "-J", "rec-low", "-N3", "--gres=gpu:2", "--wrap", "sleep 30")
     until(lambda: job(rec, low)["JobState"] == "RUNNING", "the low job to run")
     high = sbatch("--qos=high", "-J", "rec-high", "-N3", "--gres=gpu:4", "--wrap", "sleep 2")
-    until(lambda: job(rec, low)["JobState"] == "RUNNING" and job(rec, low)["Restarts"] == "1", "the low job's second run")
+    until(lambda: (j := job(rec, low))["JobState"] == "RUNNING" and j["Restarts"] == "1", "the low job's second run")
     array = sbatch("--array=0-5%2", "-J", "rec-array", "-N1", "--gres=gpu:1", "--wrap", "sleep 3")
     until(lambda: job(rec, f"{array}_1")["JobState"] == "RUNNING", "the array's first tasks")
     until(lambda: any(r["JobID"].startswith(f"{array}_") for r in rec.sacct([array], SACCT_FIELDS)), "accounting")
@@ -95,28 +202,14 @@ def main() -> None:
     rec.sacctmgr("qos", fields="name,priority,preempt,preemptmode,gracetime")
 
     rec.label = ""
-    # Jobs waiting for every reason hpctrain words, while one holds teamb's 8 GPUs (n1, n2) in QOS normal.
-    hold = sbatch("--account=teamb", "-J", "rec-hold", "-N2", "--gres=gpu:4", "--wrap", "sleep 120")
-    until(lambda: job(rec, hold)["JobState"] == "RUNNING", "the job holding teamb's GPUs")
-    waiting = {
-        "behind": sbatch("--account=teamb", "-J", "rec-behind", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
-        "held": sbatch("--hold", "-J", "rec-held", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
-        "begin": sbatch("--begin=now+3600", "-J", "rec-begin", "-N1", "--gres=gpu:1", "--wrap", "sleep 1"),
-        "per_user": sbatch("-J", "rec-per-user", "-N3", "--gres=gpu:2", "--wrap", "sleep 1"),  # 8 + 6 > 12
-    }
-    waiting["after"] = sbatch(f"--dependency=afterok:{waiting['held']}", "-J", "rec-after", "--wrap", "sleep 1")
-    ids = [hold, *waiting.values()]
-    until(lambda: len([r for r in rec.pending_reasons(ids).values() if r not in ("", "None")]) == len(waiting),
-          "every waiting job's reason")
-    rec.label = "limits"
-    rec.pending_reasons(ids)
-    user_limits(load_site("dev"), rec, "root")
-    rec.label = ""
-    subprocess.run(["scancel", *ids], check=True)
+    try:
+        scenes = waiting_jobs(rec)
+    finally:
+        undo()
 
     out = HERE / f"{release.major}.{release.minor:02d}.json"
     out.write_text(json.dumps({"release": str(release), "jobs": {"low": low, "high": high, "array": array},
-                               "limit_jobs": {"hold": hold, **waiting},
+                               "scenes": scenes,
                                "calls": rec.recorded}, indent=1) + "\n")
     print(f"wrote {out.relative_to(HERE.parent.parent)}: {len(rec.recorded)} outputs of Slurm {release}")
 
