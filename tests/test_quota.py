@@ -5,7 +5,8 @@ from __future__ import annotations
 from hpctrain.jobs.pending import LIMIT_REASONS, SENTENCES, explain
 from hpctrain.slurm import assoc_mgr
 from hpctrain.slurm.assoc_mgr import Limit, Usage
-from hpctrain.submit.quota import ASSOC_LIMITS, JobNeeds, parallel_cap, verdict
+from hpctrain.config import load_site
+from hpctrain.submit.quota import ASSOC_LIMITS, JobNeeds, parallel_cap, user_limits, verdict
 
 QOS_RECORD = """Current Association Manager state
 
@@ -41,7 +42,8 @@ WHAT = {name: what for name, (what, _) in ASSOC_LIMITS.items()} | {"MaxTRESPU:gr
 
 
 def _limit(scope: str, name: str, limit: float, used: float = 0, how: str = "running") -> Limit:
-    return Limit(scope, WHAT[name], name, limit, used, how)
+    covers = () if scope.startswith("QOS ") else (scope.removeprefix("account ").split("/")[0],)
+    return Limit(scope, WHAT[name], name, limit, used, how, covers)
 
 
 LIMITS = [
@@ -71,6 +73,42 @@ def test_a_spent_budget_refuses_any_gpu_job():
     spent = [_limit("account teama", "GrpTRESMins:gres/gpu", 600, 612, "spent")]
     assert verdict(spent, "teama", "normal", JobNeeds(gpus=1, minutes=1))[0] == [
         "account teama's GPU-minutes budget: 612 of 600 spent, the job may use 1"]
+
+
+class Tree:
+    """A SlurmClient's quota reads for root in teamc, below dept (which caps GPUs at 2), below root."""
+
+    RECORDS = {
+        "root": "ClusterName=dev Account=root UserName= Partition= Priority=0 ID=1\n    ParentAccount= Lft=1\n",
+        "teamc": ("ClusterName=dev Account=teamc UserName= Partition= Priority=0 ID=33\n    ParentAccount=dept(32)\n"
+                  "ClusterName=dev Account=teamc UserName=root(0) Partition= Priority=0 ID=34\n    ParentAccount=\n"
+                  "    GrpTRES=cpu=N(0),gres/gpu=N(0)\n"),
+        "dept": ("ClusterName=dev Account=dept UserName= Partition= Priority=0 ID=32\n    ParentAccount=root(1)\n"
+                 "    GrpTRES=cpu=N(0),gres/gpu=2(1)\n"),
+    }
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def sacctmgr(self, entity: str, *where: str, fields: str) -> list[dict[str, str]]:
+        return [{"account": "teamc", "qos": "normal"}] if entity == "assoc" else []
+
+    def assoc_mgr(self, accounts: list[str], user: str, qos: list[str] | None = None) -> str:
+        self.asked.append(accounts)
+        return "".join(self.RECORDS[a] for a in accounts) + ("QOS Records\n\nQOS=normal(1)\n" if qos else "")
+
+
+def test_the_caps_of_the_accounts_above_hold_for_the_users_account():
+    client = Tree()
+    limits = user_limits(load_site("dev"), client, "root")  # type: ignore[arg-type]
+    assert client.asked == [["root", "teamc"], ["dept"]]  # one more call per level above root's children
+    assert [(lim.scope, lim.slurm_name, lim.limit, lim.used, lim.covers) for lim in limits] == [
+        ("account dept", "GrpTRES:gres/gpu", 2, 1, ("teamc",))]
+    assert verdict(limits, "teamc", "normal", JobNeeds(gpus=4, minutes=5))[0] == [
+        "account dept allows 2 running GPUs; the job asks 4 GPUs"]
+    assert verdict(limits, "teama", "normal", JobNeeds(gpus=4, minutes=5)) == ([], [])
+    assert explain("AssocGrpGRES", "teamc", "normal", limits) == (
+        "its account's running-GPU cap is reached: account dept, 1 of 2 GPUs in use")
 
 
 def test_pending_reasons_in_words():

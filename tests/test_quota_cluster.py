@@ -90,6 +90,32 @@ def test_quota_matches_sacctmgr_and_sshare(dev_cluster, isolated_ledger):
     assert "budget_gpu_hours" not in rows["teamb"]
 
 
+@contextmanager
+def sub_account(name: str, parent: str) -> Iterator[None]:
+    """A temporary account below ``parent`` with root as its user."""
+    sh("sacctmgr", "-i", "add", "account", name, f"parent={parent}")
+    try:
+        sh("sacctmgr", "-i", "add", "user", "root", f"account={name}")
+        yield
+    finally:
+        subprocess.run(["sacctmgr", "-i", "delete", "user", "root", f"where", f"account={name}"], capture_output=True)
+        sh("sacctmgr", "-i", "delete", "account", name)
+
+
+def test_a_parent_accounts_cap_holds_for_the_accounts_below_it(dev_cluster, isolated_ledger, tmp_path):
+    """Slurm enforces teamb's running-GPU cap on an account below teamb too: quota shows it for that account, and
+    submit refuses a job over it there."""
+    with sub_account("teamb_sub", "teamb"):
+        shown = json.loads(run_cli("quota", "--account", "teamb_sub", "--json").stdout)
+        assert [(q["scope"], q["limit"], q["covers"]) for q in shown if q["slurm_name"] == "GrpTRES:gres/gpu"] == [
+            ("account teamb", 8, ["teamb_sub"])]
+        spec = _spec(tmp_path, "too-wide", 3, 4, 1, account="teamb_sub")
+        out = run_cli("submit", str(spec))
+        assert out.returncode == 2
+        assert out.stderr.endswith("the job can never start as 'teamb_sub': account teamb allows 8 running GPUs; "
+                                   "the job asks 12 GPUs\n")
+
+
 def _spec(tmp_path: Path, name: str, nodes: int, gpus: int, seconds: int, account: str = "teamb") -> Path:
     path = tmp_path / f"{name}.toml"
     path.write_text(f'name = "{name}"\ncommand = ["sleep", "{seconds}"]\nlauncher = "none"\n\n[resources]\n'

@@ -68,9 +68,12 @@ def explain(reason: str | None, account: str | None = None, qos: str | None = No
     sentence = SENTENCES[key] + (f" ({detail})" if detail else "")
     if key in LIMIT_REASONS and limits:
         on_assoc, name = LIMIT_REASONS[key]
-        for lim in limits:
-            if lim.slurm_name == name and ((lim.account() == account) if on_assoc else (lim.qos() == qos)):
-                return f"{sentence}: {lim.scope}, {_numbers(lim)}"
+        # The account's own limit or one above it (or the job's QOS's): the one with least left.
+        held = [lim for lim in limits if lim.slurm_name == name and (lim.qos() is None) == on_assoc
+                and lim.applies(account, qos)]
+        if held:
+            lim = min(held, key=lambda lim: lim.left)
+            return f"{sentence}: {lim.scope}, {_numbers(lim)}"
     return sentence
 
 

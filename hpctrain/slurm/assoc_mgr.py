@@ -114,6 +114,7 @@ class Limit:
     limit: float
     used: float
     how: str
+    covers: tuple[str, ...] = ()  # the user's accounts an association's limit holds for (all: a QOS's)
 
     @property
     def unit(self) -> str:
@@ -130,6 +131,10 @@ class Limit:
 
     def qos(self) -> str | None:
         return self.scope.split()[1] if self.scope.startswith("QOS ") else None
+
+    def applies(self, account: str | None, qos: str | None) -> bool:
+        """Whether the limit holds for a job of ``account`` in ``qos``."""
+        return (self.qos() or qos) == qos and (not self.covers or account in self.covers)
 
     def describe(self) -> str:
         """The cap and its use, for limits held while jobs run."""

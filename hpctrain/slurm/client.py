@@ -102,11 +102,11 @@ class SlurmClient:
             raise SlurmError(f"scontrol show job {target}: expected one record, got {len(records)}")
         return records[0]
 
-    def assoc_mgr(self, accounts: list[str], user: str, qos: list[str]) -> str:
-        """`scontrol show assoc_mgr` for ``accounts`` (their own rows and ``user``'s) and ``qos``: every limit
-        with what is in use against it (see hpctrain.slurm.assoc_mgr)."""
-        return self.run("scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", f"users={user}",
-                        f"qos={','.join(qos)}", "flags=assoc,qos")
+    def assoc_mgr(self, accounts: list[str], user: str, qos: list[str] | None = None) -> str:
+        """`scontrol show assoc_mgr` for ``accounts`` (their own rows and ``user``'s) and ``qos`` (None: no
+        QOS records): every limit with what is in use against it (see hpctrain.slurm.assoc_mgr)."""
+        wanted = [f"qos={','.join(qos)}", "flags=assoc,qos"] if qos is not None else ["flags=assoc"]
+        return self.run("scontrol", "show", "assoc_mgr", f"accounts={','.join(accounts)}", f"users={user}", *wanted)
 
     def requeue(self, target: str) -> None:
         """`scontrol requeue TARGET`: a job, or only one task of an array (``<array>_<task>``)."""

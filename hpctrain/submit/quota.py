@@ -3,7 +3,9 @@ what they mean for one job (refused before sbatch, or warned that it will wait).
 
 Limits and usage come from slurmctld's own accounting manager (`scontrol show assoc_mgr`, one call);
 a QOS's per-user limits, which that shows only for users with jobs in it, from `sacctmgr show qos`
-(cached with the user's associations). Limits on the parents of the user's accounts are not read.
+(cached with the user's associations). Slurm enforces an account's Grp* limits on every account below it
+(root included): those of the accounts above the user's are read too (one more call per level above
+root's children).
 """
 
 from __future__ import annotations
@@ -65,18 +67,33 @@ def user_limits(site: SiteConfig, client: SlurmClient, user: str, ledger: Ledger
     qos_names = sorted({q for a in assocs if a["account"] in mine for q in a["qos"].split(",") if q})
     if not mine:
         return []
-    state, qos_state = assoc_mgr.parse(client.assoc_mgr(mine, user, qos_names))
+    state, qos_state = assoc_mgr.parse(client.assoc_mgr(sorted({*mine, "root"}), user, qos_names))
+    parent = {rec.account: rec.parent for rec in state if not rec.user}
+    while above := sorted({p for p in parent.values() if p and p not in parent}):
+        more, _ = assoc_mgr.parse(client.assoc_mgr(above, user))
+        state += more
+        parent |= dict.fromkeys(above, "") | {rec.account: rec.parent for rec in more if not rec.user}
+
+    def below(account: str) -> tuple[str, ...]:
+        """The user's accounts at or below ``account``."""
+        def chain(a: str) -> list[str]:
+            return [a, *chain(parent[a])] if parent.get(a) else [a]
+        return tuple(a for a in mine if account in chain(a))
+
     limits: list[Limit] = []
     for rec in state:
-        if rec.account not in mine or rec.user not in ("", user):
+        if rec.user not in ("", user) or (rec.user and rec.account not in mine):
             continue
         scope = f"account {rec.account}" if not rec.user else f"{rec.account}/{rec.user}"
+        covers = below(rec.account) if not rec.user else (rec.account,)
+        if not covers:
+            continue
         for name, (what, how) in ASSOC_LIMITS.items():
             value = rec.values.get(name)
             # An account's Max* limits are the defaults of its users' associations, enforced there.
             if value is None or value.limit is None or (not rec.user and name.startswith("Max")):
                 continue
-            limits.append(Limit(scope, what, name, value.limit, value.used or 0.0, how))
+            limits.append(Limit(scope, what, name, value.limit, value.used or 0.0, how, covers))
     try:
         uid = str(pwd.getpwnam(user).pw_uid)  # a QOS's per-user usage is listed by uid
     except KeyError:
@@ -112,7 +129,7 @@ def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tup
     never: list[str] = []
     waits: list[str] = []
     for lim in limits:
-        if lim.account() not in (None, account) or lim.qos() not in (None, qos):
+        if not lim.applies(account, qos):
             continue
         asked = {"minutes": needs.minutes, "GPUs": needs.gpus, "GPU-minutes": needs.gpus * needs.minutes,
                  "jobs": needs.jobs if lim.how == "submitted" else 1}[lim.unit]
@@ -141,7 +158,7 @@ def parallel_cap(limits: list[Limit], account: str, qos: str, gpus: int) -> tupl
     while jobs run (their caps, not what others use now), and which limit says so; None without such limits."""
     caps = []
     for lim in limits:
-        if lim.how != "running" or lim.account() not in (None, account) or lim.qos() not in (None, qos):
+        if lim.how != "running" or not lim.applies(account, qos):
             continue
         if lim.unit == "jobs":
             caps.append((int(lim.limit), f"{lim.scope}'s {lim.what} cap ({number(lim.limit)})"))
