@@ -97,15 +97,16 @@ def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -
     if spec.early_stopping is not None:
         result.stopped = _early_stop(ledger, client, sweep, rows)
     result.resubmitted = _retry_failed(ledger, sweep, rows)
-    active = sum(r["state"] in ("new", "pending", "running") for r in rows)
-    due = spec.max_parallel - active
-    if due > 0:  # the limits are read only when trials are due
+    in_slurm = sum(r["state"] in ("pending", "running") for r in rows)
+    active = in_slurm + sum(r["state"] == "new" for r in rows)
+    parallel = spec.max_parallel
+    if in_slurm < parallel:  # the limits are read only when trials are due
         parallel, result.capped = _parallel(ledger, client, site, sweep)
-        due = parallel - active
-    if due > 0:
+    if parallel > active:
         curves = store.intermediate(ledger, sweep, [r["number"] for r in rows if r["state"] == "pruned"], spec.metric)
-        ledger.sweeps.add_trials(sweep.id, len(rows), suggest(spec, store.records(rows, curves), due))
-    result.submitted = _submit_new(ledger, client, site, sweep)
+        ledger.sweeps.add_trials(sweep.id, len(rows), suggest(spec, store.records(rows, curves), parallel - active))
+    # Retried trials wait their turn too: no more go to Slurm than may run at once.
+    result.submitted = _submit_new(ledger, client, site, sweep, parallel - in_slurm)
     if not result.submitted and _all_done(ledger, sweep):
         ledger.sweeps.set_state(sweep.id, "DONE")
         result.state = "DONE"
@@ -156,10 +157,10 @@ def _retry_failed(ledger: Ledger, sweep: store.Sweep, rows: list[dict]) -> list[
     return [r["number"] for r in again]
 
 
-def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep) -> list[int]:
-    """Every new trial in one submission (arrays, split past MaxArraySize), each trial linked to its task
-    in the transaction that records the task's job."""
-    new = ledger.sweeps.new_trials(sweep.id)
+def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep, room: int) -> list[int]:
+    """The first ``room`` new trials in one submission (arrays, split past MaxArraySize), each trial linked to
+    its task in the transaction that records the task's job; the rest stay new for a later tick."""
+    new = ledger.sweeps.new_trials(sweep.id)[:max(room, 0)]
     if not new:
         return []
     numbers = [r["number"] for r in new]
