@@ -31,6 +31,8 @@ PARAM_INDEX_ENV = "HPCTRAIN_PARAM_INDEX"
 NOTICE_FILE_ENV = "HPCTRAIN_NOTICE_FILE"  # where the batch script writes down each stop signal it gets
 # Set by hpctrain on a resubmission: runs under earlier Slurm ids of the same ledger job.
 ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"
+# Set by the batch script: how often this run has restarted its job step in the allocation (retry.in_place).
+STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
 
 DEFAULT_SIGNAL_LEAD_S = 300.0
 
@@ -158,6 +160,11 @@ class JobEnvironment:
     def restart_count(self) -> int:
         """How often Slurm has requeued this job (this Slurm id)."""
         return self._int("SLURM_RESTART_COUNT", 0)
+
+    @property
+    def step_restarts(self) -> int:
+        """How often this run has restarted its job step inside the allocation."""
+        return self._int(STEP_RESTART_ENV, 0)
 
     @property
     def run_number(self) -> int:

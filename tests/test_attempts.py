@@ -124,6 +124,31 @@ def test_a_run_slurm_requeued_by_itself_is_refused_past_the_cap(job, tmp_path):
     assert attempt("start", attempt_no="3").stdout.strip() == "3"
 
 
+def test_a_failed_step_restarts_in_place_up_to_the_specs_count(job, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    (tmp_path / "spec.json").write_text(json.dumps({**spec, "retry": {**spec["retry"], "in_place": 2}}))
+    attempt("start")
+    commit(job, 20)
+    for done, expected in (("0", 0), ("1", 0), ("2", 1)):  # the third failure ends the run
+        monkeypatch.setenv("HPCTRAIN_STEP_RESTART", done)
+        assert attempt("restart", "--exit-code", "137").returncode == expected
+    assert attempt("restart", "--exit-code", "0").returncode == 1  # a step that succeeded is not restarted
+    restarts = [r for _, r in journal.records(kinds=["step_restart"])]
+    assert [(r["step_restart"], r["exit_code"], r["step"], r["attempt"]) for r in restarts] == [
+        (1, 137, 20, 0), (2, 137, 20, 0)]
+    # Once the trainer has checkpointed and requeued this run, its exit is no failure to restart.
+    monkeypatch.setenv("HPCTRAIN_STEP_RESTART", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    journal.write("requeue", cause="preemption", step=30, checkpointed=True, message="preempted at step 30")
+    assert attempt("restart", "--exit-code", "1").returncode == 1
+
+
+def test_no_in_place_restart_unless_the_spec_asks(job):
+    attempt("start")
+    assert attempt("restart", "--exit-code", "1").returncode == 1
+
+
 def test_trainer_requeue_makes_the_batch_script_end_quiet(job, tmp_path, monkeypatch):
     journal = Journal(tmp_path / "journal")
     attempt("start")

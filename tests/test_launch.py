@@ -46,6 +46,12 @@ def test_ports_differ_between_jobs_and_array_tasks():
     assert a != b
 
 
+def test_a_restarted_step_starts_from_another_port():
+    rng = (21000, 29999)
+    ports = [master_port({"SLURM_JOB_ID": "77", "HPCTRAIN_STEP_RESTART": str(k)}, rng, lambda p: True) for k in range(3)]
+    assert len(set(ports)) == 3
+
+
 def test_busy_port_moves_to_the_next_free_one():
     first = master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: True)
     busy = {first, first + 1 if first < 30009 else 30000}

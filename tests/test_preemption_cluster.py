@@ -131,6 +131,56 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
 
 
+def rank_pid(slurm_job_id: str, rank: int) -> int | None:
+    """The pid of one training rank of a job (every dev cluster node is this host)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"hpctrain.train" in cmdline and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
+                and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time): the restart is the batch script's and srun's, the same on every release"))
+def test_a_killed_rank_restarts_in_the_allocation(straight, isolated_ledger, tmp_path):
+    """retry.in_place: a rank SIGKILLed mid-run ends the job step (srun --kill-on-bad-exit); the batch script starts
+    it again in the same allocation from the newest checkpoint, with no requeue, and the run ends bitwise identical."""
+    spec, straight_checkpoints = straight
+    path = tmp_path / "killed.toml"
+    path.write_text(spec("killed") + "\n[retry]\nin_place = 2\n")
+    site = load_site("dev")
+    with Ledger(isolated_ledger) as ledger:
+        sub = Submitter(site, ledger).submit(load_job_spec(path), path)
+        job = ledger.get("jobs", sub.ledger_ids[0])
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: any(r["step"] >= 45 for r in records(journal, "metrics")[-3:]), 180, 0.5, "steps past 45")
+        pid = rank_pid(job["slurm_job_id"], 2)
+        assert pid is not None
+        os.kill(pid, 9)
+        straight_ckpt = straight_checkpoints()
+        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
+
+        def done():
+            poller.refresh()
+            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
+
+        wait_until(done, 300, 2.0, "the job to finish")
+        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+    (restart,) = records(journal, "step_restart")
+    assert restart["step_restart"] == 1 and restart["exit_code"] != 0 and restart["step"] >= 40
+    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(sub.ledger_ids[0]), "--json").stdout)
+    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
+    assert "step_restart" in {e["kind"] for e in shown["events"]}
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
+
+
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "4 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
     "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "

@@ -91,6 +91,14 @@ def test_signal_requeue_and_never_usr1(site):
     assert "\nnotice=\n" in render_script(spec(launcher="none"), site, PLACEMENT, FILES, "1")
 
 
+def test_a_failed_step_restarts_in_the_allocation_only_when_the_spec_asks(site):
+    assert "attempt restart" not in render_script(spec(), site, PLACEMENT, FILES, "1")
+    script = render_script(spec(retry={"in_place": 2}), site, PLACEMENT, FILES, "1")
+    assert "retry.in_place = 2" in script and "attempt restart" in script
+    assert script.index("while :; do") < script.index("train.py &") < script.index("attempt restart --exit-code") < script.index(
+        "attempt end")
+
+
 def test_gres_syntax_with_gpu_type():
     site = load_site("example-ib-cluster")
     script = render_script(spec(), site, Placement("a100-debug", "normal", "vision", "t"), FILES, "1")

@@ -1,4 +1,4 @@
-"""`hpctrain attempt start|end`: the batch script's bookkeeping around its job step (compute node side).
+"""`hpctrain attempt start|restart|end`: the batch script's bookkeeping around its job step (compute node side).
 
 Both journal what they find (never the ledger: compute nodes do not open it) and must stay fast:
 `end` may run between SIGTERM and SIGKILL.
@@ -112,6 +112,24 @@ def end(exit_code: int, signal_name: str | None) -> None:
         except HpctrainError as exc:
             journal.write("requeue_failed", message=str(exc), attempt=number)
             raise
+
+
+@attempt.command()
+@click.option("--exit-code", type=int, required=True, help="the failed job step's exit status")
+def restart(exit_code: int) -> None:
+    """Exit 0 when the failed job step should start again inside this allocation (the spec's retry.in_place),
+    after journaling the restart and the checkpoint step it resumes from; exit 1 when the run ends instead."""
+    from hpctrain.runtime.attempts import journal_outcomes, latest_committed_step
+
+    journal, policy, env = _context()
+    task, number, done = env.task_index, env.run_number, env.step_restarts
+    stopped = journal_outcomes(journal, task).get(number)  # the trainer checkpointed and requeued, or finished
+    if exit_code == 0 or done >= policy.in_place or (stopped is not None and stopped.cause is not None):
+        sys.exit(1)
+    step = latest_committed_step(policy.checkpoint_dir(task))
+    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step)
+    click.echo(f"hpctrain: the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this "
+               f"allocation, from checkpoint step {step}", err=True)
 
 
 def _forget_secrets(env: Any) -> None:

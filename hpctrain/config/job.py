@@ -152,6 +152,9 @@ class RetryPolicy(StrictModel):
                                                "limit and node failure always are, while requeue is on)")
     max_stalled_attempts: int = Field(3, ge=1, description="give up after this many consecutive attempts "
                                                            "without checkpoint progress")
+    in_place: int = Field(0, ge=0, le=100, description="restarts of a failed job step (a rank that exits non-zero "
+                                                    "or is killed) inside the same allocation, from the newest "
+                                                    "checkpoint, before the run ends and the rules above decide")
 
 
 class EnvVar(StrictModel):

@@ -79,11 +79,13 @@ def master_port(env: Mapping[str, str], port_range: tuple[int, int],
                 is_free: Callable[[int], bool] = port_is_free) -> int:
     """A port derived from the job (and array task) id, moved on to the next free one in the range.
 
-    Jobs sharing a node have different ids, hence different starting ports."""
+    Jobs sharing a node have different ids, hence different starting ports; a step restarted in the
+    allocation starts further on, clear of the failed step's store (its port may linger in TIME_WAIT)."""
     lo, hi = port_range
     span = hi - lo + 1
     job = JobEnvironment(env)
-    start = (job.allocation_id * 131 + max(job.task_index, 0)) % span  # spread consecutive job ids, keep array tasks apart
+    # Spread consecutive job ids, keep array tasks apart.
+    start = (job.allocation_id * 131 + max(job.task_index, 0) + 7919 * job.step_restarts) % span
     for k in range(span):
         port = lo + (start + k) % span
         if is_free(port):

@@ -91,6 +91,7 @@ class RunPolicy:
     on_error: bool
     max_stalled: int
     checkpoint_root: Path | None
+    in_place: int = 0
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "RunPolicy":
@@ -98,7 +99,8 @@ class RunPolicy:
 
         retry = RetryPolicy.model_validate(spec.get("retry") or {})
         return cls(spec.get("requeue", JobSpec.model_fields["requeue"].default), retry.on_error,
-                   retry.max_stalled_attempts, CheckpointPolicy.model_validate(spec.get("checkpoint") or {}).dir)
+                   retry.max_stalled_attempts, CheckpointPolicy.model_validate(spec.get("checkpoint") or {}).dir,
+                   retry.in_place)
 
     def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
         return decide(outcomes, self.requeue, self.on_error, self.max_stalled)

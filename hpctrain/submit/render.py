@@ -148,6 +148,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "command": shlex.join(spec.command),
         "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
         "launcher": spec.launcher,
+        "in_place": spec.retry.in_place,
         # Each ends with a space when set, so a job without a container renders as before.
         "container_srun": shlex.join(wrap.srun_options) + " " if wrap and wrap.srun_options else "",
         "container_prefix": shlex.join(wrap.prefix) + " " if wrap and wrap.prefix else "",
