@@ -79,6 +79,11 @@ class JobPaths:
         """A ledger job's secret values, readable by the submitting user only (see hpctrain.secret_file)."""
         return self.job_dir / f"secrets-{job_id}.env"
 
+    @property
+    def stacks_dir(self) -> Path:
+        """Python stacks of ranks found hung (hpctrain.runtime.watchdog), one file per rank and step."""
+        return self.job_dir / "stacks"
+
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
         return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")

@@ -21,7 +21,7 @@ from hpctrain.submit import Submitter
 
 from conftest import HIGH, run_cli, wait_until
 from report_helpers import mark_steps, pixels, plot_images, screenshot
-from train_helpers import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, straight_run, trainer_spec
+from train_helpers import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, rank_pid, straight_run, trainer_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Long enough (about 0.1 s a step) to outlast GraceTime after a notice: were a notice lost, as once in
@@ -131,20 +131,6 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
 
 
-def rank_pid(slurm_job_id: str, rank: int) -> int | None:
-    """The pid of one training rank of a job (every dev cluster node is this host)."""
-    for proc in Path("/proc").iterdir():
-        try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if b"hpctrain.train" in cmdline and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
-                and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
-    return None
-
-
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "host's Slurm only (CI time): the restart is the batch script's and srun's, the same on every release"))
 def test_a_killed_rank_restarts_in_the_allocation(straight, isolated_ledger, tmp_path):
@@ -178,6 +164,61 @@ def test_a_killed_rank_restarts_in_the_allocation(straight, isolated_ledger, tmp
     shown = json.loads(run_cli("show", str(sub.ledger_ids[0]), "--json").stdout)
     assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
     assert "step_restart" in {e["kind"] for e in shown["events"]}
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
+
+
+# The reference trainer, with rank 2 stuck for good in step 50 of the job step's first start.
+HANGING = """\
+import os, sys, time
+import hpctrain.train.engine as engine
+from hpctrain.train.__main__ import main
+
+steps, train = [0], engine.train
+def hang(*args, **kwargs):
+    steps[0] += 1
+    if steps[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == "0":
+        time.sleep(3600)
+    return train(*args, **kwargs)
+engine.train = hang
+sys.exit(main(["--steps", "%d"]))
+""" % STEPS
+
+
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time): the watchdog is the trainer's, the same on every release"))
+def test_a_hung_rank_is_found_and_restarted_in_the_allocation(straight, isolated_ledger, tmp_path):
+    """[hang] step_s: rank 2 sleeps inside a step; every rank's watchdog writes its stacks and the step ends within
+    the timeout plus 10 s, the stuck rank's frame is shown, and the run restarts in place, bitwise identical."""
+    spec, straight_checkpoints = straight
+    path = tmp_path / "hung.toml"
+    text = spec("hung").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
+                                f"command = {json.dumps(['python', '-c', HANGING])}")
+    assert "HPCTRAIN_STEP_RESTART" in text
+    path.write_text(text + "\n[retry]\nin_place = 1\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
+    site = load_site("dev")
+    with Ledger(isolated_ledger) as ledger:
+        sub = Submitter(site, ledger).submit(load_job_spec(path), path)
+        job = ledger.get("jobs", sub.ledger_ids[0])
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        straight_ckpt = straight_checkpoints()
+        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
+
+        def done():
+            poller.refresh()
+            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
+
+        wait_until(done, 400, 2.0, "the job to finish")
+        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+    (hang,) = records(journal, "hang")
+    assert hang["message"].startswith("hung in phase step, timeout 15 s: ") and "rank 2 (<string>:9 in hang)" in hang[
+        "message"]
+    last_step = max((r for r in records(journal, "metrics") if r["time"] < hang["time"]), key=lambda r: r["time"])
+    assert last_step["step"] == 49 and hang["time"] - last_step["time"] <= 15 + 10
+    (restart,) = records(journal, "step_restart")
+    assert restart["step"] == 40 and records(journal, "requeue") == []
+    assert run_cli("reconcile").returncode == 0
+    shown = run_cli("show", str(sub.ledger_ids[0]))
+    assert "rank 2 (<string>:9 in hang)" in " ".join(shown.stdout.split())  # its table wraps long lines
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 

@@ -239,6 +239,20 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
             "keys": sorted(captured)}
 
 
+def rank_pid(slurm_job_id: str, rank: int) -> int | None:
+    """The pid of one training rank of a job (every dev cluster node is this host)."""
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if b"hpctrain.train" in cmdline and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
+                and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
 def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: int, resources: dict[str, Any],
                  steps: int | None = None) -> str:
     """TOML of a tp=2 x pp=2 reference-GPT spec reading ``index`` and checkpointing into ``ckpt``."""

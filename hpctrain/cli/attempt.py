@@ -85,6 +85,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
 
     journal, policy, env = _context()
     task, number = env.task_index, env.run_number
+    _journal_hang(journal, env)
     runs = journal_outcomes(journal, task)
     this = runs.setdefault(number, Outcome(None))
     if this.cause not in (None, "completed"):
@@ -126,10 +127,22 @@ def restart(exit_code: int) -> None:
     stopped = journal_outcomes(journal, task).get(number)  # the trainer checkpointed and requeued, or finished
     if exit_code == 0 or done >= policy.in_place or (stopped is not None and stopped.cause is not None):
         sys.exit(1)
+    _journal_hang(journal, env)  # the run's last step has `end` journal it
     step = latest_committed_step(policy.checkpoint_dir(task))
-    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step)
-    click.echo(f"hpctrain: the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this "
-               f"allocation, from checkpoint step {step}", err=True)
+    why = (f"the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this allocation, "
+           f"from checkpoint step {step}")
+    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step, message=why)
+    click.echo(f"hpctrain: {why}", err=True)
+
+
+def _journal_hang(journal: Any, env: Any) -> None:
+    """Journal (and log) the ranks of the step that just ended which the watchdog found hung, if any."""
+    from hpctrain.runtime.watchdog import hang_report
+
+    report = hang_report(env)
+    if report:
+        journal.write("hang", attempt=env.run_number, step_restart=env.step_restarts, message=report)
+        click.echo(f"hpctrain: {report}", err=True)
 
 
 def _forget_secrets(env: Any) -> None:

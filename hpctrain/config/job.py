@@ -104,6 +104,14 @@ class Data(StrictModel):
     max_quarantined_fraction: FiniteFloat = Field(0.05, ge=0, le=1)
 
 
+class HangPolicy(StrictModel):
+    """How long each phase of a rank may go without progress before it counts as hung (0: never)."""
+
+    startup_s: float = Field(0, ge=0, description="process start to the first training step (imports, rendezvous, "
+                                                   "checkpoint load)")
+    step_s: float = Field(0, ge=0, description="one training step, a synchronous checkpoint save included")
+
+
 class CheckpointPolicy(StrictModel):
     dir: ExpandedPath | None = Field(None, description="default: <site checkpoints>/<job name>")
     every_steps: int | None = Field(None, ge=1)
@@ -203,6 +211,7 @@ class JobSpec(StrictModel):
     container: Container | None = None
     requeue: bool = Field(True, description="let Slurm requeue the job after preemption or node failure")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
+    hang: HangPolicy = Field(default_factory=HangPolicy)
     array: ArraySpec | None = None
     dependency: Dependency = Field(default_factory=Dependency)
 

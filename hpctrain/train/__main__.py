@@ -18,6 +18,7 @@ from hpctrain.config.job import Model, load_job_spec
 from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.watchdog import Watchdog
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_job_spec(args.spec)
         if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
             spec = spec.with_params(params)
+        watchdog = Watchdog() if spec.hang.startup_s or spec.hang.step_s else None
+        if watchdog:
+            watchdog.phase("start-up", spec.hang.startup_s)
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train
@@ -134,12 +138,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
     try:
         for n in range(max(args.steps - start, 0)):
+            if watchdog:
+                watchdog.phase("step", spec.hang.step_s)
             (result,) = train(engine, batches, 1, hooks=hooks)
             if n == 0:
                 journal_startup(engine, start, {**times, "first_step": time.time()})
             if guard.should_stop():  # every rank agrees on the same step
+                if watchdog:  # the stop's checkpoint has the grace time, not a step's
+                    watchdog.close()
                 stop_and_requeue(engine, guard, checkpoints, result)
                 return 0
+        if watchdog:
+            watchdog.close()
         if checkpoints:
             checkpoints.close()
         journal = Journal.from_env()

@@ -1,0 +1,112 @@
+"""From a crashed rank to the first resumed training step: restarted in the allocation against requeued.
+
+    scripts/dev-cluster up && .venv/bin/python benchmarks/recovery.py [--kills 3]
+
+The reference trainer of benchmarks/preemption_resume.py (tiny GPT, 2 ranks tp=2 on one node, async
+checkpoints every 20 steps to the job's checkpoint directory) has rank 1 SIGKILLed N times, 7, 12, 17...
+steps past a save, in two ways:
+  in place   retry.in_place = N: the batch script starts the job step again in the same allocation
+  requeue    retry.on_error = true, no in-place restart: the run ends and the job goes back to Slurm's
+             queue (the way every crash went before; the requeue delay is Slurm's, as preemption_resume
+             explains: 10 s on the dev cluster, 120 s by default before 25.11)
+Per kill, from the trainer's and the batch script's journal:
+  to decision   the kill until the batch script has decided (journaled step_restart, or attempt_end)
+  to main()     until the new ranks' trainer main() (srun, `hpctrain launch`, Python; Slurm's requeue
+                delay and scheduling on the requeue way)
+  to step       until the first resumed step (torch, gloo, engine, checkpoint load)
+and the steps recomputed: the last step logged before the kill, less the checkpoint step resumed from.
+A host-memory checkpoint tier (issue 19) is not built: both ways resume from the job's checkpoint directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hpctrain.config import load_job_spec, load_site
+from hpctrain.config.job import Model
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm import SlurmClient
+from hpctrain.submit import Submitter
+from hpctrain.train.dataset import pack_token_dataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from _figures import figure  # noqa: E402
+from _preempt import wait  # noqa: E402
+from preemption_resume import MODEL, SPEC, kinds  # noqa: E402
+from train_helpers import rank_pid  # noqa: E402
+
+WAYS = {"in place": "[retry]\nin_place = {kills}\n", "requeue": "[retry]\non_error = true\n"}
+ROWS = ("to decision", "to main()", "to step")
+
+
+def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, float]]:
+    """Kill rank 1 ``kills`` times in one job run ``way``; each kill's times and steps recomputed."""
+    spec_file = work / f"{way.replace(' ', '-')}.toml"
+    spec_file.write_text(SPEC.format(model="\n".join(f"{k} = {v}" for k, v in MODEL.items()), index=index,
+                                     ckpt=work / f"ckpt-{way.replace(' ', '-')}") + WAYS[way].format(kills=kills))
+    site = load_site("dev")
+    client = SlurmClient.for_site(site)
+    decided = "step_restart" if way == "in place" else "attempt_end"
+    out = []
+    with Ledger(work / "ledger.db") as ledger:
+        sub = Submitter(site, ledger, client).submit(load_job_spec(spec_file), spec_file)
+        job = ledger.get("jobs", sub.ledger_ids[0])
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        try:
+            for k in range(kills):
+                wait(lambda: len(kinds(journal, "startup")) == k + 1, 300, f"run {k} to start")
+                # Past the next save (a requeue after no progress counts toward max_stalled_attempts), then
+                # at a varying distance from it.
+                target = kinds(journal, "startup")[-1]["resumed_from"] + 27 + 5 * k
+                wait(lambda: any(r["step"] >= target for r in kinds(journal, "metrics")[-3:]), 300, "training")
+                pid = wait(lambda: rank_pid(job["slurm_job_id"], 1), 30, "rank 1")
+                last = kinds(journal, "metrics")[-1]["step"]
+                killed_at = time.time()
+                os.kill(pid, 9)
+                startup = wait(lambda: kinds(journal, "startup")[k + 1:], 300, f"the run after kill {k + 1}")[0]
+                decision = kinds(journal, decided)[k]
+                out.append({"to decision": decision["time"] - killed_at,
+                            "to main()": startup["times"]["main"] - decision["time"],
+                            "to step": startup["times"]["first_step"] - startup["times"]["main"],
+                            "recomputed": last - startup["resumed_from"]})
+        finally:
+            client.scancel([job["slurm_job_id"]])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=3)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-recovery-"))
+    os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
+    index = pack_token_dataset(work / "data", Model(**MODEL), seed=3, count=2000, shard_bytes=16384).path
+    version = SlurmClient.for_site(load_site("dev")).version()
+    results = {way: run_way(work, way, args.kills, index) for way in WAYS}
+
+    print(f"rank 1 SIGKILLed -> first resumed step, {args.kills} kills per way on Slurm {version} "
+          "(tiny GPT, 2 ranks, CPU), median s")
+    print(f"  {'':14}" + "".join(f"{row:>13}" for row in ROWS) + f"{'total':>10}{'recomputed':>12}")
+    totals = {}
+    for way, kills in results.items():
+        totals[way] = statistics.median(sum(k[row] for row in ROWS) for k in kills)
+        print(f"  {way:14}" + "".join(f"{statistics.median(k[row] for k in kills):13.2f}" for row in ROWS)
+              + f"{totals[way]:10.2f}{max(k['recomputed'] for k in kills):12.0f}")
+    ratio = totals["in place"] / totals["requeue"]
+    print(f"  in place / requeue: {ratio:.2f}x")
+    figure(f"rank killed -> first resumed step, restarted in the allocation (median, Slurm {version})",
+           totals["in place"], "s", "<= 10 s (issue 19 asks it of the memory tier, not built)", totals["in place"] <= 10)
+    figure(f"rank killed -> first resumed step, in place / requeued (median, Slurm {version})", ratio, "x")
+    figure("steps recomputed per kill, in place (max)", max(k["recomputed"] for k in results["in place"]), "steps")
+
+
+if __name__ == "__main__":
+    main()
