@@ -96,16 +96,26 @@ def split(requeue: dict, startup: dict, old_run: dict, new_run: dict) -> dict[st
     }
 
 
+def workspace(prefix: str) -> tuple[Path, Path]:
+    """A fresh folder with a ledger of its own (HPCTRAIN_LEDGER) and the token dataset: (folder, its index)."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
+    return work, pack_token_dataset(work / "data", Model(**MODEL), seed=3, count=2000, shard_bytes=16384).path
+
+
+def write_spec(path: Path, index: Path, ckpt: Path, extra: str = "") -> Path:
+    """The reference trainer's spec (SPEC), with ``extra`` TOML after it."""
+    path.write_text(SPEC.format(model="\n".join(f"{k} = {v}" for k, v in MODEL.items()), index=index, ckpt=ckpt)
+                    + extra)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preemptions", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-preempt-"))
-    os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
-    index = pack_token_dataset(work / "data", Model(**MODEL), seed=3, count=2000, shard_bytes=16384).path
-    spec_file = work / "spec.toml"
-    spec_file.write_text(SPEC.format(model="\n".join(f"{k} = {v}" for k, v in MODEL.items()), index=index,
-                                     ckpt=work / "ckpt"))
+    work, index = workspace("hpctrain-bench-preempt-")
+    spec_file = write_spec(work / "spec.toml", index, work / "ckpt")
     site = load_site("dev")
     client = SlurmClient.for_site(site)
     features = client.features()

@@ -24,23 +24,20 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from hpctrain.config import load_job_spec, load_site
-from hpctrain.config.job import Model
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
 from hpctrain.submit import Submitter
-from hpctrain.train.dataset import pack_token_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
 from _preempt import wait  # noqa: E402
-from preemption_resume import MODEL, SPEC, kinds  # noqa: E402
+from preemption_resume import kinds, workspace, write_spec  # noqa: E402
 from train_helpers import rank_pid  # noqa: E402
 
 WAYS = {"in place": "[retry]\nin_place = {kills}\n", "requeue": "[retry]\non_error = true\n"}
@@ -49,9 +46,8 @@ ROWS = ("to decision", "to main()", "to step")
 
 def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, float]]:
     """Kill rank 1 ``kills`` times in one job run ``way``; each kill's times and steps recomputed."""
-    spec_file = work / f"{way.replace(' ', '-')}.toml"
-    spec_file.write_text(SPEC.format(model="\n".join(f"{k} = {v}" for k, v in MODEL.items()), index=index,
-                                     ckpt=work / f"ckpt-{way.replace(' ', '-')}") + WAYS[way].format(kills=kills))
+    name = way.replace(" ", "-")
+    spec_file = write_spec(work / f"{name}.toml", index, work / f"ckpt-{name}", WAYS[way].format(kills=kills))
     site = load_site("dev")
     client = SlurmClient.for_site(site)
     decided = "step_restart" if way == "in place" else "attempt_end"
@@ -86,9 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="hpctrain-bench-recovery-"))
-    os.environ["HPCTRAIN_LEDGER"] = str(work / "ledger.db")
-    index = pack_token_dataset(work / "data", Model(**MODEL), seed=3, count=2000, shard_bytes=16384).path
+    work, index = workspace("hpctrain-bench-recovery-")
     version = SlurmClient.for_site(load_site("dev")).version()
     results = {way: run_way(work, way, args.kills, index) for way in WAYS}
 

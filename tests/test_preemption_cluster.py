@@ -36,6 +36,25 @@ def records(journal: Journal, kind: str) -> list[dict]:
     return [r for _, r in journal.records() if r["kind"] == kind]
 
 
+def submitted(ledger: Ledger, spec_file: Path) -> tuple[int, dict, Journal]:
+    """Submit a spec file: the job's ledger id, its row and its journal."""
+    sub = Submitter(load_site("dev"), ledger).submit(load_job_spec(spec_file), spec_file)
+    job = ledger.get("jobs", sub.ledger_ids[0])
+    return job["id"], job, Journal(Path(job["job_dir"]) / "journal")
+
+
+def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
+    """The job's state once it has ended, polled as `hpctrain status` does."""
+    poller = Poller(ledger, SlurmClient.for_site(load_site("dev")), "dev")
+
+    def done():
+        poller.refresh()
+        return ledger.get("jobs", job_id)["state"] in TERMINAL
+
+    wait_until(done, timeout, 2.0, "the job to finish")
+    return ledger.get("jobs", job_id)["state"]
+
+
 @pytest.fixture(params=[20, 0], ids=["grace20s", "grace0"])
 def low_qos_grace(request, dev_cluster):
     """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
@@ -79,10 +98,8 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
 
     site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
-        low = Submitter(site, ledger).submit(load_job_spec(specs["preempted"]), specs["preempted"])
-        job = ledger.get("jobs", low.ledger_ids[0])
+        low, job, journal = submitted(ledger, specs["preempted"])
         assert job["qos"] == "low"
-        journal = Journal(Path(job["job_dir"]) / "journal")
         for k in range(1, 4):
             resumed_at = records(journal, "requeue")[-1]["step"] if k > 1 else 0
             wait_until(lambda: any(r["step"] >= resumed_at + 3 for r in records(journal, "metrics")[-3:]),
@@ -92,15 +109,7 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
 
         # The run never preempted, the same layout and data, meanwhile under torchrun (once for both variants).
         straight_ckpt = straight_checkpoints()
-
-        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
-
-        def low_done():
-            poller.refresh()
-            return ledger.get("jobs", low.ledger_ids[0])["state"] in TERMINAL
-
-        wait_until(low_done, 300, 2.0, "the preempted job to finish")
-        assert ledger.get("jobs", low.ledger_ids[0])["state"] == "COMPLETED"
+        assert final_state(ledger, low, 300) == "COMPLETED"
 
     requeues = records(journal, "requeue")
     assert [r["cause"] for r in requeues] == ["preemption"] * 3
@@ -109,21 +118,21 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
 
     # Every attempt, and why it ended, is in the ledger.
     assert run_cli("reconcile").returncode == 0
-    shown = json.loads(run_cli("show", str(low.ledger_ids[0]), "--json").stdout)
+    shown = json.loads(run_cli("show", str(low), "--json").stdout)
     assert len(shown["attempts"]) == 4
     assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
         == ["preemption"] * 3
     listed = {r["id"]: r for r in json.loads(run_cli("status", "--all", "--json").stdout)}
-    assert (listed[low.ledger_ids[0]]["restarts"], listed[low.ledger_ids[0]]["preemptions"]) == (3, 3)
+    assert (listed[low]["restarts"], listed[low]["preemptions"]) == (3, 3)
 
     # Its report marks where attempts 2, 3 and 4 began on the loss plot: in the PNG, and as Chromium shows the page
     # (the host's; the lanes' trees have no browser).
     began = [a["step_start"] for a in shown["attempts"][1:]]
     assert began == [r["step"] for r in requeues]
     page = tmp_path / "report.html"
-    assert run_cli("report", str(low.ledger_ids[0]), "--out", str(page)).returncode == 0
+    assert run_cli("report", str(low), "--out", str(page)).returncode == 0
     steps = [json.loads(line)["step"] for line in
-             run_cli("metrics", str(low.ledger_ids[0]), "--name", "loss", "--tail", "0", "--json").stdout.splitlines()]
+             run_cli("metrics", str(low), "--name", "loss", "--tail", "0", "--json").stdout.splitlines()]
     assert steps == list(range(1, STEPS + 1))
     loss_plot = pixels(plot_images(page.read_text())["loss vs step"])
     assert mark_steps(loss_plot, 1, STEPS) == pytest.approx(began, abs=1)
@@ -139,29 +148,19 @@ def test_a_killed_rank_restarts_in_the_allocation(straight, isolated_ledger, tmp
     spec, straight_checkpoints = straight
     path = tmp_path / "killed.toml"
     path.write_text(spec("killed") + "\n[retry]\nin_place = 2\n")
-    site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
-        sub = Submitter(site, ledger).submit(load_job_spec(path), path)
-        job = ledger.get("jobs", sub.ledger_ids[0])
-        journal = Journal(Path(job["job_dir"]) / "journal")
+        job_id, job, journal = submitted(ledger, path)
         wait_until(lambda: any(r["step"] >= 45 for r in records(journal, "metrics")[-3:]), 180, 0.5, "steps past 45")
         pid = rank_pid(job["slurm_job_id"], 2)
         assert pid is not None
         os.kill(pid, 9)
         straight_ckpt = straight_checkpoints()
-        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
-
-        def done():
-            poller.refresh()
-            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
-
-        wait_until(done, 300, 2.0, "the job to finish")
-        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+        assert final_state(ledger, job_id, 300) == "COMPLETED"
     (restart,) = records(journal, "step_restart")
     assert restart["step_restart"] == 1 and restart["exit_code"] != 0 and restart["step"] >= 40
     assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
     assert run_cli("reconcile").returncode == 0
-    shown = json.loads(run_cli("show", str(sub.ledger_ids[0]), "--json").stdout)
+    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
     assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
     assert "step_restart" in {e["kind"] for e in shown["events"]}
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
@@ -195,20 +194,10 @@ def test_a_hung_rank_is_found_and_restarted_in_the_allocation(straight, isolated
                                 f"command = {json.dumps(['python', '-c', HANGING])}")
     assert "HPCTRAIN_STEP_RESTART" in text
     path.write_text(text + "\n[retry]\nin_place = 1\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
-    site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
-        sub = Submitter(site, ledger).submit(load_job_spec(path), path)
-        job = ledger.get("jobs", sub.ledger_ids[0])
-        journal = Journal(Path(job["job_dir"]) / "journal")
+        job_id, _, journal = submitted(ledger, path)
         straight_ckpt = straight_checkpoints()
-        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
-
-        def done():
-            poller.refresh()
-            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
-
-        wait_until(done, 400, 2.0, "the job to finish")
-        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
     (hang,) = records(journal, "hang")
     assert hang["message"].startswith("hung in phase step, timeout 15 s: ") and "rank 2 (<string>:9 in hang)" in hang[
         "message"]
@@ -217,7 +206,7 @@ def test_a_hung_rank_is_found_and_restarted_in_the_allocation(straight, isolated
     (restart,) = records(journal, "step_restart")
     assert restart["step"] == 40 and records(journal, "requeue") == []
     assert run_cli("reconcile").returncode == 0
-    shown = run_cli("show", str(sub.ledger_ids[0]))
+    shown = run_cli("show", str(job_id))
     assert "rank 2 (<string>:9 in hang)" in " ".join(shown.stdout.split())  # its table wraps long lines
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
@@ -237,18 +226,9 @@ def test_time_limit_checkpoints_on_the_notice_and_requeues(dev_cluster, isolated
         specs[name].write_text(trainer_spec("gpt-timeout", seed=13, index=index, ckpt=tmp_path / f"ck-{name}",
                                             every_steps=100, steps=steps,
                                             resources={**RESOURCES, "time": "00:02:00", "preemptible": False}))
-    site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
-        sub = Submitter(site, ledger).submit(load_job_spec(specs["limited"]), specs["limited"])
-        journal = Journal(Path(ledger.get("jobs", sub.ledger_ids[0])["job_dir"]) / "journal")
-        poller = Poller(ledger, SlurmClient.for_site(site), "dev")
-
-        def done():
-            poller.refresh()
-            return ledger.get("jobs", sub.ledger_ids[0])["state"] in TERMINAL
-
-        wait_until(done, 400, 3.0, "the time-limited job to finish")
-        assert ledger.get("jobs", sub.ledger_ids[0])["state"] == "COMPLETED"
+        job_id, _, journal = submitted(ledger, specs["limited"])
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
     # The uninterrupted run afterwards, not alongside: sharing the 2 cores would slow both.
     straight_run(specs["straight"], steps)
     requeues = records(journal, "requeue")
