@@ -55,7 +55,9 @@ def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
     return ledger.get("jobs", job_id)["state"]
 
 
-@pytest.fixture(params=[20, 0], ids=["grace20s", "grace0"])
+@pytest.fixture(params=[20, pytest.param(0, marks=pytest.mark.skipif(
+    os.environ.get("HPCTRAIN_LANE") == "24.11", reason="CI time: 26.05 requeues a preempted job by itself the same way"))],
+    ids=["grace20s", "grace0"])
 def low_qos_grace(request, dev_cluster):
     """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
     (notice and SIGTERM together, SIGKILL after KillWait=10 s, Slurm requeues the job itself)."""
@@ -140,32 +142,6 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
 
 
-@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "host's Slurm only (CI time): the restart is the batch script's and srun's, the same on every release"))
-def test_a_killed_rank_restarts_in_the_allocation(straight, isolated_ledger, tmp_path):
-    """retry.in_place: a rank SIGKILLed mid-run ends the job step (srun --kill-on-bad-exit); the batch script starts
-    it again in the same allocation from the newest checkpoint, with no requeue, and the run ends bitwise identical."""
-    spec, straight_checkpoints = straight
-    path = tmp_path / "killed.toml"
-    path.write_text(spec("killed") + "\n[retry]\nin_place = 2\n")
-    with Ledger(isolated_ledger) as ledger:
-        job_id, job, journal = submitted(ledger, path)
-        wait_until(lambda: any(r["step"] >= 45 for r in records(journal, "metrics")[-3:]), 180, 0.5, "steps past 45")
-        pid = rank_pid(job["slurm_job_id"], 2)
-        assert pid is not None
-        os.kill(pid, 9)
-        straight_ckpt = straight_checkpoints()
-        assert final_state(ledger, job_id, 300) == "COMPLETED"
-    (restart,) = records(journal, "step_restart")
-    assert restart["step_restart"] == 1 and restart["exit_code"] != 0 and restart["step"] >= 40
-    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
-    assert run_cli("reconcile").returncode == 0
-    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
-    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
-    assert "step_restart" in {e["kind"] for e in shown["events"]}
-    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
-
-
 # The reference trainer, with rank 2 stuck for good in step 50 of the job step's first start.
 HANGING = """\
 import os, sys, time
@@ -184,18 +160,26 @@ sys.exit(main(["--steps", "%d"]))
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "host's Slurm only (CI time): the watchdog is the trainer's, the same on every release"))
-def test_a_hung_rank_is_found_and_restarted_in_the_allocation(straight, isolated_ledger, tmp_path):
-    """[hang] step_s: rank 2 sleeps inside a step; every rank's watchdog writes its stacks and the step ends within
-    the timeout plus 10 s, the stuck rank's frame is shown, and the run restarts in place, bitwise identical."""
+    "host's Slurm only (CI time): the restart is the batch script's and srun's, the watchdog the trainer's, the "
+    "same on every release"))
+def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isolated_ledger, tmp_path):
+    """[hang] step_s and retry.in_place: rank 2 sleeps inside step 50; every rank's watchdog writes its stacks, the
+    step ends within the timeout plus 10 s and starts again in the allocation from step 40, the stuck rank's frame
+    shown. Then rank 2 is SIGKILLed past step 95 (srun --kill-on-bad-exit ends the step): again in place, from its
+    newest checkpoint. One Slurm run, no requeue, and the run ends bitwise identical."""
     spec, straight_checkpoints = straight
-    path = tmp_path / "hung.toml"
-    text = spec("hung").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
-                                f"command = {json.dumps(['python', '-c', HANGING])}")
+    path = tmp_path / "faulty.toml"
+    text = spec("faulty").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
+                                  f"command = {json.dumps(['python', '-c', HANGING])}")
     assert "HPCTRAIN_STEP_RESTART" in text
-    path.write_text(text + "\n[retry]\nin_place = 1\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
+    path.write_text(text + "\n[retry]\nin_place = 2\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
     with Ledger(isolated_ledger) as ledger:
-        job_id, _, journal = submitted(ledger, path)
+        job_id, job, journal = submitted(ledger, path)
+        wait_until(lambda: records(journal, "step_restart") and any(
+            r["step"] >= 95 for r in records(journal, "metrics")[-3:]), 240, 0.5, "the restarted step past 95")
+        pid = rank_pid(job["slurm_job_id"], 2)
+        assert pid is not None
+        os.kill(pid, 9)
         straight_ckpt = straight_checkpoints()
         assert final_state(ledger, job_id, 400) == "COMPLETED"
     (hang,) = records(journal, "hang")
@@ -203,11 +187,16 @@ def test_a_hung_rank_is_found_and_restarted_in_the_allocation(straight, isolated
         "message"]
     last_step = max((r for r in records(journal, "metrics") if r["time"] < hang["time"]), key=lambda r: r["time"])
     assert last_step["step"] == 49 and hang["time"] - last_step["time"] <= 15 + 10
-    (restart,) = records(journal, "step_restart")
-    assert restart["step"] == 40 and records(journal, "requeue") == []
+    restarts = records(journal, "step_restart")
+    assert [(r["step_restart"], r["step"]) for r in restarts[:1]] == [(1, 40)] and len(restarts) == 2
+    assert 80 <= restarts[1]["step"] <= 90 and all(r["exit_code"] != 0 for r in restarts)  # 90 unless its save lags
+    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
     assert run_cli("reconcile").returncode == 0
-    shown = run_cli("show", str(job_id))
-    assert "rank 2 (<string>:9 in hang)" in " ".join(shown.stdout.split())  # its table wraps long lines
+    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
+    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
+    assert [e["kind"] for e in shown["events"] if e["kind"] in ("hang", "step_restart")] == [
+        "hang", "step_restart", "step_restart"]
+    assert "rank 2 (<string>:9 in hang)" in " ".join(run_cli("show", str(job_id)).stdout.split())  # the table wraps
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 
