@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hpctrain.config import load_site
-from hpctrain.jobs.pending import SENTENCES, waiting
+from hpctrain.jobs.pending import SENTENCES, reason_key, waiting
 from hpctrain.runtime.requeue import job_now
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
@@ -87,7 +87,8 @@ def test_config_partitions_nodes_shares_and_qos(recording):
 
 
 def test_the_quota_reads_with_jobs_waiting(recording):
-    """`hpctrain quota`'s reads while one job holds teamb's GPUs, as every release prints them."""
+    """`hpctrain quota`'s reads while one job holds teamb's GPUs, as every release prints them, the accounts above
+    the user's included."""
     limits = user_limits(load_site("dev"), Replay(recording, "limits"), "root")
     cap = next(lim for lim in limits if lim.scope == "account teamb" and lim.slurm_name == "GrpTRES:gres/gpu")
     assert (cap.limit, cap.used, cap.left) == (8, 8, 0)
@@ -96,6 +97,9 @@ def test_the_quota_reads_with_jobs_waiting(recording):
         ("QOS normal per user", "MaxSubmitJobsPU", 20_000), ("QOS low", "MaxWallPJ", 1440)}
     per_user = next(lim for lim in limits if lim.slurm_name == "MaxTRESPU:gres/gpu" and lim.scope == "QOS normal per user")
     assert per_user.used == 8  # root's GPUs running in QOS normal: the holding job's
+    # rec_dept's cap, read with one more call for the account above rec_team, holds for rec_team alone.
+    dept = [(lim.slurm_name, lim.limit, lim.covers) for lim in limits if lim.scope == "account rec_dept"]
+    assert dept == [("GrpTRES:gres/gpu", 6, ("rec_team",))]
 
 
 # The recordings' waiting jobs, scene by scene (record.py's waiting_jobs): the reason every release gives
@@ -168,7 +172,7 @@ def test_why_jobs_wait(recording, scene):
     rows = [{"id": name, "slurm_job_id": slurm_id, "state": "PENDING", "account": account_and_qos(name)[0],
              "qos": account_and_qos(name)[1]} for name, slurm_id in jobs.items()]
     reasons = {name: client.pending_reasons(list(jobs.values())).get(slurm_id) for name, slurm_id in jobs.items()}
-    assert {name: reason and reason.partition(", ")[0] for name, reason in reasons.items()} == {
+    assert {name: reason and reason_key(reason) for name, reason in reasons.items()} == {
         name: WAITS[scene][name][0] if name in WAITS[scene] else None for name in jobs}
     detail = {name: f" ({reason.partition(', ')[2]})" if ", " in reason else "" for name, reason in reasons.items() if reason}
     assert waiting(rows, client, lambda: limits) == {name: sentence + detail[name]

@@ -56,13 +56,18 @@ SENTENCES: dict[str, str] = {
 }
 
 
+def reason_key(reason: str) -> str:
+    """Slurm's reason without the detail some releases add after a comma ("ReqNodeNotAvail, UnavailableNodes:n3")."""
+    return reason.partition(", ")[0]
+
+
 def explain(reason: str | None, account: str | None = None, qos: str | None = None,
             limits: list[Limit] | None = None) -> str | None:
     """A sentence for a pending reason (None for none; "Slurm says 'X'" for one it does not know); with ``limits``,
     the numbers of the limit it names for the job's ``account`` or ``qos``."""
     if not reason or reason == "None":
         return None
-    key, _, detail = reason.partition(", ")  # "ReqNodeNotAvail, UnavailableNodes:n3"
+    key, _, detail = reason.partition(", ")
     if key not in SENTENCES:
         return f"Slurm says {reason!r}"
     sentence = SENTENCES[key] + (f" ({detail})" if detail else "")
@@ -99,6 +104,6 @@ def waiting(jobs: list[dict[str, Any]], client: SlurmClient, limits: Callable[[]
         job = pending.get(task_id.split("_")[0])
         if job is not None and job["id"] not in reasons and reason not in ("", "None"):
             reasons[job["id"]] = (reason, job.get("account"), job.get("qos"))
-    known = limits() if any(reason.partition(", ")[0] in LIMIT_REASONS for reason, _, _ in reasons.values()) else []
+    known = limits() if any(reason_key(reason) in LIMIT_REASONS for reason, _, _ in reasons.values()) else []
     return {job_id: text for job_id, (reason, account, qos) in reasons.items()
             if (text := explain(reason, account, qos, known))}

@@ -21,14 +21,13 @@ from typing import IO
 
 from hpctrain.contract import JobEnvironment, JobPaths
 
+EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on this rank to write theirs
+
 
 def stacks_prefix(env: JobEnvironment) -> str:
     """This job step's stack files begin with this: `[task<T>-]run<N>.<step restart>-`."""
     task = f"task{env.task_index}-" if env.task_index >= 0 else ""
     return f"{task}run{env.run_number}.{env.step_restarts}-"
-
-
-EXIT_AFTER_S = 3.0
 
 
 class Watchdog:

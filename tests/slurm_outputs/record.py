@@ -82,13 +82,17 @@ def scontrol(*args: str, check: bool = True) -> None:
 
 
 def set_up() -> None:
-    """The temporary limits, partitions and reservation the waiting jobs meet."""
+    """The temporary limits (one on an account above the user's), partitions and reservation the waiting jobs meet."""
     for name, limit in ACCOUNT_LIMITS.items():
         sacctmgr("add", "account", f"rec_{name}", "parent=root")
         sacctmgr("add", "user", "root", f"account=rec_{name}")
         sacctmgr("modify", "account", f"rec_{name}", "set", limit)
     sacctmgr("add", "account", "rec_user_jobs", "parent=root")
     sacctmgr("add", "user", "root", "account=rec_user_jobs", "MaxJobs=0")
+    # A cap on an account above the user's (read with one more assoc_mgr call, for the level between).
+    sacctmgr("add", "account", "rec_dept", "parent=root", "GrpTRES=gres/gpu=6")
+    sacctmgr("add", "account", "rec_team", "parent=rec_dept")
+    sacctmgr("add", "user", "root", "account=rec_team")
     for name, limit in QOS_LIMITS.items():
         sacctmgr("add", "qos", f"rec_{name}", limit)
     sacctmgr("modify", "user", "root", "where", "account=teama", "set", f"qos+={','.join('rec_' + n for n in QOS_LIMITS)}")
@@ -105,9 +109,10 @@ def undo() -> None:
     scontrol("delete", "ReservationName=rec_later", check=False)
     for partition in ("rec_small", "rec_down"):
         scontrol("delete", f"PartitionName={partition}", check=False)
-    accounts = ",".join(f"rec_{n}" for n in [*ACCOUNT_LIMITS, "user_jobs"])
+    accounts = ",".join(f"rec_{n}" for n in [*ACCOUNT_LIMITS, "user_jobs", "team"])
     sacctmgr("delete", "user", "root", "where", f"account={accounts}", check=False)
     sacctmgr("delete", "account", accounts, check=False)
+    sacctmgr("delete", "account", "rec_dept", check=False)  # once its child is gone
     sacctmgr("delete", "qos", ",".join(f"rec_{n}" for n in QOS_LIMITS), check=False)
 
 
