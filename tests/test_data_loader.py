@@ -2,8 +2,12 @@
 
 import json
 import multiprocessing as mp
+import subprocess
+import sys
+import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +136,27 @@ def test_samples_are_keyed_as_webdataset_keys_them(name):
     from hpctrain.data.tarshard import key_and_extension
 
     assert key_and_extension(name) == base_plus_ext(name)
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return True
+
+
+def test_workers_die_with_their_training_process(index):
+    # Left alive, a killed rank's worker holds the rank's gloo sockets open: its peers would not notice
+    # the rank gone until torch's own check (every 5 s) ends the worker.
+    script = ("import multiprocessing, sys, time\nfrom hpctrain.data import ShardLoader\n"
+              f"loader = ShardLoader({str(index.path)!r}, batch_size=4, workers=2, seed=1)\nbatches = iter(loader)\nnext(batches)\n"
+              "print(*[p.pid for p in multiprocessing.active_children()], flush=True)\ntime.sleep(60)\n")
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in rank.stdout.readline().split()]
+    assert len(workers) == 2 and not any(map(gone, workers))
+    rank.kill()
+    rank.wait()
+    deadline = time.monotonic() + 2
+    while not all(map(gone, workers)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(map(gone, workers))

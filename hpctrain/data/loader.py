@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -17,12 +20,23 @@ from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, co
 from hpctrain.errors import DataError
 from hpctrain.ledger.journal import Journal
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def ignore_stop_signals(_worker_id: int) -> None:
+
+def init_worker(_worker_id: int) -> None:
     """Workers leave preemption notices (USR2, TERM, HUP) to the training process, which stops at a step
-    boundary; a worker killed by one would fail the step before its checkpoint."""
+    boundary; a worker killed by one would fail the step before its checkpoint.
+
+    A worker dies with its training process (Linux's parent-death signal): left behind, it would hold
+    the rank's inherited gloo sockets open, so the peers would not see the rank gone, and it would keep
+    the job step alive until torch notices (up to 5 s) or Slurm's KillWait: an in-allocation restart
+    would wait that long."""
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the training process died before the line above
+            os._exit(1)
 
 
 class ShardLoader:
@@ -70,7 +84,7 @@ class ShardLoader:
                        self.shuffle_buffer, self.batch_size, self.decode, self.collate)
         items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,
                            prefetch_factor=self.prefetch_factor if self.workers else None,
-                           worker_init_fn=ignore_stop_signals if self.workers else None)
+                           worker_init_fn=init_worker if self.workers else None)
         since = self.stats.waiting()
         for item in items:
             self._consume(item)
