@@ -11,7 +11,7 @@ import pytest
 import hpctrain.checkpoint.checkpointer as checkpointer_module
 from checkpoint_helpers import chunk_file, ranks_save, same_bits
 from hpctrain.checkpoint import Checkpointer, Retention, Shard, latest_valid, load
-from hpctrain.checkpoint.commit import write_skip
+from hpctrain.checkpoint.commit import write_fragment, write_skip
 from hpctrain.checkpoint.manifest import VERSION, Manifest, sha256
 from hpctrain.checkpoint.naming import list_dirs, tmp_name
 from hpctrain.errors import CheckpointError
@@ -213,3 +213,22 @@ def test_step_directories_sort_numerically_with_or_without_padding(tmp_path):
     (tmp_path / "step_00000010").rename(tmp_path / "step_10")
     assert latest_valid(tmp_path) == tmp_path / "step_10"
     assert same_bits(load(latest_valid(tmp_path), to="numpy")["w"], np.full(2, 10))
+
+
+def test_a_fragment_committed_the_moment_it_appears_is_not_a_failure(tmp_path, monkeypatch):
+    # The committing rank may rename the save's directory as soon as the last fragment's name appears,
+    # before the rank that wrote it syncs the directory.
+    import hpctrain.files
+
+    tmp = tmp_path / tmp_name(5, "a.1")
+    tmp.mkdir()
+    replace = os.replace
+
+    def replace_then_commit(src, dst):
+        replace(src, dst)
+        if str(dst).endswith("rank-1.json"):
+            tmp.rename(tmp_path / "step_00000005")
+
+    monkeypatch.setattr(hpctrain.files.os, "replace", replace_then_commit)
+    write_fragment(tmp, 1, {"tensors": {}}, mode=0o600)
+    assert json.loads((tmp_path / "step_00000005" / "rank-1.json").read_text())["rank"] == 1

@@ -6,6 +6,7 @@ training collective, and two threads issuing collectives on one process group ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,11 @@ log = logging.getLogger("hpctrain.checkpoint")
 
 def write_fragment(tmp: Path, rank: int, fragment: dict[str, Any], *, mode: int) -> None:
     """Announce that this rank's writes into ``tmp`` are durable (call after they are); the file gets ``mode``."""
-    write_json_atomic(tmp / f"rank-{rank}.json", {"rank": rank, **fragment}, mode)
+    write_json_atomic(tmp / f"rank-{rank}.json", {"rank": rank, **fragment}, mode, sync_dir=False)
+    # The committing rank may see the fragment and rename ``tmp`` to step_<N> at once; its fsync of the
+    # directory (writing the manifest into it) then makes the fragment's name durable instead.
+    with contextlib.suppress(FileNotFoundError):
+        fsync_dir(tmp)
 
 
 def write_skip(tmp: Path, rank: int) -> None:
