@@ -1,21 +1,24 @@
-"""From a crashed rank to the first resumed training step: restarted in the allocation against requeued.
+"""From a crashed rank to the first resumed training step: restarted in the allocation (from the memory tier or
+the file system) against requeued.
 
     scripts/dev-cluster up && .venv/bin/python benchmarks/recovery.py [--kills 3]
 
 The reference trainer of benchmarks/preemption_resume.py (tiny GPT, 2 ranks tp=2 on one node, async
 checkpoints every 20 steps to the job's checkpoint directory) has rank 1 SIGKILLed N times, 7, 12, 17...
-steps past a save, in two ways:
-  in place   retry.in_place = N: the batch script starts the job step again in the same allocation
-  requeue    retry.on_error = true, no in-place restart: the run ends and the job goes back to Slurm's
-             queue (the way every crash went before; the requeue delay is Slurm's, as preemption_resume
-             explains: 10 s on the dev cluster, 120 s by default before 25.11)
+steps past a save, in three ways:
+  memory tier  retry.in_place = N and checkpoint.memory_every_steps = 5 (/dev/shm): restarted in place
+               from the newest checkpoint of either tier
+  in place     retry.in_place = N: the batch script starts the job step again in the same allocation,
+               from the file system's checkpoint
+  requeue      retry.on_error = true, no in-place restart: the run ends and the job goes back to Slurm's
+               queue (the way every crash went before; the requeue delay is Slurm's, as preemption_resume
+               explains: 10 s on the dev cluster, 120 s by default before 25.11)
 Per kill, from the trainer's and the batch script's journal:
   to decision   the kill until the batch script has decided (journaled step_restart, or attempt_end)
   to main()     until the new ranks' trainer main() (srun, `hpctrain launch`, Python; Slurm's requeue
                 delay and scheduling on the requeue way)
   to step       until the first resumed step (torch, gloo, engine, checkpoint load)
 and the steps recomputed: the last step logged before the kill, less the checkpoint step resumed from.
-A host-memory checkpoint tier (issue 19) is not built: both ways resume from the job's checkpoint directory.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ from _preempt import wait  # noqa: E402
 from preemption_resume import kinds, workspace, write_spec  # noqa: E402
 from train_helpers import rank_pid  # noqa: E402
 
-WAYS = {"in place": "[retry]\nin_place = {kills}\n", "requeue": "[retry]\non_error = true\n"}
+MEMORY_EVERY = 5
+# Each right after the spec's [checkpoint] table.
+WAYS = {"memory tier": f"memory_every_steps = {MEMORY_EVERY}\n[retry]\nin_place = {{kills}}\n",
+        "in place": "[retry]\nin_place = {kills}\n", "requeue": "[retry]\non_error = true\n"}
 ROWS = ("to decision", "to main()", "to step")
 
 
@@ -50,7 +56,7 @@ def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, flo
     spec_file = write_spec(work / f"{name}.toml", index, work / f"ckpt-{name}", WAYS[way].format(kills=kills))
     site = load_site("dev")
     client = SlurmClient.for_site(site)
-    decided = "step_restart" if way == "in place" else "attempt_end"
+    decided = "attempt_end" if way == "requeue" else "step_restart"
     out = []
     with Ledger(work / "ledger.db") as ledger:
         sub = Submitter(site, ledger, client).submit(load_job_spec(spec_file), spec_file)
@@ -72,7 +78,7 @@ def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, flo
                 out.append({"to decision": decision["time"] - killed_at,
                             "to main()": startup["times"]["main"] - decision["time"],
                             "to step": startup["times"]["first_step"] - startup["times"]["main"],
-                            "recomputed": last - startup["resumed_from"]})
+                            "recomputed": last - startup["resumed_from"], "tier": startup["tier"]})
         finally:
             client.scancel([job["slurm_job_id"]])
     return out
@@ -88,18 +94,23 @@ def main() -> None:
 
     print(f"rank 1 SIGKILLed -> first resumed step, {args.kills} kills per way on Slurm {version} "
           "(tiny GPT, 2 ranks, CPU), median s")
-    print(f"  {'':14}" + "".join(f"{row:>13}" for row in ROWS) + f"{'total':>10}{'recomputed':>12}")
+    print(f"  {'':14}" + "".join(f"{row:>13}" for row in ROWS) + f"{'total':>10}{'recomputed':>12}  resumed from")
     totals = {}
     for way, kills in results.items():
         totals[way] = statistics.median(sum(k[row] for row in ROWS) for k in kills)
         print(f"  {way:14}" + "".join(f"{statistics.median(k[row] for k in kills):13.2f}" for row in ROWS)
-              + f"{totals[way]:10.2f}{max(k['recomputed'] for k in kills):12.0f}")
-    ratio = totals["in place"] / totals["requeue"]
-    print(f"  in place / requeue: {ratio:.2f}x")
-    figure(f"rank killed -> first resumed step, restarted in the allocation (median, Slurm {version})",
-           totals["in place"], "s", "<= 10 s (issue 19 asks it of the memory tier, not built)", totals["in place"] <= 10)
-    figure(f"rank killed -> first resumed step, in place / requeued (median, Slurm {version})", ratio, "x")
-    figure("steps recomputed per kill, in place (max)", max(k["recomputed"] for k in results["in place"]), "steps")
+              + f"{totals[way]:10.2f}{max(k['recomputed'] for k in kills):12.0f}  "
+              + ", ".join(sorted({k["tier"] for k in kills})))
+    for way in ("memory tier", "in place"):
+        print(f"  {way} / requeue: {totals[way] / totals['requeue']:.2f}x")
+    figure(f"rank killed -> first resumed step, in place from the memory tier (median, Slurm {version})",
+           totals["memory tier"], "s", "<= 10 s (issue 19)", totals["memory tier"] <= 10)
+    recomputed = max(k["recomputed"] for k in results["memory tier"])
+    figure("steps recomputed per kill, memory tier (max)", recomputed, "steps",
+           f"<= memory_every_steps = {MEMORY_EVERY} (issue 19)", recomputed <= MEMORY_EVERY)
+    for way in ("memory tier", "in place"):
+        figure(f"rank killed -> first resumed step, {way} / requeued (median, Slurm {version})",
+               totals[way] / totals["requeue"], "x")
 
 
 if __name__ == "__main__":

@@ -306,3 +306,10 @@ def test_job_setup_lines_are_one_shell_line_each(tmp_path):
     path.write_text('name = "s"\ncommand = ["true"]\nsetup = ["module load a\\nrm -rf ~"]\n')
     with pytest.raises(ConfigError, match=r"setup\[0\]: expected one shell line per item"):
         load_job_spec(path)
+
+
+def test_the_memory_tier_needs_restarts_in_the_allocation(tmp_path):
+    text = LAYOUT + "\n[checkpoint]\nmemory_every_steps = 5\n"
+    assert spec_error(tmp_path, text) == ("spec.toml: checkpoint.memory_every_steps: the memory tier serves restarts "
+                                          "inside the allocation only: set retry.in_place too")
+    assert load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).checkpoint.memory_every_steps == 5

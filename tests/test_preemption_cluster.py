@@ -163,15 +163,17 @@ sys.exit(main(["--steps", "%d"]))
     "host's Slurm only (CI time): the restart is the batch script's and srun's, the watchdog the trainer's, the "
     "same on every release"))
 def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isolated_ledger, tmp_path):
-    """[hang] step_s and retry.in_place: rank 2 sleeps inside step 50; every rank's watchdog writes its stacks, the
-    step ends within the timeout plus 10 s and starts again in the allocation from step 40, the stuck rank's frame
-    shown. Then rank 2 is SIGKILLed past step 95 (srun --kill-on-bad-exit ends the step): again in place, from its
-    newest checkpoint. One Slurm run, no requeue, and the run ends bitwise identical."""
+    """[hang] step_s and retry.in_place with the memory tier every 3 steps: rank 2 sleeps inside step 50; every
+    rank's watchdog writes its stacks, the step ends within the timeout plus 10 s and starts again in the allocation
+    from the memory tier's step 48 (the file system has 40), the stuck rank's frame shown. Then rank 2 is SIGKILLed
+    past step 95 (srun --kill-on-bad-exit ends the step): again in place, from a checkpoint at most 3 steps back
+    (6 with a save in flight). One Slurm run, no requeue, and the run ends bitwise identical."""
     spec, straight_checkpoints = straight
     path = tmp_path / "faulty.toml"
     text = spec("faulty").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
                                   f"command = {json.dumps(['python', '-c', HANGING])}")
-    assert "HPCTRAIN_STEP_RESTART" in text
+    assert "HPCTRAIN_STEP_RESTART" in text and "every_steps = 10\n" in text
+    text = text.replace("every_steps = 10\n", "every_steps = 10\nmemory_every_steps = 3\n")
     path.write_text(text + "\n[retry]\nin_place = 2\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
     with Ledger(isolated_ledger) as ledger:
         job_id, job, journal = submitted(ledger, path)
@@ -180,6 +182,7 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
         pid = rank_pid(job["slurm_job_id"], 2)
         assert pid is not None
         os.kill(pid, 9)
+        killed_after = records(journal, "metrics")[-1]["step"]
         straight_ckpt = straight_checkpoints()
         assert final_state(ledger, job_id, 400) == "COMPLETED"
     (hang,) = records(journal, "hang")
@@ -190,7 +193,12 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
     restarts = records(journal, "step_restart")
     assert [(r["step_restart"], r["step"]) for r in restarts[:1]] == [(1, 40)] and len(restarts) == 2
     assert 80 <= restarts[1]["step"] <= 90 and all(r["exit_code"] != 0 for r in restarts)  # 90 unless its save lags
-    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
+    starts = records(journal, "startup")
+    assert [(s["resumed_from"], s["tier"]) for s in starts[:2]] == [(0, None), (48, "memory")] and len(starts) == 3
+    # The newest save of either tier is at most 3 steps back, 6 when the kill came while it was being written
+    # (the file system alone: up to 10, 20 likewise)
+    assert killed_after - 6 < starts[2]["resumed_from"] <= killed_after
+    assert not list(Path("/dev/shm").glob(f"hpctrain-{job['slurm_job_id']}.*"))  # freed at the end    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
     assert run_cli("reconcile").returncode == 0
     shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
     assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job

@@ -1,6 +1,7 @@
 """The DeepSpeed config generated from a job spec; checkpoint permissions taken from the site config."""
 
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -60,12 +61,13 @@ def test_generating_the_config_imports_neither_torch_nor_deepspeed():
     assert out.strip() == "[]"
 
 
-def test_checkpoint_permissions_come_from_the_jobs_site_config(tmp_path, monkeypatch):
-    from hpctrain.train.checkpointing import checkpoint_mode
+def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(tmp_path, monkeypatch):
+    from hpctrain.train.checkpointing import site_checkpoints
 
     monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
-    assert checkpoint_mode() == 0o600
+    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o600, Path("/dev/shm"))
     site = tmp_path / "site.toml"
-    site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640"))
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640")
+                    .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'"))
     monkeypatch.setenv("HPCTRAIN_SITE", str(site))
-    assert checkpoint_mode() == 0o640
+    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o640, tmp_path / "shm")

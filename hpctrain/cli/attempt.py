@@ -130,7 +130,7 @@ def restart(exit_code: int) -> None:
     _journal_hang(journal, env)  # the run's last step has `end` journal it
     step = latest_committed_step(policy.checkpoint_dir(task))
     why = (f"the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this allocation, "
-           f"from checkpoint step {step}")
+           f"from checkpoint step {step}" + (" or a newer one in the memory tier" if policy.memory_tier else ""))
     journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step, message=why)
     click.echo(f"hpctrain: {why}", err=True)
 

@@ -118,6 +118,9 @@ class CheckpointPolicy(StrictModel):
     every_minutes: FiniteFloat | None = Field(None, gt=0)
     keep_last: int = Field(3, ge=1)
     async_save: bool = Field(True, alias="async")
+    memory_every_steps: int | None = Field(
+        None, ge=1, description="also checkpoint to node-local memory (site checkpoint.memory_dir) this often, for "
+                                "restarts inside the allocation (retry.in_place)")
 
 
 class ArraySpec(StrictModel):
@@ -226,6 +229,9 @@ class JobSpec(StrictModel):
             elif a.size > MAX_ARRAY_TASKS:
                 yield ("array", "grid" if a.grid else "params"), (
                     f"{a.size} tasks, more than the {MAX_ARRAY_TASKS} one submission may have")
+        if self.checkpoint.memory_every_steps and not self.retry.in_place:
+            yield ("checkpoint", "memory_every_steps"), (
+                "the memory tier serves restarts inside the allocation only: set retry.in_place too")
         yield from self._layout_problems()
 
     def _layout_problems(self) -> Iterator[tuple[Loc, str]]:

@@ -66,6 +66,8 @@ class LedgerConfig(StrictModel):
 class CheckpointConfig(StrictModel):
     mode: FileMode = Field(0o600, description="permissions of the checkpoint manifests and rank fragments hpctrain "
                                               "writes (RNG states, lineage; TOML: 0o640 to share with the group)")
+    memory_dir: ExpandedPath = Field(Path("/dev/shm"), description="node-local memory (or disk) for the "
+                                                                  "checkpoint memory tier (checkpoint.memory_every_steps)")
 
 
 class Alerts(StrictModel):

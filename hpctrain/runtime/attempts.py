@@ -92,15 +92,16 @@ class RunPolicy:
     max_stalled: int
     checkpoint_root: Path | None
     in_place: int = 0
+    memory_tier: bool = False
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "RunPolicy":
         from hpctrain.config.job import CheckpointPolicy, JobSpec, RetryPolicy
 
         retry = RetryPolicy.model_validate(spec.get("retry") or {})
+        checkpoint = CheckpointPolicy.model_validate(spec.get("checkpoint") or {})
         return cls(spec.get("requeue", JobSpec.model_fields["requeue"].default), retry.on_error,
-                   retry.max_stalled_attempts, CheckpointPolicy.model_validate(spec.get("checkpoint") or {}).dir,
-                   retry.in_place)
+                   retry.max_stalled_attempts, checkpoint.dir, retry.in_place, bool(checkpoint.memory_every_steps))
 
     def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
         return decide(outcomes, self.requeue, self.on_error, self.max_stalled)

@@ -134,15 +134,16 @@ def main(argv: list[str] | None = None) -> int:
         batches = micro_batches(model, spec.parallel, spec.seed, dp_rank, start_step=start)
     tokens = spec.parallel.samples_per_step * model.seq_len
     hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
+    tier = checkpoints.tier if checkpoints else None
     if start and engine.global_rank == 0:
-        print(f"hpctrain.train: resumed at step {start}", file=sys.stderr)
+        print(f"hpctrain.train: resumed at step {start} from the {tier}", file=sys.stderr)
     try:
         for n in range(max(args.steps - start, 0)):
             if watchdog:
                 watchdog.phase("step", spec.hang.step_s)
             (result,) = train(engine, batches, 1, hooks=hooks)
             if n == 0:
-                journal_startup(engine, start, {**times, "first_step": time.time()})
+                journal_startup(engine, start, tier, {**times, "first_step": time.time()})
             if guard.should_stop():  # every rank agrees on the same step
                 if watchdog:  # the stop's checkpoint has the grace time, not a step's
                     watchdog.close()
@@ -166,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def journal_startup(engine: Any, start: int, times: dict[str, float]) -> None:
-    """Rank 0 journals how long this run took to get going: process, engine, checkpoint load, first step."""
+def journal_startup(engine: Any, start: int, tier: str | None, times: dict[str, float]) -> None:
+    """Rank 0 journals how long this run took to get going (process, engine, checkpoint load, first step) and
+    the checkpoint tier it resumed from (memory, file system)."""
     journal = Journal.from_env()
     if journal is not None and engine.global_rank == 0:
-        journal.write("startup", resumed_from=start, times=times,
+        journal.write("startup", resumed_from=start, tier=tier, times=times,
                       message=f"engine {times['engine'] - times['main']:.2f}s, load {times['loaded'] - times['engine']:.2f}s, "
                               f"first step {times['first_step'] - times['loaded']:.2f}s")
 

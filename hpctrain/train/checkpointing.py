@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from hpctrain.checkpoint import Checkpointer, Retention, Shard, restore_rng_state
+import torch.distributed as dist
+
+from hpctrain.checkpoint import Checkpointer, Restored, Retention, Shard, restore_rng_state
+from hpctrain.checkpoint.memory import KEEP_LAST as MEMORY_KEEP_LAST
+from hpctrain.checkpoint.memory import load_agreed, memory_dir, remove_earlier_runs, remove_this_run
+from hpctrain.checkpoint.naming import list_dirs, task_dir
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import CheckpointConfig, load_site
 from hpctrain.contract import JobEnvironment
@@ -19,28 +25,45 @@ def engine_tree(engine: Any) -> dict[str, Shard]:
     return {k: Shard(t, where[k].global_shape, where[k].offset, write=where[k].writer) for k, t in state.items()}
 
 
-def checkpoint_mode() -> int:
-    """Permissions of checkpoint metadata: those of the site config named by $HPCTRAIN_SITE (which hpctrain's
-    sbatch script exports), else the default."""
+def site_checkpoints() -> CheckpointConfig:
+    """The checkpoint settings of the site config named by $HPCTRAIN_SITE (which hpctrain's sbatch script
+    exports), else the defaults."""
     site = JobEnvironment().site
-    return load_site(site).checkpoint.mode if site else CheckpointConfig().mode
+    return load_site(site).checkpoint if site else CheckpointConfig()
 
 
 class TrainCheckpoints:
-    """Saves every ``checkpoint.every_steps`` steps (async by default) and resumes from the newest valid one."""
+    """Saves every ``checkpoint.every_steps`` steps (async by default) and, with ``memory_every_steps``, to
+    the node-local memory tier in between; resumes from the newest valid checkpoint of either tier."""
 
     def __init__(self, spec: JobSpec, engine: Any, directory: Path, loader: Any = None):
         p = spec.parallel
         self.spec, self.engine, self.loader = spec, engine, loader
-        self.ck = Checkpointer(directory, rank=engine.global_rank, world_size=engine.world_size,
-                               layout={"dp": p.dp, "tp": p.tp, "pp": p.pp},
-                               retention=Retention(keep_last=spec.checkpoint.keep_last), mode=checkpoint_mode())
+        self.site = site = site_checkpoints()
+        layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
+        self.ck = Checkpointer(directory, rank=engine.global_rank, world_size=engine.world_size, layout=layout,
+                               retention=Retention(keep_last=spec.checkpoint.keep_last), mode=site.mode)
+        self.memory: Checkpointer | None = None
+        if spec.checkpoint.memory_every_steps:
+            env = JobEnvironment()
+            local = int(os.environ.get("LOCAL_RANK", 0))
+            if local == 0:
+                remove_earlier_runs(site.memory_dir, env)
+            dist.barrier()  # no rank writes its node's directory before that
+            self.memory = Checkpointer(task_dir(memory_dir(site.memory_dir, env), env.task_index), rank=local,
+                                       world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), layout=layout,
+                                       writes_replicated=True, retention=Retention(keep_last=MEMORY_KEEP_LAST),
+                                       journal=None, mode=site.mode)
         self.last_step: int | None = None
+        self.tier: str | None = None  # the one resumed from
 
     def resume(self) -> int:
         """Restore model, optimizer, RNG and data cursor from the newest valid checkpoint; the step to go on from."""
         tree = engine_tree(self.engine)
-        restored = self.ck.load_latest(like=tree)
+        restored = self.resume_from_memory(tree)
+        if restored is None:
+            restored = self.ck.load_latest(like=tree)
+            self.tier = "file system" if restored else None
         if restored is None:
             return 0
         load_local_state(self.engine, {k: s.data for k, s in tree.items()})
@@ -50,12 +73,33 @@ class TrainCheckpoints:
             self.loader.load_state_dict(restored.cursor["data"])
         return restored.step
 
-    def save(self, step: int, loss: float, async_: bool) -> None:
+    def resume_from_memory(self, tree: dict[str, Shard]) -> Restored | None:
+        """The memory tier's newest checkpoint when it is newer than the file system's (a collective)."""
+        if self.memory is None:
+            return None
+        durable = list_dirs(self.ck.directory)
+        restored = load_agreed(self.memory.directory, self.memory_tree(tree), rank=self.memory.rank,
+                               newer_than=durable[-1].step if durable else -1)
+        if restored is not None:
+            self.tier = "memory"
+            if durable:  # the lineage goes on from the durable checkpoint before it
+                self.ck.lineage["parent"] = durable[-1].path.name
+        return restored
+
+    def memory_tree(self, tree: dict[str, Shard]) -> dict[str, Any]:
+        """The memory tier keeps each rank's own tensors, not global ones: no rank leaves its part to a
+        data-parallel peer, which may be on another node."""
+        return {f"rank{self.memory.rank}": {k: s.data for k, s in tree.items()}}
+
+    def save(self, step: int, loss: float, async_: bool, memory: bool = False) -> None:
+        """Save ``step`` to the parallel file system, or to the memory tier."""
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
+        tree = engine_tree(self.engine)
         # local_state's tensors are fresh copies that nothing else changes: written without another copy
-        self.ck.save(step, engine_tree(self.engine), cursor=cursor, metrics={"loss": loss}, async_=async_,
-                     copy="none")
-        self.last_step = step
+        (self.memory if memory else self.ck).save(step, self.memory_tree(tree) if memory else tree, cursor=cursor,
+                                                  metrics={"loss": loss}, async_=async_, copy="none")
+        if not memory:
+            self.last_step = step
 
     def finish(self, step: int, loss: float) -> None:
         """Make ``step`` durable now: complete the save in flight when it is this step's, else save synchronously."""
@@ -64,9 +108,19 @@ class TrainCheckpoints:
         self.close()
 
     def hook(self, engine: Any, result: StepResult) -> None:
-        every = self.spec.checkpoint.every_steps
-        if every and result.step % every == 0:
-            self.save(result.step, result.loss, self.spec.checkpoint.async_save)
+        policy = self.spec.checkpoint
+        if policy.every_steps and result.step % policy.every_steps == 0:
+            self.save(result.step, result.loss, policy.async_save)
+        elif self.memory is not None and result.step % policy.memory_every_steps == 0:
+            self.save(result.step, result.loss, policy.async_save, memory=True)
 
     def close(self) -> None:
-        self.ck.close()
+        """Wait for the saves in flight; the run is over: free this node's memory tier."""
+        try:
+            self.ck.close()
+        finally:
+            if self.memory is not None:
+                self.memory.close()
+                dist.barrier()  # every local rank is done with its node's directory
+                if self.memory.rank == 0:
+                    remove_this_run(self.site.memory_dir)
