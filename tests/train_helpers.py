@@ -217,6 +217,17 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
     engine = build_engine(spec)
     if scenario["mode"] == "losses":
         return {"losses": losses(engine, batches(engine), scenario["steps"])}
+    if scenario["mode"] == "reshard":  # resume the spec's checkpoint dir in this layout, gather, go on n steps
+        from hpctrain.train.checkpointing import TrainCheckpoints
+
+        checkpoints = TrainCheckpoints(spec, engine, spec.checkpoint.dir)
+        start = checkpoints.resume()
+        checkpoints.close()
+        pieces = [None] * dist.get_world_size()
+        dist.all_gather_object(pieces, (local_state(engine), placements(engine)))
+        if dist.get_rank() == 0:
+            torch.save(assemble(pieces), Path(scenario["out"]).with_name(GLOBAL_STATE))
+        return {"start": start, "losses": losses(engine, batches(engine, start_step=start), scenario["n"])}
     # restore: k steps, capture, n more steps; then a fresh engine from the capture, n steps
     k, n = scenario["k"], scenario["n"]
     data = batches(engine)
@@ -254,12 +265,13 @@ def rank_pid(slurm_job_id: str, rank: int) -> int | None:
 
 
 def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: int, resources: dict[str, Any],
-                 steps: int | None = None) -> str:
-    """TOML of a tp=2 x pp=2 reference-GPT spec reading ``index`` and checkpointing into ``ckpt``."""
+                 steps: int | None = None, parallel: str = "tp = 2\npp = 2\ngrad_accum = 2") -> str:
+    """TOML of a reference-GPT spec (tp=2 x pp=2 unless ``parallel`` says otherwise) reading ``index`` and
+    checkpointing into ``ckpt``."""
     command = ["python", "-m", "hpctrain.train", *(["--steps", str(steps)] if steps else [])]
     lines = [f'name = "{name}"', f"command = {json.dumps(command)}", f"seed = {seed}", "hyperparameters = { lr = 1e-3 }",
              "", "[resources]", *(f"{k} = {json.dumps(v)}" for k, v in resources.items()),
-             "", "[parallel]", "tp = 2", "pp = 2", "micro_batch = 2", "grad_accum = 2",
+             "", "[parallel]", parallel, "micro_batch = 2",
              "", "[model]", *(f"{k} = {v}" for k, v in TINY_MODEL.items()),
              "", "[data]", f'index = "{index}"', "workers = 1",
              "", "[checkpoint]", f'dir = "{ckpt}"', f"every_steps = {every_steps}", ""]

@@ -7,14 +7,14 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from torch.utils.data import DataLoader, default_collate
 
 from hpctrain.data.index import ShardIndex, load_index
 from hpctrain.data.plan import Position, Segment, consumed, plan_epoch, position_after
 from hpctrain.data.quarantine import Quarantine
-from hpctrain.data.state import LoaderState
+from hpctrain.data.state import LAYOUT, LoaderState
 from hpctrain.data.stats import LoaderStats
 from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
 from hpctrain.errors import DataError
@@ -99,6 +99,13 @@ class ShardLoader:
                           for segs, (seg, offset) in zip(self._plan, self._positions))
         return LoaderState(self.index.digest, self.seed, self.epoch, self.dp_rank, self.dp_size, self.workers,
                            self.batch_size, self.shuffle_buffer, self._next_worker, positions).to_dict()
+
+    def exact_state(self, states: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+        """The first of ``states`` (say, every rank's of a checkpoint written with another parallel layout)
+        that this loader resumes exactly: taken with the same dp rank and size, workers, batch and shuffle
+        buffer; None if there is none."""
+        mine = {k: getattr(self, k) for k in LAYOUT}
+        return next((s for s in states if LoaderState.from_dict(s).layout == mine), None)
 
     def load_state_dict(self, state: dict[str, Any], *, approximate: bool = False) -> None:
         """Resume exactly where ``state`` was taken.

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
     tier = checkpoints.tier if checkpoints else None
     if start and engine.global_rank == 0:
-        print(f"hpctrain.train: resumed at step {start} from the {tier}", file=sys.stderr)
+        print(f"hpctrain.train: resumed at step {start} from the {tier} tier", file=sys.stderr)
     try:
         for n in range(max(args.steps - start, 0)):
             if watchdog:

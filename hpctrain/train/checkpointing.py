@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from hpctrain.checkpoint.naming import list_dirs, task_dir
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import CheckpointConfig, load_site
 from hpctrain.contract import JobEnvironment
+from hpctrain.data.state import LoaderState
 from hpctrain.train.engine import StepResult
 from hpctrain.train.state import load_local_state, local_state, placements
 
@@ -23,6 +25,10 @@ def engine_tree(engine: Any) -> dict[str, Shard]:
     """This rank's slice of every global tensor (collective over the data-parallel group)."""
     state, where = local_state(engine), placements(engine)
     return {k: Shard(t, where[k].global_shape, where[k].offset, write=where[k].writer) for k, t in state.items()}
+
+
+def layout_words(layout: dict[str, Any]) -> str:
+    return " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp") if k in layout) or "an unrecorded layout"
 
 
 def site_checkpoints() -> CheckpointConfig:
@@ -69,9 +75,28 @@ class TrainCheckpoints:
         load_local_state(self.engine, {k: s.data for k, s in tree.items()})
         if restored.rng:
             restore_rng_state(restored.rng)
-        if self.loader is not None and restored.cursor:
-            self.loader.load_state_dict(restored.cursor["data"])
+        if self.loader is not None:
+            self.resume_loader(restored)
         return restored.step
+
+    def resume_loader(self, restored: Restored) -> None:
+        """Exactly, from the cursor of whichever rank read what this rank's loader reads (a checkpoint of
+        another tp or pp degree saved it under another rank); else at the same fraction of the epoch (another
+        dp size, worker count or batch), which global rank 0 says in one line."""
+        saved = [c["data"] for c in (restored.cursor, *(r.get("cursor") for r in restored.manifest.ranks.values()))
+                 if c and "data" in c]
+        if not saved:
+            return
+        exact = self.loader.exact_state(saved)
+        self.loader.load_state_dict(exact or saved[0], approximate=exact is None)
+        if exact is None and self.engine.global_rank == 0:
+            before = LoaderState.from_dict(saved[0])
+            print(f"hpctrain.train: checkpoint step {restored.step} was written with "
+                  f"{layout_words(restored.manifest.data.get('layout', {}))} and the data loader's "
+                  f"dp_size={before.dp_size} workers={before.workers} batch={before.batch_size}; this run has "
+                  f"{layout_words(self.ck.layout)} and dp_size={self.loader.dp_size} workers={self.loader.workers} "
+                  f"batch={self.loader.batch_size}: the data order goes on at the same fraction of epoch "
+                  f"{before.epoch}, not exactly (some samples may repeat or be missed)", file=sys.stderr, flush=True)
 
     def resume_from_memory(self, tree: dict[str, Shard]) -> Restored | None:
         """The memory tier's newest checkpoint when it is newer than the file system's (a collective)."""
