@@ -156,6 +156,7 @@ def test_shipped_site_configs_load():
     assert ib.network_env["NCCL_IB_HCA"].startswith("mlx5_")
     assert ib.partitions["h100"].mem_per_node == 2000 * 1024
     assert ib.partitions["a100-debug"].gpu_request == "gres"
+    assert (ib.hang.startup_s, ib.hang.step_s, dev.hang.step_s) == (1800, 900, None)
 
 
 def test_site_default_qos_must_be_defined(tmp_path):

@@ -105,11 +105,17 @@ class Data(StrictModel):
 
 
 class HangPolicy(StrictModel):
-    """How long each phase of a rank may go without progress before it counts as hung (0: never)."""
+    """How long each phase of a rank may go without progress before it counts as hung (0: never; unset in a
+    job spec: the site's [hang])."""
 
-    startup_s: float = Field(0, ge=0, description="process start to the first training step (imports, rendezvous, "
-                                                   "checkpoint load)")
-    step_s: float = Field(0, ge=0, description="one training step, a synchronous checkpoint save included")
+    startup_s: float | None = Field(None, ge=0, description="process start to the first training step (imports, "
+                                                            "rendezvous, checkpoint load)")
+    step_s: float | None = Field(None, ge=0, description="one training step, a synchronous checkpoint save included")
+
+    def over(self, defaults: "HangPolicy") -> "HangPolicy":
+        """These timeouts, ``defaults``' where unset, 0 where both are."""
+        return HangPolicy(**{name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), 0)
+                             for name in HangPolicy.model_fields})
 
 
 class CheckpointPolicy(StrictModel):

@@ -10,6 +10,7 @@ from typing import Iterable, Iterator, Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
+from hpctrain.config.job import HangPolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
 from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, BindPath, ExpandedPath, FileMode, MiB,
@@ -111,6 +112,7 @@ class SiteConfig(StrictModel):
     launch: Launch = Field(default_factory=Launch)
     containers: Containers = Field(default_factory=Containers)
     alerts: Alerts = Field(default_factory=Alerts)
+    hang: HangPolicy = Field(default_factory=HangPolicy, description="hang timeouts of every job that sets none")
     templates_dir: ExpandedPath | None = None
     _source: Path | None = PrivateAttr(None)
 
@@ -184,6 +186,12 @@ def find_site_file(site: str) -> Path:
 
 def default_site_name() -> str:
     return os.environ.get(SITE_ENV, "dev")
+
+
+def job_site() -> SiteConfig | None:
+    """In a job: the site config its batch script names ($HPCTRAIN_SITE); None elsewhere."""
+    site = os.environ.get(SITE_ENV)
+    return load_site(site) if site else None
 
 
 def load_site(site: str | None = None) -> SiteConfig:

@@ -14,7 +14,8 @@ import sys
 import time
 from typing import Any
 
-from hpctrain.config.job import Model, load_job_spec
+from hpctrain.config.job import HangPolicy, Model, load_job_spec
+from hpctrain.config.site import job_site
 from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger.journal import Journal
@@ -72,6 +73,12 @@ def gpu_metrics() -> dict[str, float]:
     return values
 
 
+def hang_timeouts(spec: Any) -> HangPolicy:
+    """The spec's [hang] timeouts, the site's where it sets none."""
+    site = job_site()
+    return spec.hang.over(site.hang if site else HangPolicy())
+
+
 def preemption_guard(rank: int) -> Any:
     """Installed before the data loader forks its workers, so they inherit the handlers instead of dying;
     on ``rank`` 0 it asks Slurm for the job's state when a stop comes."""
@@ -92,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_job_spec(args.spec)
         if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
             spec = spec.with_params(params)
-        watchdog = Watchdog() if spec.hang.startup_s or spec.hang.step_s else None
+        hang = hang_timeouts(spec)
+        watchdog = Watchdog() if hang.startup_s or hang.step_s else None
         if watchdog:
-            watchdog.phase("start-up", spec.hang.startup_s)
+            watchdog.phase("start-up", hang.startup_s)
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train

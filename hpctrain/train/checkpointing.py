@@ -14,7 +14,7 @@ from hpctrain.checkpoint.memory import KEEP_LAST as MEMORY_KEEP_LAST
 from hpctrain.checkpoint.memory import load_agreed, memory_dir, remove_earlier_runs, remove_this_run
 from hpctrain.checkpoint.naming import list_dirs, task_dir
 from hpctrain.config.job import JobSpec
-from hpctrain.config.site import CheckpointConfig, load_site
+from hpctrain.config.site import CheckpointConfig, job_site
 from hpctrain.contract import JobEnvironment
 from hpctrain.data.state import LoaderState
 from hpctrain.train.engine import StepResult
@@ -32,10 +32,9 @@ def layout_words(layout: dict[str, Any]) -> str:
 
 
 def site_checkpoints() -> CheckpointConfig:
-    """The checkpoint settings of the site config named by $HPCTRAIN_SITE (which hpctrain's sbatch script
-    exports), else the defaults."""
-    site = JobEnvironment().site
-    return load_site(site).checkpoint if site else CheckpointConfig()
+    """The checkpoint settings of the job's site config (see job_site), else the defaults."""
+    site = job_site()
+    return site.checkpoint if site else CheckpointConfig()
 
 
 class TrainCheckpoints:
