@@ -70,6 +70,18 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "co
         time.sleep(interval)
 
 
+def sacct_gpu_hours(slurm_id: str) -> float:
+    """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],
+                         capture_output=True, text=True, check=True).stdout
+    total = 0.0
+    for line in out.splitlines():
+        elapsed, tres = line.split("|")
+        gpus = dict(t.split("=") for t in tres.split(",") if "=" in t).get("gres/gpu", "0")
+        total += int(elapsed) * int(gpus) / 3600
+    return total
+
+
 SHIMMED = ("sbatch", "sacct", "squeue", "sacctmgr", "sshare", "scontrol", "scancel", "sinfo")
 
 

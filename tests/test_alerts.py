@@ -48,3 +48,21 @@ def test_metrics_command_pivots_steps(isolated_ledger):
     assert "loss" in table and "data_wait_s" not in table and "metrics of job 1 (m)" in table
     assert run_cli("metrics", "7", "--no-refresh").stderr.strip() == \
         "hpctrain: error: job '7': no such ledger id (see `hpctrain status --all`)"
+
+
+def test_ranks_far_slower_than_their_stages_fastest_are_stragglers(isolated_ledger):
+    # dp2 x tp2 x pp2: stage 0 is ranks 0-1 (n1) and 4-5 (n3); stage 1 ranks 2-3 (n2) and 6-7 (n4); n3 is slow,
+    # and its tensor-parallel peers wait for each other inside the forward pass.
+    def ranks(compute):
+        return [{"rank": r, "node": f"n{1 + r // 2}", "stage": r // 2 % 2, "compute_s": c} for r, c in enumerate(compute)]
+
+    now = time.time()
+    with Ledger(isolated_ledger) as ledger:
+        ledger.insert("jobs", {"name": "slow", "site": "dev", "state": "RUNNING"})
+        add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.0)
+        for step, compute in ((50, [0.10, 0.10, 0.20, 0.21, 0.11, 0.10, 0.22, 0.20]),  # n3 became slow later
+                              (100, [0.10, 0.10, 0.20, 0.21, 0.19, 0.19, 0.22, 0.20])):
+            ledger.event("ranks", "compute seconds per step", job_id=1, step=step, ranks=ranks(compute))
+        found = job_alerts(ledger, ledger.rows("jobs"), LIMITS, now=now)
+    assert found == {1: ["stragglers at step 100: rank 4 on n3 (1.9x its stage's fastest), "
+                         "rank 5 on n3 (1.9x its stage's fastest)"]}

@@ -82,3 +82,22 @@ def test_concurrent_ingests_fold_each_record_once(tmp_path, job_env, ledger):
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
     assert sorted(e["message"] for e in ledger.rows("events")) == sorted(f"m{i}" for i in range(60))
+
+
+def test_trainer_starts_steps_and_hangs_fold_into_segments(tmp_path, job_env, ledger, monkeypatch):
+    journal = Journal(tmp_path / "j")
+    journal.write("startup", resumed_from=0, tier=None, times={"main": 10.0, "loaded": 12.0, "first_step": 13.0})
+    for step in (1, 2, 3):
+        journal.write("metrics", step=step, values={"loss": 1.0, "step_time_s": 0.5})
+    journal.write("hang", message="hung in phase step")
+    monkeypatch.setenv("HPCTRAIN_STEP_RESTART", "1")
+    journal.write("startup", resumed_from=2, tier="memory", times={"main": 20.0, "loaded": 21.0, "first_step": 22.0})
+    journal.write("metrics", step=3, values={"loss": 1.0, "step_time_s": 0.25})
+    assert ingest_journal(ledger, journal) == 7 and ingest_journal(ledger, journal) == 0  # each record once
+    rows = [{k: r[k] for k in ("task_index", "attempt", "step_restart", "main_at", "loaded_at", "resumed_from", "tier",
+                               "steps", "step_seconds", "last_step", "hung")} for r in ledger.segments.of_jobs([1])]
+    assert rows == [
+        {"task_index": 3, "attempt": 2, "step_restart": 0, "main_at": 10.0, "loaded_at": 12.0, "resumed_from": 0,
+         "tier": None, "steps": 3, "step_seconds": 1.5, "last_step": 3, "hung": 1},
+        {"task_index": 3, "attempt": 2, "step_restart": 1, "main_at": 20.0, "loaded_at": 21.0, "resumed_from": 2,
+         "tier": "memory", "steps": 1, "step_seconds": 0.25, "last_step": 3, "hung": 0}]

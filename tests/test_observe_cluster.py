@@ -15,7 +15,7 @@ import pytest
 from hpctrain.config import load_site
 from hpctrain.ledger import Ledger
 
-from conftest import run_cli, wait_until
+from conftest import run_cli, sacct_gpu_hours, wait_until
 
 pytestmark = pytest.mark.slurm
 GIT = ["git", "-c", "user.email=t@example.org", "-c", "user.name=t"]
@@ -59,18 +59,6 @@ def test_rerun_has_identical_lineage_until_the_code_changes(dev_cluster, isolate
     assert "lineage differs:" in out and "code.commit:" in out
     shown = run_cli("show", str(changed), "--lineage").stdout
     assert f"rerun of job {first}: lineage differs" in shown and "code.commit:" in shown
-
-
-def sacct_gpu_hours(slurm_id: str) -> float:
-    """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
-    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],
-                         capture_output=True, text=True, check=True).stdout
-    total = 0.0
-    for line in out.splitlines():
-        elapsed, tres = line.split("|")
-        gpus = dict(t.split("=") for t in tres.split(",") if "=" in t).get("gres/gpu", "0")
-        total += int(elapsed) * int(gpus) / 3600
-    return total
 
 
 def test_gpu_hours_match_sacct_including_a_requeued_job(dev_cluster, isolated_ledger, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
-from conftest import HIGH, run_cli, wait_until
+from conftest import HIGH, run_cli, sacct_gpu_hours, wait_until
 from report_helpers import mark_steps, pixels, plot_images, screenshot
 from train_helpers import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, rank_pid, straight_run, trainer_spec
 
@@ -126,6 +127,14 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         == ["preemption"] * 3
     listed = {r["id"]: r for r in json.loads(run_cli("status", "--all", "--json").stdout)}
     assert (listed[low]["restarts"], listed[low]["preemptions"]) == (3, 3)
+    # Goodput: each preempted run ends in its stop checkpoint, resumed from by the next (nothing recomputed), and
+    # the job waits in the queue; the causes add up to sacct's GPU time (which ends a run where it is preempted:
+    # the stop's checkpoint after that is not counted).
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[low]
+    seconds = {k: 3600 * v for k, v in cost["cause_gpu_hours"].items()}
+    assert sum(seconds.values()) == pytest.approx(3600 * sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    assert seconds["productive"] > 0 and seconds["startup"] > 0 and seconds["recomputed"] == 0
+    assert cost["queued_after_requeue_s"] > 0 and 0.2 < cost["goodput"] < 1
 
     # Its report marks where attempts 2, 3 and 4 began on the loss plot: in the PNG, and as Chromium shows the page
     # (the host's; the lanes' trees have no browser).
@@ -142,21 +151,28 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
 
 
-# The reference trainer, with rank 2 stuck for good in step 50 of the job step's first start.
-HANGING = """\
+def patched_trainer(before_step: str) -> str:
+    """The reference trainer to step STEPS, running the line ``before_step`` (with os, time, and the number of
+    this step in this process, ``calls[0]``) before each step; a stack shows it at line 8, in `patched`."""
+    return f"""\
 import os, sys, time
 import hpctrain.train.engine as engine
 from hpctrain.train.__main__ import main
 
-steps, train = [0], engine.train
-def hang(*args, **kwargs):
-    steps[0] += 1
-    if steps[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == "0":
-        time.sleep(3600)
+calls, train = [0], engine.train
+def patched(*args, **kwargs):
+    calls[0] += 1
+    {before_step}
     return train(*args, **kwargs)
-engine.train = hang
-sys.exit(main(["--steps", "%d"]))
-""" % STEPS
+engine.train = patched
+sys.exit(main(["--steps", "{STEPS}"]))
+"""
+
+
+# Rank 2 stuck for good in step 50 of the job step's first start.
+HANGING = patched_trainer('if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
+                          '"0": time.sleep(3600)')
+SLOW = patched_trainer("time.sleep(0.25)")  # each step 0.25 s slower
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
@@ -186,7 +202,7 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
         straight_ckpt = straight_checkpoints()
         assert final_state(ledger, job_id, 400) == "COMPLETED"
     (hang,) = records(journal, "hang")
-    assert hang["message"].startswith("hung in phase step, timeout 15 s: ") and "rank 2 (<string>:9 in hang)" in hang[
+    assert hang["message"].startswith("hung in phase step, timeout 15 s: ") and "rank 2 (<string>:8 in patched)" in hang[
         "message"]
     last_step = max((r for r in records(journal, "metrics") if r["time"] < hang["time"]), key=lambda r: r["time"])
     assert last_step["step"] == 49 and hang["time"] - last_step["time"] <= 15 + 10
@@ -204,30 +220,41 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
     assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
     assert [e["kind"] for e in shown["events"] if e["kind"] in ("hang", "step_restart")] == [
         "hang", "step_restart", "step_restart"]
-    assert "rank 2 (<string>:9 in hang)" in " ".join(run_cli("show", str(job_id)).stdout.split())  # the table wraps
+    # Every 50 steps the ranks' compute times: the tensor-parallel peers of each stage alike, no straggler.
+    assert shown["stragglers"]["step"] % 50 == 0 and shown["stragglers"]["ranks"] == []
+    assert {r["node"] for r in records(journal, "ranks")[-1]["ranks"]} == {"n1", "n2"}
+    shown_text = " ".join(run_cli("show", str(job_id)).stdout.split())  # the table wraps
+    assert "rank 2 (<string>:8 in patched)" in shown_text
+    # Goodput: the hang cost 4 GPUs its 15 s timeout and more, the kill a restart, and steps past the checkpoints
+    # resumed from were done again; the causes add up to sacct's GPU time.
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
+    seconds = {k: 3600 * v for k, v in cost["cause_gpu_hours"].items()}
+    assert sum(seconds.values()) == pytest.approx(3600 * sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    assert seconds["hang"] >= 4 * 15 and seconds["crash"] > 0 and seconds["recomputed"] > 0 and seconds["end"] > 0
+    assert re.search(r"attempt 0 time: productive \d+ s \(\d+%\), .*startup \d+ s, .*hang \d+ s, crash \d+ s", shown_text)
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "4 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
+    "2 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
     "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "
     "them is preemption's requeue"))
-def test_time_limit_checkpoints_on_the_notice_and_requeues(dev_cluster, isolated_ledger, tmp_path):
+def test_time_limit_checkpoints_on_the_notice_and_requeues(straight, isolated_ledger, tmp_path):
     """A 2-minute job gets USR2 about a minute before its limit (the dev site's signal lead), checkpoints,
-    requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run."""
-    steps = 1200
-    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
-    specs = {}
-    for name in ("limited", "straight"):
-        specs[name] = tmp_path / f"{name}.toml"
-        specs[name].write_text(trainer_spec("gpt-timeout", seed=13, index=index, ckpt=tmp_path / f"ck-{name}",
-                                            every_steps=100, steps=steps,
-                                            resources={**RESOURCES, "time": "00:02:00", "preemptible": False}))
+    requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run (the
+    preemption tests' run: each step here sleeps 0.25 s first, so that the job lasts past the notice)."""
+    spec, straight_checkpoints = straight
+    text = spec("limited")
+    for old, new in (('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
+                      f"command = {json.dumps(['python', '-c', SLOW])}"),
+                     ('time = "00:15:00"', 'time = "00:02:00"'), ("preemptible = true", "preemptible = false")):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "limited.toml"
+    path.write_text(text)
     with Ledger(isolated_ledger) as ledger:
-        job_id, _, journal = submitted(ledger, specs["limited"])
+        job_id, _, journal = submitted(ledger, path)
         assert final_state(ledger, job_id, 400) == "COMPLETED"
-    # The uninterrupted run afterwards, not alongside: sharing the 2 cores would slow both.
-    straight_run(specs["straight"], steps)
     requeues = records(journal, "requeue")
     assert requeues and {r["cause"] for r in requeues} == {"timeout"} and all(r["checkpointed"] for r in requeues)
-    assert_bitwise_equal(tmp_path / "ck-limited", tmp_path / "ck-straight", steps)
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_checkpoints(), STEPS)

@@ -28,7 +28,8 @@ from report_helpers import (CHROMIUM, assert_marks_at, chromium, colour_mask, ma
 
 C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first line colour
 SECRET = "hunter2-never-shown"
-JOB_PLOTS = {"loss vs step", "throughput (tokens/s) vs step", "checkpoint duration vs step", "data wait vs step"}
+JOB_PLOTS = {"loss vs step", "throughput (tokens/s) vs step", "checkpoint duration vs step", "data wait vs step",
+             "GPU-hours by cause per attempt"}
 SWEEP = """
 name = "lr-sweep"
 method = "random"
@@ -89,6 +90,12 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         job = _job(ledger, "gpt-small", "teama", spec.redacted(), slurm_job_id="101")
         for attempt, (start_h, end_h, cause, steps) in enumerate(RUNS, 1):
             _attempt(ledger, job, -1, attempt, start_h, end_h, cause, steps)
+            # Its trainer's start, steps (the second run's last 5 done again by the third) and stop, a minute each.
+            ledger.insert("segments", {
+                "job_id": job, "task_index": -1, "attempt": attempt, "main_at": T0 + start_h * 3600 + 60,
+                "loaded_at": T0 + start_h * 3600 + 120, "resumed_from": steps[0] or 0, "steps": 10,
+                "step_seconds": (end_h - start_h) * 3600 - 240, "last_step": steps[1] + 5 * (attempt == 2),
+                "last_step_at": T0 + end_h * 3600 - 60})
         _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
         for step, hour in CHECKPOINT_HOURS.items():
             ledger.insert("checkpoints", {"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
@@ -144,6 +151,10 @@ def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
     assert "5 (5 committed)" in html
     # 4 GPUs x 1.9 h over 4 runs at 2.0 per GPU-hour; 3 x 0.1 h after the interrupted runs' last checkpoints is lost.
     assert "<td>7.60</td>" in html and "<td>15.20</td>" in html and "<td>1.20 (work redone" in html
+    # Steps took all but 4 minutes of each run's 6840 s; the second run's last 5 of 10 were done again: 690 s.
+    assert "<td>75.9% of the GPU time of runs whose trainer journals its steps</td>" in html
+    causes = pixels(images["GPU-hours by cause per attempt"])
+    assert _colour_count(causes, (0xFF, 0x7F, 0x0E)) > 100  # C1: recomputed, on the second attempt's bar
 
 
 def test_loss_plot_marks_the_step_each_resumed_attempt_began_from(reports):
@@ -187,7 +198,7 @@ def test_smoothing_is_a_bias_corrected_moving_average():
 def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):
     html = reports["html"]["array"]
     assert set(plot_images(html)) == {"loss vs step"}
-    assert html.count("no data") == 3
+    assert html.count("no data") == 4 and "no run&#39;s trainer journals its steps" in html
     image = pixels(plot_images(html)["loss vs step"])
     for colour in (C0, (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # C0, C1, C2: one line per task
         assert _colour_count(image, colour) > 100
@@ -203,7 +214,9 @@ def test_sweep_report_shows_the_best_trial_and_its_plots(reports):
 
 def test_account_report_totals_and_cumulative_gpu_hours(reports):
     every, teamb = reports["html"]["accounts"], reports["html"]["teamb"]
-    assert set(plot_images(every)) == set(plot_images(teamb)) == {"cumulative GPU-hours per account"}
+    assert set(plot_images(every)) == {"cumulative GPU-hours per account", "GPU-hours by cause per day (runs by the day "
+                                                                          "they started)"}
+    assert set(plot_images(teamb)) == {"cumulative GPU-hours per account"}
     assert "<td>teama</td>" in every and "<td>teamb</td>" in every
     assert "<td>teama</td>" not in teamb and "GPU-hours: account teamb" in teamb
     assert "<td>72.00</td>" in teamb  # 3 tasks x 4 GPUs x 6 h
@@ -281,7 +294,7 @@ needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium not insta
 
 
 @needs_chromium
-@pytest.mark.parametrize("name, plots", [("job", 4), ("accounts", 1)])
+@pytest.mark.parametrize("name, plots", [("job", len(JOB_PLOTS)), ("accounts", 2)])
 def test_chromium_renders_the_plots(reports, tmp_path, name, plots):
     shot = screenshot(reports["files"][name], tmp_path / "shot.png")
     assert shot.std() > 0
@@ -304,4 +317,4 @@ def test_chromium_shows_the_page_text(reports):
     out = chromium("--dump-dom", reports["files"]["job"].as_uri())
     assert out.returncode == 0, out.stderr
     assert "<title>job 1: gpt-small</title>" in out.stdout and "<h1>job 1: gpt-small</h1>" in out.stdout
-    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png', out.stdout)) == 4
+    assert len(re.findall(r'<img alt="[^"]+" src="data:image/png', out.stdout)) == len(JOB_PLOTS)

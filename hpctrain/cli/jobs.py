@@ -166,7 +166,9 @@ def _seconds(param: click.Parameter, value: float) -> float:
 @click.option("--lineage", "show_lineage", is_flag=True, help="what the job ran: code, data, parameters, versions")
 def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
+    from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
+    from hpctrain.jobs.stragglers import latest
 
     cfg, ledger, client = open_site(site)
     with ledger:
@@ -182,6 +184,14 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             "events": ledger.events_of(row["id"]),
             "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
+        segments = ledger.segments.of_jobs([row["id"]])
+        slow = latest(ledger, row["id"])
+    detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
+    measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
+    goodput = {run: good for run, good in job_goodput(detail["attempts"], segments, time.time()).items()
+               if run in measured}
+    detail["goodput"] = [{"task_index": task, "attempt": attempt, "seconds": good.seconds, "queue_s": good.queue_s}
+                         for (task, attempt), good in goodput.items()]
     if as_json:
         click.echo(json.dumps(detail, default=str))
         return
@@ -206,6 +216,10 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         if a["requeued"] == 0 and a["cause"] != "completed":
             task = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
             console.print(f"  [bold]{task}stopped after attempt {a['attempt']}[/]: {a['decision']}")
+    if slow and slow[1]:
+        console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
+    for (task, attempt), good in goodput.items():
+        console.print(f"  {f'task {task} ' if task >= 0 else ''}attempt {attempt} time: {good.words()}")
     for e in detail["events"]:
         console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
 

@@ -66,12 +66,16 @@ def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None
 @click.option("--since", metavar="YYYY-MM-DD", default=None, help="count GPU time from this day on")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without asking Slurm")
-def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh: bool) -> None:
+@click.option("--causes", is_flag=True, help="a column per cause of lost GPU time, and the time queued after requeues")
+def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh: bool, causes: bool) -> None:
     """GPU-hours (sacct: GPUs x elapsed, every run, requeues included), the part lost to interruptions
-    (work after a run's last checkpoint) and cost at the site's prices, per account, user, sweep, job or partition."""
+    (work after a run's last checkpoint), goodput (productive steps over the GPU time of runs whose trainer
+    journals its steps; --causes: the rest by cause) and cost at the site's prices, per account, user, sweep,
+    job or partition."""
     from datetime import datetime
 
-    from hpctrain.jobs.accounting import totals, usage
+    from hpctrain.jobs.accounting import goodput, percent, totals, usage
+    from hpctrain.jobs.goodput import LOST
 
     try:
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
@@ -79,10 +83,12 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
         raise click.BadParameter(f"expected a date such as 2026-11-01, got {since!r}", param_hint="--since") from None
     cfg, ledger = _refreshed(site, no_refresh)
     with ledger:
-        groups = totals(usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts), by)
+        runs = usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts)
+        groups = totals(runs, by)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
     rows = [{by: g.key, "jobs": len(g.jobs), "runs": g.runs, "gpu_hours": g.gpu_hours,
-             "lost_gpu_hours": g.lost_gpu_hours, "cost": g.cost} for g in groups]
+             "lost_gpu_hours": g.lost_gpu_hours, "goodput": g.goodput, "cause_gpu_hours": g.causes,
+             "queued_after_requeue_s": g.queue_s, "cost": g.cost} for g in groups]
     for r in rows:
         if (budget := budgets.get(r[by])) is not None:
             r.update(budget_gpu_hours=budget.limit / 60, budget_spent_gpu_hours=budget.used / 60,
@@ -94,16 +100,20 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
 
     table = Table(title=f"GPU-hours on {cfg.name}" + (f" since {since}" if since else ""), title_justify="left")
     budget_cols = ("budget GPU-h", "spent (Slurm)", "left") if budgets else ()
-    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "cost", *budget_cols):
+    cause_cols = (*(f"{c} GPU-h" for c in LOST), "queued h") if causes else ()
+    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", *cause_cols, "cost", *budget_cols):
         table.add_column(col, justify="left" if col == by else "right")
     for r in rows:
         budget = [f"{r[k]:.1f}" if k in r else "-" for k in
                   ("budget_gpu_hours", "budget_spent_gpu_hours", "budget_left_gpu_hours")] if budgets else []
+        lost = [f"{r['cause_gpu_hours'].get(c, 0.0):.3f}" for c in LOST] + [f"{r['queued_after_requeue_s'] / 3600:.3f}"]
         table.add_row(str(r[by] if r[by] is not None else "-"), str(r["jobs"]), str(r["runs"]), f"{r['gpu_hours']:.3f}",
-                      f"{r['lost_gpu_hours']:.3f}", f"{r['cost']:.2f}", *budget)
+                      f"{r['lost_gpu_hours']:.3f}", percent(r["goodput"]), *(lost if causes else []),
+                      f"{r['cost']:.2f}", *budget)
     table.add_row("total", str(sum(r["jobs"] for r in rows)), str(sum(r["runs"] for r in rows)),
                   f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
-                  f"{sum(r['cost'] for r in rows):.2f}", *(["", "", ""] if budgets else []))
+                  percent(goodput(runs)), *([""] * len(cause_cols)), f"{sum(r['cost'] for r in rows):.2f}",
+                  *(["", "", ""] if budgets else []))
     make_console().print(table)
 
 

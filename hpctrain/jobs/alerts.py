@@ -1,4 +1,5 @@
-"""Flags on running jobs for `hpctrain status`: stalled (no training step lately), data-bound (waiting for data)."""
+"""Flags on running jobs for `hpctrain status`: stalled (no training step lately), data-bound (waiting for data),
+stragglers (ranks far slower than their pipeline stage's fastest)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import time
 from typing import Any
 
 from hpctrain.config.site import Alerts
+from hpctrain.jobs.stragglers import latest
 from hpctrain.ledger import Ledger
 
 RECENT_STEPS = 20
@@ -27,6 +29,8 @@ def job_alerts(ledger: Ledger, jobs: list[dict[str, Any]], limits: Alerts, now: 
         wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
         if wait is not None and wait > limits.data_wait_fraction:
             found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
+        if (slow := latest(ledger, job["id"])) and slow[1]:
+            found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
         if found:
             out[job["id"]] = found
     return out

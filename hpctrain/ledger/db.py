@@ -1,7 +1,8 @@
 """The ledger: one local SQLite file (WAL) that every part of hpctrain writes through.
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
-`ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`; events
+`ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
+`ledger.segments`; events
 and the generic row access below serve the rest.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
@@ -27,6 +28,7 @@ from hpctrain.ledger.checkpoints import Checkpoints
 from hpctrain.ledger.jobs import Jobs
 from hpctrain.ledger.metrics import Metrics
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
+from hpctrain.ledger.segments import Segments
 from hpctrain.ledger.sweeps import Sweeps
 
 BUSY_TIMEOUT_S = 60.0
@@ -59,7 +61,7 @@ class Ledger:
         except OSError as exc:
             raise LedgerError(f"{self.path}: cannot create ledger: {exc.strerror}") from None
         self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
-        self.metrics, self.checkpoints = Metrics(self), Checkpoints(self)
+        self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
 
     def close(self) -> None:
         self.db.close()
@@ -131,6 +133,13 @@ class Ledger:
 
     def events_of(self, job_id: int) -> list[dict[str, Any]]:
         return self.rows("events", "job_id = ?", [job_id], order_by="time")
+
+    def last_event(self, job_id: int, kind: str) -> dict[str, Any] | None:
+        """The job's latest event of ``kind``, its data decoded."""
+        for row in self.db.table("events").rows_where("job_id = ? AND kind = ?", [job_id, kind], order_by="time DESC",
+                                                      limit=1):
+            return {**row, "data": json.loads(row["data_json"] or "{}")}
+        return None
 
     def event(self, kind: str, message: str = "", job_id: int | None = None, **data: Any) -> int:
         """Append to the event log (submissions, choices, requeues, quarantines, ...)."""

@@ -25,9 +25,33 @@ def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
         ledger.insert("checkpoints", row)
 
 
+def _segment(rec: dict[str, Any]) -> dict[str, int] | None:
+    """The job step start a trainer's record belongs to (None outside Slurm: no run number)."""
+    if rec.get("job_id") is None or rec.get("attempt") is None:
+        return None
+    return {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1), "attempt": rec["attempt"],
+            "step_restart": rec.get("step_restart") or 0}
+
+
+def _startup(ledger: Ledger, rec: dict[str, Any]) -> None:
+    if key := _segment(rec):
+        times = rec.get("times") or {}
+        ledger.segments.started(key, main_at=times.get("main"), loaded_at=times.get("loaded"),
+                                resumed_from=rec.get("resumed_from") or 0, tier=rec.get("tier"))
+    _event(ledger, rec)
+
+
+def _hang(ledger: Ledger, rec: dict[str, Any]) -> None:
+    if key := _segment(rec):
+        ledger.segments.hung(key)
+    _event(ledger, rec)
+
+
 def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
     if rec.get("job_id") is None:
         raise ValueError("metrics record without a ledger job id")
+    if (key := _segment(rec)) and "step_time_s" in rec["values"]:
+        ledger.segments.stepped(key, step=rec["step"], seconds=rec["values"]["step_time_s"], time=rec["time"])
     for name, value in rec["values"].items():
         ledger.upsert(
             "metrics",
@@ -79,7 +103,8 @@ def _resubmitted(ledger: Ledger, rec: dict[str, Any]) -> None:
 
 # Kinds with a table of their own; every other kind (quarantine, ...) lands in events only.
 HANDLERS: dict[str, Handler] = {
-    "checkpoint": _checkpoint, "metrics": _metrics, "resubmitted": _resubmitted,
+    "checkpoint": _checkpoint, "metrics": _metrics, "resubmitted": _resubmitted, "startup": _startup,
+    "hang": _hang,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
 }
 

@@ -30,6 +30,7 @@ def job_context(env: JobEnvironment | None = None) -> dict[str, Any]:
         "task_index": env.task_index,
         "restart": env.restart_count,
         "attempt": env.run_number if env.in_slurm else None,
+        "step_restart": env.step_restarts,
         "host": env.node,
         "rank": env.rank,
     }

@@ -159,6 +159,25 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN elapsed_s INTEGER",
         "CREATE INDEX attempts_started ON attempts(started_at)",
     ],
+    # 7: each start of a job step within a run (in-allocation restarts), for goodput by cause.
+    [
+        """CREATE TABLE segments (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL DEFAULT -1,
+            attempt INTEGER NOT NULL,
+            step_restart INTEGER NOT NULL DEFAULT 0,
+            main_at REAL,
+            loaded_at REAL,
+            resumed_from INTEGER,
+            tier TEXT,
+            steps INTEGER NOT NULL DEFAULT 0,
+            step_seconds REAL NOT NULL DEFAULT 0,
+            last_step INTEGER,
+            last_step_at REAL,
+            hung INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (job_id, task_index, attempt, step_restart)
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,15 +6,16 @@ import json
 import time
 from collections import Counter
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from hpctrain.config import SiteConfig
 from hpctrain.errors import HpctrainError
-from hpctrain.jobs.accounting import Usage, totals, usage
+from hpctrain.jobs import stragglers
+from hpctrain.jobs.accounting import Usage, goodput, percent, totals, usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render
-from hpctrain.report.plots import Series, lines
+from hpctrain.report.plots import Series, lines, stacked_bars
 from hpctrain.slurm.assoc_mgr import Limit
 
 MAX_LINES = 20  # curves in one plot; more would be unreadable
@@ -36,17 +37,21 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
         ("submitted", _when(job["submitted_at"])),
         ("attempts", f"{len(data.attempts)} ({_counts(a['cause'] or a['state'] or '-' for a in data.attempts)})"),
         ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
-        *_usage_facts([u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
+        *_usage_facts(runs := [u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
         *_loss_facts(loss),
     ]
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
+    if slow := stragglers.latest(ledger, job_id):
+        facts.append(("stragglers", f"at step {slow[0]}: {', '.join(map(str, slow[1])) or 'none'}"))
     plots = [
         _loss_plot(loss, collect.attempt_marks(data.attempts)),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
         _plot("checkpoint duration vs step", "seconds",
               _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
         _plot("data wait vs step", "seconds per step", _labelled(metrics.get("data_wait_s", {}))),
+        _causes_plot(runs, lambda u: f"{'' if u.task_index < 0 else f'task {u.task_index} '}attempt {u.attempt}",
+                     "GPU-hours by cause per attempt", "attempt"),
     ]
     attempts = Table("attempts", ["task", "attempt", "state", "cause", "started", "ended", "GPUs",
                                   "ckpt step at start", "ckpt step at end", "then"])
@@ -127,10 +132,14 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
                  note="each run's GPU-hours are spread evenly over its run time"
                       + ("; dashed level: the account's GPU-minute budget (GrpTRESMins)" if budgets else ""),
                  dashed=[f"{name} budget" for name in budgets])
-    table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "cost"],
-                  [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}", f"{t.cost:.2f}"]
-                   for t in totals(runs, "account")])
-    return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot], [table])
+    causes = _causes_plot(sorted(runs, key=lambda u: u.started_at),
+                          lambda u: datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d"),
+                          "GPU-hours by cause per day (runs by the day they started)", "day")
+    table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "goodput", "cost"],
+                  [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}",
+                    percent(t.goodput), f"{t.cost:.2f}"] for t in totals(runs, "account")])
+    return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot, causes],
+                  [table])
 
 
 def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: str = "", **style: Any) -> Plot:
@@ -173,7 +182,19 @@ def _usage(ledger: Ledger, site_cfg: SiteConfig, since: float | None = None, now
 def _usage_facts(runs: list[Usage]) -> list[tuple[str, str]]:
     return [("GPU-hours", f"{sum(u.gpu_hours for u in runs):.2f}"),
             ("lost GPU-hours", f"{sum(u.lost_gpu_hours for u in runs):.2f} (work redone after interruptions)"),
+            ("goodput", f"{percent(share)} of the GPU time of runs whose trainer journals its steps"
+                        if (share := goodput(runs)) is not None else "- (no run's trainer journals its steps)"),
             ("cost", f"{sum(u.cost for u in runs):.2f}")]
+
+
+def _causes_plot(runs: list[Usage], label: Callable[[Usage], str], title: str, xlabel: str) -> Plot:
+    measured = [u for u in runs if u.measured]
+    if not measured:
+        return Plot(title, None, "no run's trainer journals its steps")
+    bars, stacks = collect.gpu_hours_by_cause(measured, label)
+    return Plot(title, stacked_bars(bars, stacks, title, xlabel, "GPU-hours"),
+                "productive: training steps kept; the rest lost: see `hpctrain cost --causes`")
+
 
 
 def _counts(values: Any) -> str:

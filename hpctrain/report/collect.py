@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
+from hpctrain.jobs.goodput import CAUSES
 from hpctrain.ledger import Ledger
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
@@ -84,6 +85,16 @@ def redacted_env(spec_json: str | None) -> dict[str, str]:
         entry = entry if isinstance(entry, dict) else {"value": entry}
         out[name] = "<secret>" if entry.get("secret") else str(entry.get("value"))
     return out
+
+
+def gpu_hours_by_cause(runs: list[Usage], label: Callable[[Usage], str]) -> tuple[list[str], dict[str, list[float]]]:
+    """Bars (runs grouped by ``label``, in order of first appearance) and, per goodput cause, each bar's GPU-hours."""
+    bars: dict[str, dict[str, float]] = {}
+    for u in runs:
+        bar = bars.setdefault(label(u), dict.fromkeys(CAUSES, 0.0))
+        for cause, hours in u.causes.items():
+            bar[cause] += hours
+    return list(bars), {cause: [bar[cause] for bar in bars.values()] for cause in CAUSES}
 
 
 def cumulative_gpu_hours(runs: list[Usage], since: float, now: float) -> dict[str, tuple[list[float], list[float]]]:

@@ -63,6 +63,25 @@ def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = F
     return png(fig)
 
 
+def stacked_bars(labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, xlabel: str,
+                 ylabel: str) -> bytes:
+    """One bar per label, its parts (``stacks``: part name -> one value per label) stacked in order, with a legend
+    of the parts that are not zero everywhere."""
+    fig, ax = figure()
+    bottom = [0.0] * len(labels)
+    for name, values in stacks.items():
+        if any(values):
+            ax.bar(labels, values, bottom=bottom, label=name)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3, axis="y")
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize="small", ncol=3)
+    if len(labels) > 8:
+        fig.autofmt_xdate()
+    return png(fig)
+
+
 def _mark(ax: Any, marks: Sequence[Mark], legend: str) -> None:
     """The marks as dashed vertical lines, one legend entry for all, labelled unless there are too many."""
     for i, (x, label) in enumerate(marks):

@@ -19,6 +19,7 @@ from hpctrain.config.site import job_site
 from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.stragglers import ComputeTimer
 from hpctrain.runtime.watchdog import Watchdog
 
 
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
 
         batches = micro_batches(model, spec.parallel, spec.seed, dp_rank, start_step=start)
     tokens = spec.parallel.samples_per_step * model.seq_len
-    hooks = [step_printer(tokens), metrics_journal(tokens, loader)] + ([checkpoints.hook] if checkpoints else [])
+    compute = ComputeTimer(engine.module, stage=engine.grid.get_stage_id())
+    hooks = [step_printer(tokens), metrics_journal(tokens, loader), compute] + ([checkpoints.hook] if checkpoints else [])
     tier = checkpoints.tier if checkpoints else None
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start} from the {tier} tier", file=sys.stderr)
