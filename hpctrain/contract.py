@@ -84,6 +84,10 @@ class JobPaths:
         """Python stacks of ranks found hung (hpctrain.runtime.watchdog), one file per rank and step."""
         return self.job_dir / "stacks"
 
+    def first_failure(self, step_id: str) -> Path:
+        """Made by the first rank of a job step to fail (hpctrain.launch.task), so that only it reports."""
+        return self.job_dir / "failed" / step_id
+
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
         return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")
@@ -135,6 +139,11 @@ class JobEnvironment:
     @property
     def ntasks(self) -> str | None:
         return self.env.get("SLURM_NTASKS")
+
+    @property
+    def tasks_per_node(self) -> str:
+        """The allocation's tasks per node, run-length coded as Slurm gives them ('4(x2),3')."""
+        return self.env.get("SLURM_NTASKS_PER_NODE") or self.env.get("SLURM_TASKS_PER_NODE") or "1"
 
     @property
     def task_layout(self) -> TaskLayout:

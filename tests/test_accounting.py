@@ -31,3 +31,13 @@ def test_runs_are_counted_clipped_and_their_lost_work_priced(tmp_path):
     assert (by_account["teamb"].gpu_hours, by_account["teamb"].cost, len(by_account["teamb"].jobs)) == (2.0, 2.0, 1)
     # From hour 1 on: the first run counts 1 h of 2, job b half an hour; lost work only after hour 1 as well.
     assert [(u.job_id, u.gpu_hours, u.lost_gpu_hours) for u in clipped] == [(1, 4.0, 2.0), (2, 1.0, 1.0), (1, 4.0, 0.0)]
+
+
+def test_a_resized_run_counts_sacct_gpu_seconds_and_its_spares_wait_apart(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        ledger.insert("jobs", {"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
+        ledger.insert("attempts", {"job_id": 1, "attempt": 0, "alloc_gpus": 6, "started_at": 0, "ended_at": H,
+                                   "elapsed_s": H, "gpu_s": 5 * H, "idle_gpu_s": 1.5 * H, "cause": "completed"})
+        (run,) = usage(ledger, "dev", {}, now=2 * H)
+    assert run.gpu_hours == 5.0 and run.causes["spare"] == 1.5
+    assert sum(run.causes.values()) == 5.0 and run.causes["other"] == 3.5  # no trainer journal: the rest unexplained

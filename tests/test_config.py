@@ -314,3 +314,12 @@ def test_the_memory_tier_needs_restarts_in_the_allocation(tmp_path):
     assert spec_error(tmp_path, text) == ("spec.toml: checkpoint.memory_every_steps: the memory tier serves restarts "
                                           "inside the allocation only: set retry.in_place too")
     assert load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).checkpoint.memory_every_steps == 5
+
+
+def test_spare_nodes_need_restarts_in_the_allocation(tmp_path):
+    text = LAYOUT.replace("nodes = 2\n", "nodes = 2\nspare_nodes = 1\n")
+    assert spec_error(tmp_path, text) == ("spec.toml: resources.spare_nodes: spare nodes serve restarts inside the "
+                                          "allocation only: set retry.in_place and launcher = 'srun'")
+    resources = load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).resources
+    # The layout fills the step's nodes; Slurm is asked for the spares too.
+    assert (resources.nodes, resources.allocated_nodes, resources.allocated_gpus) == (2, 3, 12)

@@ -2,14 +2,20 @@
 
 import os
 import shlex
+import signal
 import subprocess
+import sys
 
 import pytest
 
 from hpctrain.config import load_site
 from hpctrain.errors import HpctrainError
-from hpctrain.launch.launcher import launch_env, srun_argv
+from hpctrain.contract import JobEnvironment
+from hpctrain.launch.launcher import launch_env, placement_options, srun_argv
+from hpctrain.launch.nodes import choose, excluded_nodes, unhealthy
 from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.watchdog import HUNG_EXIT
 
 from conftest import HPCTRAIN, REPO
 
@@ -104,3 +110,76 @@ def test_the_rendered_container_launch_line_starts_the_shim_in_the_image(runtime
     else:
         assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "apptainer", "exec", "--nv", "--bind", mounts,
                         "--pwd", "/home/alice/proj", "nvcr.io#nvidia/pytorch:24.05-py3", *shim]
+
+
+def test_sinfo_states_that_rule_a_node_out():
+    assert [s for s in ("allocated", "mixed", "idle", "draining", "completing") if unhealthy(s)] == []
+    assert all(unhealthy(s) for s in ("down", "down*", "drained", "fail", "failing", "allocated*", "mixed*", "unknown"))
+
+
+def test_the_step_runs_on_the_first_healthy_nodes_and_keeps_the_rest_spare():
+    nodes = ["n1", "n2", "n3", "n4"]
+    step = choose(nodes, nodes, {n: "allocated" for n in nodes}, {}, 2)
+    assert (step.chosen, step.spares, step.lost(), step.enough) == (["n1", "n2"], ["n3", "n4"], {}, True)
+    # n2 left the allocation (--no-kill), n3 does not respond: n4 stands in.
+    step = choose(nodes, ["n1", "n3", "n4"], {"n1": "mixed", "n3": "allocated*", "n4": "allocated"}, {}, 2)
+    assert step.chosen == ["n1", "n4"] and step.lost() == {"n2": "Slurm took it out of the allocation",
+                                                           "n3": "Slurm says allocated*"}
+    assert step.describe() == ("on n1,n4; left out: n2 (Slurm took it out of the allocation), "
+                               "n3 (Slurm says allocated*)")
+    # No spare left: the layout cannot be kept.
+    step = choose(nodes[:2], nodes[:2], {"n1": "allocated", "n2": "allocated"}, {"n1": "its ranks failed first in 2 steps"}, 2)
+    assert not step.enough and step.describe().endswith("1 healthy nodes of the 2 the step needs")
+    assert placement_options(choose(nodes, nodes, {}, {}, 2), 4) == [
+        "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--nodelist=n1,n2"]
+
+
+def test_rendezvous_on_the_steps_first_node():
+    site = load_site("example-ib-cluster")
+    env = {"SLURM_JOB_NODELIST": "gpu[017-019]", "SLURM_JOB_ID": "123"}
+    assert launch_env(site, env, ["gpu018", "gpu019"])["MASTER_ADDR"] == "gpu018"
+
+
+def _task_env(tmp_path, rank: int, step_restart: int = 0) -> dict[str, str]:
+    return {**os.environ, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+            "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURMD_NODENAME": f"n{rank + 1}",
+            "HPCTRAIN_JOB_DIR": str(tmp_path), "HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"),
+            "HPCTRAIN_STEP_RESTART": str(step_restart)}
+
+
+def _shim(env: dict[str, str], code: str) -> int:
+    return subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code],
+                          env=env).returncode
+
+
+def test_the_shim_ends_as_its_entry_point_and_journals_the_first_rank_to_fail(tmp_path):
+    """A rank killed by SIGKILL: its shim dies the same way and journals it, with its node; a second rank failing in
+    the same step does not (srun ends it because of the first); a hung rank's exit blames no node."""
+    journal = Journal(tmp_path / "journal")
+    assert _shim(_task_env(tmp_path, 0), "import os, sys; sys.exit(0 if os.environ['RANK'] == '0' else 1)") == 0
+    assert _shim(_task_env(tmp_path, 1), "import os, signal; os.kill(os.getpid(), signal.SIGKILL)") == -signal.SIGKILL
+    assert _shim(_task_env(tmp_path, 0), "raise SystemExit(5)") == 5
+    assert _shim(_task_env(tmp_path, 0, step_restart=1), f"raise SystemExit({HUNG_EXIT})") == HUNG_EXIT
+    failed = [r for _, r in journal.records(kinds=("rank_failed",))]
+    assert [(r["rank"], r["host"], r["exit_code"], r["message"]) for r in failed] == [
+        (1, "n2", -9, "rank 1 on n2: killed by SIGKILL, the first of its job step to fail")]
+    # A SIGTERM to the shim reaches the entry point, which exits 7 on it: so does the shim, and blames no node (srun
+    # ending a step, a preemption or a cancel stopped it).
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print('up', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code],
+                            env=_task_env(tmp_path, 0, step_restart=2), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 7
+    assert len(list(journal.records(kinds=("rank_failed",)))) == 1
+
+
+def test_a_node_whose_ranks_failed_first_in_two_steps_is_excluded(tmp_path):
+    journal = Journal(tmp_path / "journal")
+    env = JobEnvironment({"SLURM_JOB_ID": "5", "HPCTRAIN_JOURNAL_DIR": str(journal.dir)})
+    for step_restart, node, attempt in [(0, "n2", 0), (1, "n3", 0), (2, "n2", 0), (0, "n3", 1)]:
+        (journal.dir).mkdir(exist_ok=True)
+        (journal.dir / f"{step_restart}{node}{attempt}-rank_failed.json").write_text(
+            f'{{"kind": "rank_failed", "host": "{node}", "step_restart": {step_restart}, "attempt": {attempt}, '
+            f'"task_index": -1}}')
+    assert excluded_nodes(journal, env) == {"n2": "its ranks failed first in 2 steps"}

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -171,19 +172,21 @@ sys.exit(main(["--steps", "{STEPS}"]))
 
 # Rank 2 stuck for good in step 50 of the job step's first start.
 HANGING = patched_trainer('if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
-                          '"0": time.sleep(3600)')
+                          '"0" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(3600)')
 SLOW = patched_trainer("time.sleep(0.25)")  # each step 0.25 s slower
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "host's Slurm only (CI time): the restart is the batch script's and srun's, the watchdog the trainer's, the "
     "same on every release"))
-def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isolated_ledger, tmp_path):
+def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tmp_path):
     """[hang] step_s and retry.in_place with the memory tier every 3 steps: rank 2 sleeps inside step 50; every
     rank's watchdog writes its stacks, the step ends within the timeout plus 10 s and starts again in the allocation
     from the memory tier's step 48 (the file system has 40), the stuck rank's frame shown. Then rank 2 is SIGKILLed
     past step 95 (srun --kill-on-bad-exit ends the step): again in place, from a checkpoint at most 3 steps back
-    (6 with a save in flight). One Slurm run, no requeue, and the run ends bitwise identical."""
+    (6 with a save in flight), in the same Slurm run; its shim journals the kill. Then a high job preempts it: the
+    second run resumes from the stop's checkpoint. The run ends bitwise identical, and the job's GPU time by cause
+    adds up to sacct's."""
     spec, straight_checkpoints = straight
     path = tmp_path / "faulty.toml"
     text = spec("faulty").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
@@ -199,6 +202,10 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
         assert pid is not None
         os.kill(pid, 9)
         killed_after = records(journal, "metrics")[-1]["step"]
+        wait_until(lambda: len(records(journal, "startup")) == 3 and any(
+            r["step"] >= killed_after + 20 for r in records(journal, "metrics")[-3:]), 240, 0.5, "the step past the kill")
+        Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+        wait_until(lambda: records(journal, "requeue"), 120, 0.5, "the preemption's checkpoint and requeue")
         straight_ckpt = straight_checkpoints()
         assert final_state(ledger, job_id, 400) == "COMPLETED"
     (hang,) = records(journal, "hang")
@@ -209,29 +216,77 @@ def test_a_hung_rank_then_a_killed_one_restart_in_the_allocation(straight, isola
     restarts = records(journal, "step_restart")
     assert [(r["step_restart"], r["step"]) for r in restarts[:1]] == [(1, 40)] and len(restarts) == 2
     assert 80 <= restarts[1]["step"] <= 90 and all(r["exit_code"] != 0 for r in restarts)  # 90 unless its save lags
+    (failed,) = records(journal, "rank_failed")
+    assert (failed["rank"], failed["exit_code"], failed["step_restart"]) == (2, -9, 1)
     starts = records(journal, "startup")
-    assert [(s["resumed_from"], s["tier"]) for s in starts[:2]] == [(0, None), (48, "memory")] and len(starts) == 3
+    assert [(s["resumed_from"], s["tier"]) for s in starts[:2]] == [(0, None), (48, "memory")] and len(starts) == 4
+    (requeue,) = records(journal, "requeue")
+    assert requeue["cause"] == "preemption" and starts[3]["resumed_from"] == requeue["step"]
     # The newest save of either tier is at most 3 steps back, 6 when the kill came while it was being written
     # (the file system alone: up to 10, 20 likewise)
     assert killed_after - 6 < starts[2]["resumed_from"] <= killed_after
-    assert not list(Path("/dev/shm").glob(f"hpctrain-{job['slurm_job_id']}.*"))  # freed at the end    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
+    assert not list(Path("/dev/shm").glob(f"hpctrain-{job['slurm_job_id']}.*"))  # freed at the end
+    assert len(records(journal, "attempt_start")) == 2
     assert run_cli("reconcile").returncode == 0
     shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
-    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "completed")]  # one run, one Slurm job
+    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "preemption"), (1, "completed")]
     assert [e["kind"] for e in shown["events"] if e["kind"] in ("hang", "step_restart")] == [
         "hang", "step_restart", "step_restart"]
     # Every 50 steps the ranks' compute times: the tensor-parallel peers of each stage alike, no straggler.
     assert shown["stragglers"]["step"] % 50 == 0 and shown["stragglers"]["ranks"] == []
-    assert {r["node"] for r in records(journal, "ranks")[-1]["ranks"]} == {"n1", "n2"}
+    assert len({r["node"] for r in records(journal, "ranks")[-1]["ranks"]}) == 2
     shown_text = " ".join(run_cli("show", str(job_id)).stdout.split())  # the table wraps
     assert "rank 2 (<string>:8 in patched)" in shown_text
     # Goodput: the hang cost 4 GPUs its 15 s timeout and more, the kill a restart, and steps past the checkpoints
-    # resumed from were done again; the causes add up to sacct's GPU time.
+    # resumed from were done again; the preemption a wait in the queue; the causes add up to sacct's GPU time.
     cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
     seconds = {k: 3600 * v for k, v in cost["cause_gpu_hours"].items()}
     assert sum(seconds.values()) == pytest.approx(3600 * sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
     assert seconds["hang"] >= 4 * 15 and seconds["crash"] > 0 and seconds["recomputed"] > 0 and seconds["end"] > 0
+    assert seconds["spare"] == 0 and cost["queued_after_requeue_s"] > 0
     assert re.search(r"attempt 0 time: productive \d+ s \(\d+%\), .*startup \d+ s, .*hang \d+ s, crash \d+ s", shown_text)
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
+
+
+def test_a_node_set_down_is_replaced_by_the_spare_in_the_allocation(straight, isolated_ledger, tmp_path):
+    """Two nodes and a spare (retry.in_place): past step 40 the step's second node is set DOWN. Slurm takes it out of
+    the allocation (--no-kill) and ends the step; the step starts again on the batch host and the spare, from the
+    newest checkpoint, in the same Slurm run, and ends bitwise identical. sacct lists the run in two parts (RESIZING,
+    then COMPLETED): one run in the ledger, its GPU time theirs, the spare's wait a cause of its own."""
+    spec, straight_checkpoints = straight
+    path = tmp_path / "spare.toml"
+    text = spec("spare")
+    assert "\nnodes = 2\n" in text
+    path.write_text(text.replace("\nnodes = 2\n", "\nnodes = 2\nspare_nodes = 1\n") + "\n[retry]\nin_place = 1\n")
+    with Ledger(isolated_ledger) as ledger:
+        job_id, job, journal = submitted(ledger, path)
+        wait_until(lambda: any(r["step"] >= 40 for r in records(journal, "metrics")[-3:]), 240, 0.5, "step 40")
+        (launch,) = records(journal, "launch")
+        first, down = launch["nodes"].split(",")
+        try:
+            downed_at = time.time()
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=hpctrain spare test"],
+                           check=True, capture_output=True)
+            wait_until(lambda: records(journal, "step_restart"), 60, 0.5, "the step's restart")
+        finally:  # ReturnToService=2 may have resumed it already
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=RESUME"], capture_output=True)
+        straight_ckpt = straight_checkpoints()
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
+    (restart,) = records(journal, "step_restart")
+    spare = restart["nodes"][1]
+    assert restart["nodes"][0] == first and spare not in (first, down)
+    assert restart["left_out"] == {down: "Slurm took it out of the allocation"} and restart["step"] >= 30
+    assert [r["nodes"] for r in records(journal, "launch")] == [f"{first},{down}", f"{first},{spare}"]
+    assert {r["node"] for r in records(journal, "ranks")[-1]["ranks"]} == {first, spare}
+    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
+    assert [(a["attempt"], a["cause"], a["node_list"]) for a in shown["attempts"]] == [(0, "completed", "n[1-3]")]
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
+    assert cost["gpu_hours"] == pytest.approx(sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    # The spare's 2 GPUs waited from the start until the node went down (Slurm's clock counts whole seconds).
+    waited = downed_at - shown["attempts"][0]["started_at"]
+    assert 3600 * cost["cause_gpu_hours"]["spare"] == pytest.approx(2 * waited, abs=2 * 2)
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 

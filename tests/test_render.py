@@ -1,6 +1,7 @@
 """Rendered sbatch scripts: golden files, directives, signal handling, secrets, no injection."""
 
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -97,6 +98,20 @@ def test_a_failed_step_restarts_in_the_allocation_only_when_the_spec_asks(site):
     assert "retry.in_place = 2" in script and "attempt restart" in script
     assert script.index("while :; do") < script.index("train.py &") < script.index("attempt restart --exit-code") < script.index(
         "attempt end")
+    # A failed node leaves the allocation without ending it (--no-kill).
+    assert "#SBATCH --no-kill" in sbatch_lines(script) and "--no-kill" not in render_script(spec(), site, PLACEMENT,
+                                                                                            FILES, "1")
+
+
+def test_spare_nodes_are_allocated_and_the_step_runs_on_the_others(site):
+    script = render_script(spec(resources={"nodes": 2, "spare_nodes": 1, "gpus_per_node": 2}, retry={"in_place": 1}),
+                           site, PLACEMENT, FILES, "1")
+    assert "#SBATCH --nodes=3" in sbatch_lines(script) and "#SBATCH --no-kill" in sbatch_lines(script)
+    assert re.search(r"-m hpctrain launch --nodes 2 -- python train.py &", script)
+    # One node and a spare: still through `hpctrain launch`, which picks the node.
+    single = render_script(spec(resources={"nodes": 1, "spare_nodes": 1, "tasks_per_node": 1}, retry={"in_place": 1}),
+                           site, PLACEMENT, FILES, "1")
+    assert "hpctrain launch --nodes 1 -- python train.py &" in single
 
 
 def test_gres_syntax_with_gpu_type():

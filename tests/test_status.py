@@ -1,6 +1,6 @@
 """Status bookkeeping on recorded sacct output: attempts, requeues, array ranges, back-off."""
 
-from hpctrain.jobs.poll import next_interval
+from hpctrain.jobs.poll import idle_gpu_seconds, next_interval
 from hpctrain.slurm.parse import parse_parsable_with_header
 from hpctrain.slurm.sacct import expand_task_range, histories
 from hpctrain.slurm.states import array_state
@@ -43,6 +43,27 @@ def test_a_started_task_still_listed_in_the_pending_range_is_one_run():
     assert sorted(h) == [5, 6, 7, 8, 9, 10, 11]
     assert [a.state for a in h[6].attempts] == ["RUNNING"] and h[6].restarts == 0 and h[6].state == "RUNNING"
     assert [a.state for a in h[7].attempts] == ["PENDING"]
+
+
+# A job of 2 nodes and a spare (2 GPUs each) whose second node was set DOWN 8 s in (--no-kill): Slurm took it out
+# of the allocation and records the run in two parts (recorded on 22.05). Then one still in its first part.
+RESIZED = """\
+JobID|State|ExitCode|Submit|Start|End|ElapsedRaw|NodeList|AllocTRES|Reason
+2|RESIZING|0:0|2026-11-25T20:33:47|2026-11-25T20:33:47|2026-11-25T20:33:55|8|n[1-3]|billing=6,cpu=6,gres/gpu=6,mem=6G,node=3|None
+2|COMPLETED|0:0|2026-11-25T20:33:47|2026-11-25T20:33:55|2026-11-25T20:33:58|3|n[1,3]|billing=4,cpu=4,gres/gpu=4,mem=4G,node=2|None
+5|RESIZING|0:0|2026-11-25T20:40:00|2026-11-25T20:40:00|2026-11-25T20:40:09|9|n[1-3]|billing=6,cpu=6,gres/gpu=6,mem=6G,node=3|None
+"""
+
+
+def test_a_run_whose_allocation_shrank_is_one_run_with_the_gpu_seconds_of_its_parts():
+    h = histories(parse_parsable_with_header(RESIZED))
+    (run,) = h["2"][-1].attempts
+    assert (run.state, run.node_list, run.gpus, run.elapsed_s, run.gpu_s) == ("COMPLETED", "n[1-3]", 6, 11, 6 * 8 + 4 * 3)
+    assert run.end - run.start == 11 and h["2"][-1].restarts == 0
+    # The spare's 2 GPUs waited the first 8 s; from then on they stood in for the failed node's.
+    assert idle_gpu_seconds(run, spare_gpus=2) == 16 and idle_gpu_seconds(run, spare_gpus=0) == 0
+    (going,) = h["5"][-1].attempts
+    assert (going.state, going.end, going.gpu_s) == ("RUNNING", None, None)
 
 
 def test_preempted_is_requeued_only_for_requeueable_jobs():

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from hpctrain.contract import JobEnvironment
-from hpctrain.runtime.watchdog import hang_report
+from hpctrain.runtime.watchdog import HUNG_EXIT, hang_report
 
 RANK = """\
 import time
@@ -34,7 +34,7 @@ def run_rank(tmp_path, restart: str, timeout: float, last: float) -> tuple[int, 
 
 def test_a_rank_stuck_in_a_step_leaves_its_stack_and_exits(tmp_path):
     rc, env = run_rank(tmp_path, "0", timeout=0.5, last=30)
-    assert rc == 1
+    assert rc == HUNG_EXIT
     assert hang_report(JobEnvironment(env)) == (
         f"hung in phase step, timeout 0.5 s: rank 1 (<string>:5 in stuck_in_step); stacks in {tmp_path / 'stacks'}")
 

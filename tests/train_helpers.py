@@ -251,14 +251,15 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
 
 
 def rank_pid(slurm_job_id: str, rank: int) -> int | None:
-    """The pid of one training rank of a job (every dev cluster node is this host)."""
+    """The pid of one training rank of a job (every dev cluster node is this host), not its task shim's."""
     for proc in Path("/proc").iterdir():
         try:
             environ = (proc / "environ").read_bytes().split(b"\0")
             cmdline = (proc / "cmdline").read_bytes()
         except (OSError, ValueError):
             continue
-        if b"hpctrain.train" in cmdline and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
+        if b"hpctrain.train" in cmdline and b"hpctrain.launch.task" not in cmdline \
+                and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
                 and f"RANK={rank}".encode() in environ:
             return int(proc.name)
     return None

@@ -90,16 +90,21 @@ def end(exit_code: int, signal_name: str | None) -> None:
     this = runs.setdefault(number, Outcome(None))
     if this.cause not in (None, "completed"):
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
+    exclude: list[str] = []
     if this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
         requeued_by_slurm = False
     else:
         this.cause, requeued_by_slurm = _cause(exit_code, signal_name, env.restart_count)
+    if this.cause == "error" and (nodes := _step_nodes(policy, env)) is not None and not nodes.enough:
+        this.cause, exclude = "node_failure", sorted(nodes.lost())  # a next run keeps off the nodes left out
     this.step_end = latest_committed_step(policy.checkpoint_dir(task))
     go, why = policy.decide([o for n, o in runs.items() if n <= number])
     if go and requeued_by_slurm:
         why = f"{this.cause}; requeued by Slurm"
+    if go and exclude:
+        why += f", without {','.join(exclude)}"
     journal.write("attempt_end", attempt=number, cause=this.cause, step_end=this.step_end, exit_code=exit_code,
-                  signal=signal_name, requeued=go, message=why)
+                  signal=signal_name, requeued=go, message=why, **({"excluded": exclude} if exclude else {}))
     if not go and not requeued_by_slurm:
         _forget_secrets(env)
     if this.cause != "completed":  # the job's log stays the job's own when all went well
@@ -109,7 +114,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
         from hpctrain.slurm import SlurmClient
 
         try:
-            self_requeue(SlurmClient())
+            self_requeue(SlurmClient(), exclude=exclude)
         except HpctrainError as exc:
             journal.write("requeue_failed", message=str(exc), attempt=number)
             raise
@@ -128,11 +133,29 @@ def restart(exit_code: int) -> None:
     if exit_code == 0 or done >= policy.in_place or (stopped is not None and stopped.cause is not None):
         sys.exit(1)
     _journal_hang(journal, env)  # the run's last step has `end` journal it
+    nodes = _step_nodes(policy, env)
+    if nodes is not None and not nodes.enough:
+        click.echo(f"hpctrain: no restart in this allocation: {nodes.describe()}", err=True)
+        sys.exit(1)
     step = latest_committed_step(policy.checkpoint_dir(task))
     why = (f"the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this allocation, "
-           f"from checkpoint step {step}" + (" or a newer one in the memory tier" if policy.memory_tier else ""))
-    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step, message=why)
+           + (f"from checkpoint step {step}" if step is not None else "from its own checkpoints, if any")
+           + (" or a newer one in the memory tier" if policy.memory_tier else "")
+           + (f", {nodes.describe()}" if nodes is not None else ""))
+    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step, message=why,
+                  **({"nodes": nodes.chosen, "left_out": nodes.lost()} if nodes is not None else {}))
     click.echo(f"hpctrain: {why}", err=True)
+
+
+def _step_nodes(policy: Any, env: Any) -> Any:
+    """The nodes a step started now would run on (hpctrain.launch.nodes), in a job that restarts its step in the
+    allocation; None elsewhere."""
+    if not (policy.in_place and env.in_slurm):
+        return None
+    from hpctrain.launch.nodes import step_nodes
+    from hpctrain.slurm import SlurmClient
+
+    return step_nodes(SlurmClient(), policy.nodes, env)
 
 
 def _journal_hang(journal: Any, env: Any) -> None:

@@ -15,9 +15,12 @@ from hpctrain.cli.common import site_option
 @click.option("--inside", metavar="CMD", default="", help="run each task under CMD, e.g. 'apptainer exec IMAGE'")
 @click.option("--python", metavar="PATH", default=None, help="the Python that runs hpctrain's task shim "
               "(default: this one; in a container, the image's)")
+@click.option("--nodes", "-N", type=click.IntRange(min=1), default=None,
+              help="run on this many of the allocation's nodes: healthy ones, not those Slurm took out of it (--no-kill) "
+                   "or whose ranks failed first twice; the rest are spares (default: every node, no check)")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(site: str | None, dry_run: bool, srun_options: tuple[str, ...], inside: str, python: str | None,
-           command: tuple[str, ...]) -> None:
+           nodes: int | None, command: tuple[str, ...]) -> None:
     """Start COMMAND once per task of this allocation with torch.distributed's rendezvous set.
 
     Use inside a batch script: hpctrain launch -- python train.py --lr 3e-4
@@ -29,4 +32,4 @@ def launch(site: str | None, dry_run: bool, srun_options: tuple[str, ...], insid
     from hpctrain.launch.launcher import launch as run_launch
 
     run_launch(load_site(site), list(command), dry_run=dry_run, python=python or sys.executable,
-               srun_options=srun_options, inside=shlex.split(inside))
+               srun_options=srun_options, inside=shlex.split(inside), nodes=nodes)

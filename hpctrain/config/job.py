@@ -52,7 +52,10 @@ def _argv(value: list[str]) -> list[str]:
 
 
 class Resources(StrictModel):
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, description="nodes the job step runs on")
+    spare_nodes: int = Field(0, ge=0, description=(
+        "more nodes allocated and held in reserve: a step restarted in the allocation (retry.in_place) runs on them "
+        "in place of a node that failed or was excluded, in the same layout"))
     gpus_per_node: int = Field(0, ge=0)
     tasks_per_node: int | None = Field(None, ge=1, description="default: one per GPU, else 1")
     cpus_per_task: int = Field(1, ge=1)
@@ -66,6 +69,15 @@ class Resources(StrictModel):
     @property
     def ntasks_per_node(self) -> int:
         return self.tasks_per_node or max(self.gpus_per_node, 1)
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes asked of Slurm: the step's and the spares."""
+        return self.nodes + self.spare_nodes
+
+    @property
+    def allocated_gpus(self) -> int:
+        return self.allocated_nodes * self.gpus_per_node
 
 
 class Parallel(StrictModel):
@@ -235,6 +247,9 @@ class JobSpec(StrictModel):
             elif a.size > MAX_ARRAY_TASKS:
                 yield ("array", "grid" if a.grid else "params"), (
                     f"{a.size} tasks, more than the {MAX_ARRAY_TASKS} one submission may have")
+        if self.resources.spare_nodes and not (self.retry.in_place and self.launcher == "srun"):
+            yield ("resources", "spare_nodes"), (
+                "spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'")
         if self.checkpoint.memory_every_steps and not self.retry.in_place:
             yield ("checkpoint", "memory_every_steps"), (
                 "the memory tier serves restarts inside the allocation only: set retry.in_place too")

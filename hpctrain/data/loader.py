@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -19,9 +16,7 @@ from hpctrain.data.stats import LoaderStats
 from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
 from hpctrain.errors import DataError
 from hpctrain.ledger.journal import Journal
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
+from hpctrain.runtime.parent import die_with_parent
 
 def init_worker(_worker_id: int) -> None:
     """Workers leave preemption notices (USR2, TERM, HUP) to the training process, which stops at a step
@@ -33,10 +28,7 @@ def init_worker(_worker_id: int) -> None:
     would wait that long."""
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        if os.getppid() == 1:  # the training process died before the line above
-            os._exit(1)
+    die_with_parent()
 
 
 class ShardLoader:

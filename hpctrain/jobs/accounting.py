@@ -69,11 +69,14 @@ def usage(ledger: "Ledger", site: str, prices: dict[str, float], since: float | 
         lost = 0.0
         if r["cause"] in INTERRUPTED and end is not None:
             lost = gpus * max(0.0, end - max(r["last_checkpoint_at"] or start, since)) / 3600
-        hours = gpus * seconds / 3600
+        # A resized run's parts each count their own GPUs (sacct); spare nodes' GPUs while they waited apart.
+        hours = r["gpu_s"] / 3600 if whole and r["gpu_s"] is not None else gpus * seconds / 3600
+        spare = (r["idle_gpu_s"] or 0.0) / 3600 if whole else 0.0
         key = (r["job_id"], r["task_index"], r["attempt"])
         good = by_run[key]
         run_s = sum(good.seconds.values())
-        causes = {k: hours * v / run_s if run_s else 0.0 for k, v in good.seconds.items()}
+        causes = {k: (hours - spare) * v / run_s if run_s else 0.0 for k, v in good.seconds.items()}
+        causes["spare"] = spare
         out.append(Usage(r["job_id"], r["task_index"], r["attempt"], r["name"], r["account"], r["user"], r["sweep_id"],
                          r["partition"], gpus, start, end, r["cause"], hours, lost,
                          hours * prices.get(r["partition"] or "", 0.0), causes, key in measured, good.queue_s))

@@ -15,7 +15,8 @@ of the failed start before it) to the next start or the run's end:
               Slurm counts them (a preempted run's elapsed time ends where it is preempted)
   end         trained to the end: the last checkpoint and the exit
   other       what remains of Slurm's elapsed time (clock differences; runs that journaled nothing)
-The causes add up to sacct's elapsed time. Time in the queue after a requeue is not the job's GPU time:
+The causes add up to sacct's elapsed time. A job with spare nodes also pays for their GPUs while they wait:
+``spare``, GPU time apart from the split above (hpctrain.jobs.accounting). Time in the queue after a requeue is not the job's GPU time:
 it is counted apart (``queue_s``).
 """
 
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "other")
-LOST = CAUSES[1:]
+GPU_CAUSES = (*CAUSES, "spare")  # GPU-hours are split by these
+LOST = GPU_CAUSES[1:]
 STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure")
 
 

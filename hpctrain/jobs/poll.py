@@ -45,7 +45,8 @@ class Poller:
         return changed
 
     def _apply(self, job: dict[str, Any], tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
-        requeue = RunPolicy.of(json.loads(job["spec_json"] or "{}")).requeue
+        policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
+        requeue = policy.requeue
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
         for index, history in tasks.items():
@@ -54,7 +55,8 @@ class Poller:
                 self.ledger.attempts.record(
                     job["id"], index, base + n, slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
                     state=a.state, node_list=a.node_list, started_at=a.start, ended_at=a.end, exit_code=a.exit_code,
-                    alloc_gpus=a.gpus, reason=a.reason, elapsed_s=a.elapsed_s)
+                    alloc_gpus=a.gpus, reason=a.reason, elapsed_s=a.elapsed_s, gpu_s=a.gpu_s,
+                    idle_gpu_s=idle_gpu_seconds(a, policy.spare_gpus))
             if attempts_known:
                 self.ledger.attempts.drop_unstarted_from(job["id"], index, base + len(history.attempts))
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
@@ -78,6 +80,14 @@ class Poller:
             self.ledger.jobs.set_state(job["id"], state, **fields)
             return True
         return False
+
+
+def idle_gpu_seconds(run: sacct.Attempt, spare_gpus: int) -> float | None:
+    """A run's GPU-seconds on its spare nodes while they waited: all it was allocated, less its job step's GPUs
+    over the whole run (a spare that stood in for a failed node worked from then on)."""
+    if run.gpu_s is None or run.elapsed_s is None:
+        return None
+    return max(run.gpu_s - (run.gpus - spare_gpus) * run.elapsed_s, 0.0) if spare_gpus else 0.0
 
 
 def next_interval(current: float, start: float, maximum: float, changed: bool) -> float:

@@ -9,14 +9,17 @@ from typing import Mapping, Sequence
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.contract import JobEnvironment
-from hpctrain.launch.rendezvous import rendezvous_env
+from hpctrain.errors import HpctrainError
+from hpctrain.launch.nodes import StepNodes, step_nodes
+from hpctrain.launch.rendezvous import rendezvous_env, tasks_on_node
 from hpctrain.ledger.journal import Journal
+from hpctrain.slurm.client import SlurmClient
 
 
-def launch_env(site: SiteConfig, env: Mapping[str, str]) -> dict[str, str]:
-    """Variables every task needs: rendezvous, then the site's NCCL/InfiniBand settings
-    (a value already set in the job's environment wins, so a user can override one)."""
-    out = rendezvous_env(env, site.launch.master_port_range)
+def launch_env(site: SiteConfig, env: Mapping[str, str], nodes: list[str] | None = None) -> dict[str, str]:
+    """Variables every task needs: rendezvous on the step's ``nodes`` (default: the allocation's), then the site's
+    NCCL/InfiniBand settings (a value already set in the job's environment wins, so a user can override one)."""
+    out = rendezvous_env(env, site.launch.master_port_range, nodes=nodes)
     out.update({k: env.get(k, v) for k, v in site.network_env.items()})
     return out
 
@@ -30,20 +33,36 @@ def srun_argv(command: list[str], python: str = sys.executable, srun_options: Se
             "--", *command]
 
 
+def placement_options(step: StepNodes, per_node: int) -> list[str]:
+    """srun options that run ``per_node`` tasks on each of ``step.chosen``."""
+    return [f"--nodes={len(step.chosen)}", f"--ntasks={len(step.chosen) * per_node}",
+            f"--ntasks-per-node={per_node}", f"--nodelist={','.join(step.chosen)}"]
+
+
 def launch(site: SiteConfig, command: list[str], dry_run: bool = False, python: str = sys.executable,
-           srun_options: Sequence[str] = (), inside: Sequence[str] = ()) -> None:
-    """Record the launch environment in the job's journal, then exec srun (signals then reach srun directly)."""
-    extra = launch_env(site, os.environ)
+           srun_options: Sequence[str] = (), inside: Sequence[str] = (), nodes: int | None = None) -> None:
+    """Record the launch environment in the job's journal, then exec srun (signals then reach srun directly).
+    With ``nodes``, the step runs on that many of the allocation's healthy nodes (`hpctrain.launch.nodes`)."""
+    job = JobEnvironment()
+    step, ntasks = None, job.ntasks
+    if nodes is not None:
+        step = step_nodes(SlurmClient.for_site(site), nodes, job)
+        if not step.enough:
+            raise HpctrainError(f"cannot start the job step: {step.describe()}")
+        per_node = tasks_on_node(job.tasks_per_node, 0)
+        srun_options, ntasks = [*placement_options(step, per_node), *srun_options], str(nodes * per_node)
+    extra = launch_env(site, os.environ, step.chosen if step else None)
     argv = srun_argv(command, python, srun_options, inside)
     network = {k: extra[k] for k in site.network_env}
     summary = " ".join(f"{k}={v}" for k, v in extra.items())
-    print(f"hpctrain launch: {summary}", file=sys.stderr)
+    print(f"hpctrain launch: {summary}" + (f" {step.describe()}" if step else ""), file=sys.stderr)
     if dry_run:
         print(shlex.join(argv))
         return
     journal = Journal.from_env()
     if journal is not None:
         journal.write("launch", message=f"{extra['MASTER_ADDR']}:{extra['MASTER_PORT']}",
-                      nodes=JobEnvironment().node_list, ntasks=JobEnvironment().ntasks,
-                      master_addr=extra["MASTER_ADDR"], master_port=extra["MASTER_PORT"], network_env=network)
+                      nodes=",".join(step.chosen) if step else job.node_list, ntasks=ntasks,
+                      left_out=step.lost() if step else {}, master_addr=extra["MASTER_ADDR"],
+                      master_port=extra["MASTER_PORT"], network_env=network)
     os.execvpe(argv[0], argv, {**os.environ, **extra})

@@ -94,9 +94,10 @@ def master_port(env: Mapping[str, str], port_range: tuple[int, int],
 
 
 def rendezvous_env(env: Mapping[str, str], port_range: tuple[int, int],
-                   is_free: Callable[[int], bool] = port_is_free) -> dict[str, str]:
-    """MASTER_ADDR (first node of the allocation) and MASTER_PORT, computed once per job step."""
-    nodes = expand_hostlist(JobEnvironment(env).node_list)
+                   is_free: Callable[[int], bool] = port_is_free, nodes: list[str] | None = None) -> dict[str, str]:
+    """MASTER_ADDR (the first of the step's ``nodes``, by default of the allocation's) and MASTER_PORT, computed
+    once per job step."""
+    nodes = nodes or expand_hostlist(JobEnvironment(env).node_list)
     if not nodes:
         raise HpctrainError("SLURM_JOB_NODELIST is not set: `hpctrain launch` runs inside a Slurm allocation")
     return {"MASTER_ADDR": nodes[0], "MASTER_PORT": str(master_port(env, port_range, is_free))}

@@ -178,6 +178,12 @@ MIGRATIONS: list[list[str]] = [
             PRIMARY KEY (job_id, task_index, attempt, step_restart)
         )""",
     ],
+    # 8: each attempt's GPU-seconds as sacct counts them (a run whose allocation shrank is listed in parts), and
+    # those of its spare nodes' GPUs while they waited.
+    [
+        "ALTER TABLE attempts ADD COLUMN gpu_s REAL",
+        "ALTER TABLE attempts ADD COLUMN idle_gpu_s REAL",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -27,7 +27,7 @@ WHERE tr.sweep_id = ? AND m.name = ? AND m.step = (SELECT max(step) FROM metrics
 """
 _TABLE_SQL = """
 SELECT tr.number, tr.params_json, tr.state, tr.value, tr.failures, tr.reason, j.slurm_job_id, tr.task_index,
-       (SELECT sum(a.alloc_gpus * (coalesce(a.ended_at, :now) - a.started_at)) / 3600.0 FROM attempts a
+       (SELECT sum(coalesce(a.gpu_s, a.alloc_gpus * (coalesce(a.ended_at, :now) - a.started_at))) / 3600.0 FROM attempts a
         WHERE a.job_id = tr.job_id AND a.task_index = tr.task_index AND a.started_at IS NOT NULL) AS gpu_hours
 FROM trials tr LEFT JOIN jobs j ON j.id = tr.job_id WHERE tr.sweep_id = :sweep ORDER BY tr.number
 """

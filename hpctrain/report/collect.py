@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
-from hpctrain.jobs.goodput import CAUSES
+from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
@@ -91,10 +91,10 @@ def gpu_hours_by_cause(runs: list[Usage], label: Callable[[Usage], str]) -> tupl
     """Bars (runs grouped by ``label``, in order of first appearance) and, per goodput cause, each bar's GPU-hours."""
     bars: dict[str, dict[str, float]] = {}
     for u in runs:
-        bar = bars.setdefault(label(u), dict.fromkeys(CAUSES, 0.0))
+        bar = bars.setdefault(label(u), dict.fromkeys(GPU_CAUSES, 0.0))
         for cause, hours in u.causes.items():
             bar[cause] += hours
-    return list(bars), {cause: [bar[cause] for bar in bars.values()] for cause in CAUSES}
+    return list(bars), {cause: [bar[cause] for bar in bars.values()] for cause in GPU_CAUSES}
 
 
 def cumulative_gpu_hours(runs: list[Usage], since: float, now: float) -> dict[str, tuple[list[float], list[float]]]:

@@ -93,15 +93,19 @@ class RunPolicy:
     checkpoint_root: Path | None
     in_place: int = 0
     memory_tier: bool = False
+    nodes: int = 1  # the job step's (spares apart)
+    spare_gpus: int = 0  # on the spare nodes
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> "RunPolicy":
-        from hpctrain.config.job import CheckpointPolicy, JobSpec, RetryPolicy
+        from hpctrain.config.job import CheckpointPolicy, JobSpec, Resources, RetryPolicy
 
         retry = RetryPolicy.model_validate(spec.get("retry") or {})
         checkpoint = CheckpointPolicy.model_validate(spec.get("checkpoint") or {})
+        resources = Resources.model_validate(spec.get("resources") or {})
         return cls(spec.get("requeue", JobSpec.model_fields["requeue"].default), retry.on_error,
-                   retry.max_stalled_attempts, checkpoint.dir, retry.in_place, bool(checkpoint.memory_every_steps))
+                   retry.max_stalled_attempts, checkpoint.dir, retry.in_place, bool(checkpoint.memory_every_steps),
+                   resources.nodes, resources.spare_nodes * resources.gpus_per_node)
 
     def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
         return decide(outcomes, self.requeue, self.on_error, self.max_stalled)

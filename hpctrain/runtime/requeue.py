@@ -58,14 +58,15 @@ class RunAgain:
 
 
 def run_again(client: SlurmClient, target: str, script: Path | None, next_run: int, after: str | None = None,
-              task_index: int = -1, unset_env: Iterable[str] = ()) -> RunAgain:
+              task_index: int = -1, unset_env: Iterable[str] = (), exclude: list[str] | None = None) -> RunAgain:
     """The one way hpctrain runs a job (or one array task) again, from inside it or from reconcile:
     `scontrol requeue` while Slurm holds it; where Slurm no longer knows it and ``script`` is given, the
     same script again under a new id (after job ``after`` ends; as array task ``task_index``), its runs
-    numbered on from ``next_run``; secrets in ``unset_env`` stay out of sbatch's environment."""
+    numbered on from ``next_run``; secrets in ``unset_env`` stay out of sbatch's environment; the next runs
+    keep off the nodes in ``exclude``."""
     try:
         client.requeue(target)
-        return RunAgain(f"scontrol requeue {target}")
+        return RunAgain(f"scontrol requeue {target}" + _keep_off(client, target, exclude or []))
     except SlurmError as exc:
         text = str(exc).lower()
         if "pending execution" in text:  # Slurm requeued it first (preemption without grace time)
@@ -73,15 +74,27 @@ def run_again(client: SlurmClient, target: str, script: Path | None, next_run: i
         if script is None or not ("invalid job id" in text or "not found" in text):
             raise
     args = ([f"--dependency=afterany:{after}"] if after else []) + ([f"--array={task_index}"] if task_index >= 0 else [])
+    args += [f"--exclude={','.join(exclude)}"] if exclude else []
     new_id = client.sbatch(script.read_text(), env={ATTEMPT_BASE_ENV: str(next_run)}, args=tuple(args),
                            unset_env=unset_env)
     return RunAgain(f"Slurm no longer holds {target}: submitted again as {new_id}"
                     + (f" (after {after} ends)" if after else ""), new_id)
 
 
-def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> str:
-    """Run this job or task again after this run (`run_again`), unless Slurm will. Returns what was done,
-    for the journal."""
+def _keep_off(client: SlurmClient, target: str, nodes: list[str]) -> str:
+    """Set a requeued job's ExcNodeList (Slurm changes no running job's); what was done, for the journal."""
+    if not nodes:
+        return ""
+    try:
+        client.exclude_nodes(target, nodes)
+    except SlurmError as exc:
+        return f"; its next run may land on {','.join(nodes)} again: {exc}"
+    return f", ExcNodeList={','.join(nodes)}"
+
+
+def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ, exclude: list[str] | None = None) -> str:
+    """Run this job or task again after this run (`run_again`; off the nodes in ``exclude``), unless Slurm will.
+    Returns what was done, for the journal."""
     job_env = JobEnvironment(env)
     target = job_env.requeue_target
     version = client.version()
@@ -89,7 +102,7 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ) -> st
         return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     base = job_env.run_number + 1
     done = run_again(client, target, job_env.script, base, after=job_env.slurm_job_id, task_index=job_env.task_index,
-                     unset_env=_secret_names(job_env))
+                     unset_env=_secret_names(job_env), exclude=exclude)
     journal = Journal.from_env()
     if done.new_id is not None and journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=done.new_id, attempt_base=base, message=done.how)

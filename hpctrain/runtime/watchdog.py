@@ -1,6 +1,6 @@
 """Hang detection for one rank: each phase (start-up, a step) must end within the spec's `[hang]` timeout,
 else every thread's Python stack goes to a file in the job's stacks folder and, a moment later, the rank
-exits with status 1, so srun (--kill-on-bad-exit) ends the job step and the batch script restarts it in
+exits with status HUNG_EXIT, so srun (--kill-on-bad-exit) ends the job step and the batch script restarts it in
 the allocation (retry.in_place) or ends the run; `hang_report` tells the batch script what was found.
 
 The stacks are written by faulthandler's timer, a C thread: it fires whether the rank sleeps, waits in a
@@ -22,6 +22,8 @@ from typing import IO
 from hpctrain.contract import JobEnvironment, JobPaths
 
 EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on this rank to write theirs
+# A hung rank's exit status (timeout(1)'s): every rank of a hung step times out, so none is blamed for its node.
+HUNG_EXIT = 124
 
 
 def stacks_prefix(env: JobEnvironment) -> str:
@@ -69,7 +71,7 @@ class Watchdog:
         while self.file is not None:
             deadline = self.deadline
             if deadline is not None and time.monotonic() > deadline + EXIT_AFTER_S:
-                os._exit(1)
+                os._exit(HUNG_EXIT)
             time.sleep(0.5)
 
 

@@ -112,6 +112,17 @@ class SlurmClient:
         """`scontrol requeue TARGET`: a job, or only one task of an array (``<array>_<task>``)."""
         self.run("scontrol", "requeue", target)
 
+    def exclude_nodes(self, target: str, nodes: list[str]) -> None:
+        """Keep a job's next runs off ``nodes`` (its ExcNodeList; Slurm takes it while the job is pending or
+        being requeued, not while it runs)."""
+        self.run("scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(nodes)}")
+
+    def node_states(self, nodes: list[str]) -> dict[str, str]:
+        """Each node's state as sinfo's %T spells it: 'allocated', 'mixed', 'drained', 'down*' ('*': not
+        responding)."""
+        out = self.run("sinfo", "-h", "-N", "-n", ",".join(nodes), "-o", "%N|%T")
+        return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
     def find_by_comment(self, comment: str) -> str | None:
         """The id of this user's job (an array's own id) whose comment is ``comment``, if the controller has one."""
         for line in self.run("squeue", "-h", "--me", "-t", "all", "-o", "%i|%k").splitlines():

@@ -2,13 +2,15 @@
 
 `sacct -X -D` lists one row per allocation attempt (a requeued or preempted run keeps its row),
 with array tasks expanded and a still-pending task range in one row. Restart and preemption
-counts come from those rows (sacct in 22.05 has no restart-count field).
+counts come from those rows (sacct in 22.05 has no restart-count field). A run whose allocation
+shrank (a node failed under --no-kill) is listed in parts, each but the last RESIZING: they are
+one run here, its GPU-seconds the parts' sum.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from hpctrain.slurm.states import REQUEUE_STATES, normal_state
@@ -47,6 +49,11 @@ class Attempt:
     gpus: int
     reason: str
     elapsed_s: int | None = None
+    gpu_s: float | None = None  # GPUs x elapsed, summed over the parts of a resized run
+
+    def __post_init__(self) -> None:
+        if self.gpu_s is None and self.elapsed_s is not None:
+            self.gpu_s = float(self.gpus * self.elapsed_s)
 
 
 @dataclass
@@ -95,5 +102,26 @@ def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
             out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
     for tasks in out.values():
         for h in tasks.values():
-            h.attempts.sort(key=lambda a: (a.submit or 0, a.start or float("inf")))
+            h.attempts = merge_resized(sorted(h.attempts, key=lambda a: (a.submit or 0, a.start or float("inf"))))
     return out
+
+
+def merge_resized(attempts: list[Attempt]) -> list[Attempt]:
+    """Each RESIZING part joined to the part that follows it: one run from its first part's start, on the nodes
+    and GPUs first allocated, its elapsed time and GPU-seconds summed. A last part still RESIZING is a run going on."""
+    out: list[Attempt] = []
+    part: Attempt | None = None
+    for a in attempts:
+        if part is not None:
+            a = replace(a, start=part.start, node_list=part.node_list, gpus=part.gpus,
+                        elapsed_s=_sum(part.elapsed_s, a.elapsed_s), gpu_s=_sum(part.gpu_s, a.gpu_s))
+        part = a if a.state == "RESIZING" else None
+        if part is None:
+            out.append(a)
+    if part is not None:
+        out.append(replace(part, state="RUNNING", end=None, elapsed_s=None, gpu_s=None))
+    return out
+
+
+def _sum(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a + b

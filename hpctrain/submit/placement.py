@@ -81,8 +81,10 @@ def check_resources(spec: JobSpec, site: SiteConfig, partition: str, where: Path
     if r.mem is not None and r.mem > part.mem_per_node:
         problems.append((("resources", "mem"),
                          f"{r.mem}M per node requested, partition {partition!r} has {part.mem_per_node}M"))
-    if part.nodes is not None and r.nodes > part.nodes:
-        problems.append((("resources", "nodes"), f"{r.nodes} nodes requested, partition {partition!r} has {part.nodes}"))
+    if part.nodes is not None and r.allocated_nodes > part.nodes:
+        spares = f" ({r.nodes} and {r.spare_nodes} spare)" if r.spare_nodes else ""
+        problems.append((("resources", "nodes"),
+                         f"{r.allocated_nodes} nodes requested{spares}, partition {partition!r} has {part.nodes}"))
     time = r.time or site.defaults.time
     if part.max_time is not None and time > part.max_time:
         problems.append((("resources", "time"), f"{format_slurm_time(time)} requested, partition {partition!r} "
@@ -141,7 +143,7 @@ def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user:
                 break
         return verdicts
 
-    needs = JobNeeds(r.nodes * r.gpus_per_node, (r.time or d.time) / 60,
+    needs = JobNeeds(r.allocated_gpus, (r.time or d.time) / 60,
                      len(spec.array.parameter_sets()) if spec.array else 1)
     account = r.account or d.account
     allowed = _allowed_accounts(user_associations(site, ledger, client, user), partition, qos)

@@ -22,7 +22,7 @@ from hpctrain.config.types import format_slurm_time
 from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError
 from hpctrain.submit.arrays import ArrayChunk
-from hpctrain.submit.container import container_wrap
+from hpctrain.submit.container import Wrap, container_wrap
 from hpctrain.submit.placement import Placement
 
 TEMPLATE_DIR = data_dir("sbatch_templates")
@@ -63,7 +63,9 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
         f"--partition={placement.partition}",
         f"--account={placement.account}",
         f"--qos={placement.qos}",
-        f"--nodes={r.nodes}",
+        f"--nodes={r.allocated_nodes}",
+        # A node that fails leaves the allocation instead of ending it: the step restarts on the others.
+        "--no-kill" if spec.retry.in_place else None,
         f"--ntasks-per-node={r.ntasks_per_node}",
         f"--cpus-per-task={r.cpus_per_task}",
         gpu_directive(spec, site, placement.partition),
@@ -123,8 +125,17 @@ def template_environment(site: SiteConfig) -> jinja2.Environment:
 
 
 def template_name(spec: JobSpec) -> str:
-    distributed = spec.launcher == "srun" and spec.resources.nodes * spec.resources.ntasks_per_node > 1
+    r = spec.resources
+    distributed = spec.launcher == "srun" and (r.nodes * r.ntasks_per_node > 1 or r.spare_nodes > 0)
     return "distributed.sh.j2" if distributed else "base.sh.j2"
+
+
+def launch_options(spec: JobSpec, wrap: Wrap | None) -> str:
+    """`hpctrain launch` options, ending with a space when there are any. A job that restarts its step in the
+    allocation names the step's nodes: the rest are spares, or stand in for a node that failed."""
+    opts = ["--nodes", str(spec.resources.nodes)] if spec.retry.in_place else []
+    opts += wrap.launch_options() if wrap else []
+    return shlex.join(opts) + " " if opts else ""
 
 
 def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobPaths, job_id: str,
@@ -152,7 +163,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         # Each ends with a space when set, so a job without a container renders as before.
         "container_srun": shlex.join(wrap.srun_options) + " " if wrap and wrap.srun_options else "",
         "container_prefix": shlex.join(wrap.prefix) + " " if wrap and wrap.prefix else "",
-        "launch_options": shlex.join(wrap.launch_options()) + " " if wrap else "",
+        "launch_options": launch_options(spec, wrap),
         "hpctrain": shlex.join([str(python), "-m", "hpctrain"]),
         "python_bin": shlex.quote(str(python.parent)),
     }

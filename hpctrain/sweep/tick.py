@@ -123,7 +123,7 @@ def _parallel(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: stor
         limits = user_limits(site, client, user, ledger, accounts=[placement.account])
     except SlurmError:
         return wanted, None
-    cap = parallel_cap(limits, placement.account, placement.qos, r.nodes * r.gpus_per_node)
+    cap = parallel_cap(limits, placement.account, placement.qos, r.allocated_gpus)
     if cap is None or cap[0] >= wanted:
         return wanted, None
     return max(cap[0], 1), f"{max(cap[0], 1)} trials at once, not {wanted}: {cap[1]}"

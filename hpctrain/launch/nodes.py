@@ -1,0 +1,101 @@
+"""Which of the allocation's nodes a job step runs on, and which it leaves out (spare nodes, failed nodes).
+
+A job with restarts in the allocation (retry.in_place) is allocated with --no-kill: a node that fails leaves
+the job instead of ending it, though SLURM_JOB_NODELIST still names it. Each (re)started step runs on the first
+``resources.nodes`` of the nodes Slurm still holds for the job that are healthy (not down, drained, failing or
+silent) and that hpctrain has not excluded (a node whose ranks were the first to fail in two steps of this run);
+the rest wait as spares. With too few such nodes the step cannot keep its layout: the run ends and is requeued
+without the nodes left out (see ``hpctrain attempt``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from hpctrain.contract import JobEnvironment
+from hpctrain.launch.rendezvous import expand_hostlist
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm.client import SlurmClient
+
+# sinfo's long state names (%T) of a node no step should start on; a trailing '*' means it does not respond.
+_UNHEALTHY = ("down", "drained", "fail", "failing", "future", "unknown", "inval")
+# A node whose ranks failed first in this many steps of one run is left out of the next.
+FAILURES_TO_EXCLUDE = 2
+
+
+@dataclass(frozen=True)
+class StepNodes:
+    """The nodes a step runs on, and every other node of the allocation with why it is not used."""
+
+    wanted: int
+    chosen: list[str]
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def enough(self) -> bool:
+        return len(self.chosen) == self.wanted
+
+    @property
+    def spares(self) -> list[str]:
+        return [n for n, why in self.left_out.items() if why == "spare"]
+
+    def lost(self) -> dict[str, str]:
+        """The nodes left out for a reason other than being a spare."""
+        return {n: why for n, why in self.left_out.items() if why != "spare"}
+
+    def describe(self) -> str:
+        lost = self.lost()
+        text = f"on {','.join(self.chosen) or 'no node'}"
+        if lost:
+            text += "; left out: " + ", ".join(f"{n} ({why})" for n, why in lost.items())
+        if not self.enough:
+            text += f"; {len(self.chosen)} healthy nodes of the {self.wanted} the step needs"
+        return text
+
+
+def unhealthy(state: str) -> bool:
+    """Whether sinfo's long state of a node (``allocated``, ``mixed*``, ``down``, ``drained``...) rules it out."""
+    return state.endswith("*") or state.rstrip("*~#!%$@^-").startswith(_UNHEALTHY)
+
+
+def choose(allocated: list[str], held: Iterable[str], states: dict[str, str], excluded: dict[str, str],
+           wanted: int) -> StepNodes:
+    """The first ``wanted`` usable nodes of ``allocated`` (the allocation's nodes in Slurm's order, the batch
+    host first): those Slurm still ``held`` for the job, healthy in ``states``, not ``excluded`` (node: why)."""
+    held = set(held)
+    chosen: list[str] = []
+    left_out: dict[str, str] = {}
+    for node in allocated:
+        state = states.get(node, "")
+        if node not in held:
+            left_out[node] = "Slurm took it out of the allocation"
+        elif unhealthy(state):
+            left_out[node] = f"Slurm says {state}"
+        elif node in excluded:
+            left_out[node] = excluded[node]
+        elif len(chosen) < wanted:
+            chosen.append(node)
+        else:
+            left_out[node] = "spare"
+    return StepNodes(wanted, chosen, left_out)
+
+
+def excluded_nodes(journal: Journal | None, env: JobEnvironment) -> dict[str, str]:
+    """Nodes this run leaves out after its failed steps: each ``rank_failed`` record (hpctrain.launch.task) names
+    the node of the rank that failed first in one step; a node named in ``FAILURES_TO_EXCLUDE`` steps is out."""
+    steps: dict[str, set[int]] = {}
+    for _, rec in journal.records(kinds=("rank_failed",)) if journal is not None else ():
+        if rec.get("attempt") == env.run_number and rec.get("task_index", -1) == env.task_index:
+            steps.setdefault(rec["host"], set()).add(rec.get("step_restart", 0))
+    return {node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items()
+            if len(s) >= FAILURES_TO_EXCLUDE}
+
+
+def step_nodes(client: SlurmClient, wanted: int, env: JobEnvironment | None = None) -> StepNodes:
+    """`choose` for this run's next job step, from what the controller says now (one `scontrol show job`, one
+    `sinfo`) and this run's journal."""
+    env = env or JobEnvironment()
+    nodes = expand_hostlist(env.node_list)
+    held = expand_hostlist(client.show_job(env.slurm_job_id or "").get("NodeList", ""))
+    return choose(nodes, held, client.node_states(nodes), excluded_nodes(Journal.from_env(), env), wanted)
