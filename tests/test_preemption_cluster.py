@@ -290,6 +290,36 @@ def test_a_node_set_down_is_replaced_by_the_spare_in_the_allocation(straight, is
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 
+def test_a_failed_node_without_a_spare_requeues_the_job_off_it(isolated_ledger, tmp_path):
+    """Two nodes, no spare, retry.in_place: the second node set DOWN leaves one node, too few for the step. The run
+    ends as a node failure and is requeued with that node in its ExcNodeList; the next run starts elsewhere. (sacct
+    22.05 then lists the shrunk run's part and the next run as one record: the journal tells the runs apart.)"""
+    path = tmp_path / "nospare.toml"
+    path.write_text(
+        'name = "nospare"\n'
+        "command = [\"python\", \"-c\", \"import os, time; time.sleep(0 if os.environ.get('SLURM_RESTART_COUNT', '0') "
+        "!= '0' else 120)\"]\n"
+        '[resources]\nnodes = 2\ntasks_per_node = 1\ntime = "00:05:00"\naccount = "teama"\n'
+        "[retry]\nin_place = 1\n")
+    with Ledger(isolated_ledger) as ledger:
+        job_id, job, journal = submitted(ledger, path)
+        (launch,) = wait_until(lambda: records(journal, "launch"), 60, 0.5, "the job step")
+        first, down = launch["nodes"].split(",")
+        try:
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=hpctrain no-spare test"],
+                           check=True, capture_output=True)
+            wait_until(lambda: records(journal, "attempt_end"), 60, 0.5, "the run's end")
+        finally:
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=RESUME"], capture_output=True)
+        assert final_state(ledger, job_id, 120) == "COMPLETED"
+        excluded = SlurmClient().show_job(job["slurm_job_id"])["ExcNodeList"]
+    ended = records(journal, "attempt_end")
+    assert [(e["cause"], e["requeued"], e.get("excluded")) for e in ended] == [
+        ("node_failure", True, [down]), ("completed", False, None)]
+    assert records(journal, "step_restart") == [] and excluded == down
+    assert down not in records(journal, "launch")[1]["nodes"].split(",")
+
+
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "2 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
     "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "
