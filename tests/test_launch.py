@@ -120,7 +120,8 @@ def test_sinfo_states_that_rule_a_node_out():
 def test_the_step_runs_on_the_first_healthy_nodes_and_keeps_the_rest_spare():
     nodes = ["n1", "n2", "n3", "n4"]
     step = choose(nodes, nodes, {n: "allocated" for n in nodes}, {}, 2)
-    assert (step.chosen, step.spares, step.lost(), step.enough) == (["n1", "n2"], ["n3", "n4"], {}, True)
+    assert (step.chosen, step.left_out, step.lost(), step.enough) == (["n1", "n2"], {"n3": "spare", "n4": "spare"}, {},
+                                                                      True)
     # n2 left the allocation (--no-kill), n3 does not respond: n4 stands in.
     step = choose(nodes, ["n1", "n3", "n4"], {"n1": "mixed", "n3": "allocated*", "n4": "allocated"}, {}, 2)
     assert step.chosen == ["n1", "n4"] and step.lost() == {"n2": "Slurm took it out of the allocation",

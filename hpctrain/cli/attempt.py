@@ -149,13 +149,18 @@ def restart(exit_code: int) -> None:
 
 def _step_nodes(policy: Any, env: Any) -> Any:
     """The nodes a step started now would run on (hpctrain.launch.nodes), in a job that restarts its step in the
-    allocation; None elsewhere."""
+    allocation; None elsewhere, and when Slurm does not answer (the step's launch asks again)."""
     if not (policy.in_place and env.in_slurm):
         return None
+    from hpctrain.errors import HpctrainError
     from hpctrain.launch.nodes import step_nodes
     from hpctrain.slurm import SlurmClient
 
-    return step_nodes(SlurmClient(), policy.nodes, env)
+    try:
+        return step_nodes(SlurmClient(), policy.nodes, env)
+    except HpctrainError as exc:
+        click.echo(f"hpctrain: cannot tell which nodes are left: {exc}", err=True)
+        return None
 
 
 def _journal_hang(journal: Any, env: Any) -> None:

@@ -36,10 +36,6 @@ class StepNodes:
     def enough(self) -> bool:
         return len(self.chosen) == self.wanted
 
-    @property
-    def spares(self) -> list[str]:
-        return [n for n, why in self.left_out.items() if why == "spare"]
-
     def lost(self) -> dict[str, str]:
         """The nodes left out for a reason other than being a spare."""
         return {n: why for n, why in self.left_out.items() if why != "spare"}
