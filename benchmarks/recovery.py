@@ -1,7 +1,10 @@
 """From a crashed rank to the first resumed training step: restarted in the allocation (from the memory tier or
 the file system) against requeued.
 
-    scripts/dev-cluster up && .venv/bin/python benchmarks/recovery.py [--kills 3]
+    scripts/dev-cluster up && .venv/bin/python benchmarks/recovery.py [--kills 3] [--lanes 24.11 26.05]
+
+With --lanes, the same again on each Slurm lane (scripts/slurm-lane: the release in a tree of its own, with a dev
+cluster of its own, started and stopped here), all in one table.
 
 The reference trainer of benchmarks/preemption_resume.py (tiny GPT, 2 ranks tp=2 on one node, async
 checkpoints every 20 steps to the job's checkpoint directory) has rank 1 SIGKILLed N times, 7, 12, 17...
@@ -24,8 +27,10 @@ and the steps recomputed: the last step logged before the kill, less the checkpo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,7 +41,8 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.slurm import SlurmClient
 from hpctrain.submit import Submitter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
 
 from _figures import figure  # noqa: E402
 from _preempt import wait  # noqa: E402
@@ -84,33 +90,59 @@ def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, flo
     return out
 
 
+def in_lane(lane: str, kills: int) -> tuple[str, dict[str, list[dict[str, float]]]] | None:
+    """This benchmark run on Slurm lane ``lane``'s own dev cluster: (its release, results); None when the lane's
+    tree cannot be built here."""
+    out = REPO / "benchmarks" / "results" / f"recovery-{lane}.json"
+    out.parent.mkdir(exist_ok=True)
+    inside = (f"scripts/dev-cluster up >/dev/null && .venv/bin/python benchmarks/recovery.py --kills {kills} "
+              f"--json {out}; rc=$?; scripts/dev-cluster down >/dev/null; exit $rc")
+    proc = subprocess.run([str(REPO / "scripts" / "slurm-lane"), lane, "run", "bash", "-c", inside], cwd=REPO)
+    if proc.returncode == 77:
+        print(f"lane {lane} skipped: its tree cannot be built here", file=sys.stderr)
+        return None
+    if proc.returncode != 0:
+        raise SystemExit(f"recovery benchmark on Slurm lane {lane}: exit {proc.returncode}")
+    data = json.loads(out.read_text())
+    return data["version"], data["results"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--lanes", nargs="*", default=[], metavar="RELEASE",
+                        help="also on these Slurm lanes (22.05, 24.11, 26.05 less the host's)")
+    parser.add_argument("--json", type=Path, help="write this cluster's results here (a lane's run, for the table)")
     args = parser.parse_args()
     work, index = workspace("hpctrain-bench-recovery-")
-    version = SlurmClient.for_site(load_site("dev")).version()
-    results = {way: run_way(work, way, args.kills, index) for way in WAYS}
+    version = str(SlurmClient.for_site(load_site("dev")).version())
+    runs = {version: {way: run_way(work, way, args.kills, index) for way in WAYS}}
+    if args.json:
+        args.json.write_text(json.dumps({"version": version, "results": runs[version]}))
+        return
+    for lane in args.lanes:
+        if (found := in_lane(lane, args.kills)) is not None:
+            runs[found[0]] = found[1]
 
-    print(f"rank 1 SIGKILLed -> first resumed step, {args.kills} kills per way on Slurm {version} "
-          "(tiny GPT, 2 ranks, CPU), median s")
-    print(f"  {'':14}" + "".join(f"{row:>13}" for row in ROWS) + f"{'total':>10}{'recomputed':>12}  resumed from")
-    totals = {}
-    for way, kills in results.items():
-        totals[way] = statistics.median(sum(k[row] for row in ROWS) for k in kills)
-        print(f"  {way:14}" + "".join(f"{statistics.median(k[row] for k in kills):13.2f}" for row in ROWS)
-              + f"{totals[way]:10.2f}{max(k['recomputed'] for k in kills):12.0f}  "
-              + ", ".join(sorted({k["tier"] for k in kills})))
-    for way in ("memory tier", "in place"):
-        print(f"  {way} / requeue: {totals[way] / totals['requeue']:.2f}x")
-    figure(f"rank killed -> first resumed step, in place from the memory tier (median, Slurm {version})",
-           totals["memory tier"], "s", "<= 10 s (issue 19)", totals["memory tier"] <= 10)
-    recomputed = max(k["recomputed"] for k in results["memory tier"])
-    figure("steps recomputed per kill, memory tier (max)", recomputed, "steps",
-           f"<= memory_every_steps = {MEMORY_EVERY} (issue 19)", recomputed <= MEMORY_EVERY)
-    for way in ("memory tier", "in place"):
-        figure(f"rank killed -> first resumed step, {way} / requeued (median, Slurm {version})",
-               totals[way] / totals["requeue"], "x")
+    print(f"rank 1 SIGKILLed -> first resumed step, {args.kills} kills per way (tiny GPT, 2 ranks, CPU), median s")
+    print(f"  {'Slurm':8}{'':14}" + "".join(f"{row:>13}" for row in ROWS) + f"{'total':>10}{'recomputed':>12}  resumed from")
+    for release, results in runs.items():
+        totals = {}
+        for way, kills in results.items():
+            totals[way] = statistics.median(sum(k[row] for row in ROWS) for k in kills)
+            print(f"  {release:8}{way:14}" + "".join(f"{statistics.median(k[row] for k in kills):13.2f}" for row in ROWS)
+                  + f"{totals[way]:10.2f}{max(k['recomputed'] for k in kills):12.0f}  "
+                  + ", ".join(sorted({str(k["tier"]) for k in kills})))
+        for way in ("memory tier", "in place"):
+            print(f"  {release:8}{way} / requeue: {totals[way] / totals['requeue']:.2f}x")
+        figure(f"rank killed -> first resumed step, in place from the memory tier (median, Slurm {release})",
+               totals["memory tier"], "s", "<= 10 s (issue 19)", totals["memory tier"] <= 10)
+        recomputed = max(k["recomputed"] for k in results["memory tier"])
+        figure(f"steps recomputed per kill, memory tier (max, Slurm {release})", recomputed, "steps",
+               f"<= memory_every_steps = {MEMORY_EVERY} (issue 19)", recomputed <= MEMORY_EVERY)
+        for way in ("memory tier", "in place"):
+            figure(f"rank killed -> first resumed step, {way} / requeued (median, Slurm {release})",
+                   totals[way] / totals["requeue"], "x")
 
 
 if __name__ == "__main__":
