@@ -32,12 +32,8 @@ class Decision:
 
 def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
     """Decide every dead run whose last attempt nobody has decided on yet; returns what was done."""
-    decisions = []
-    for job_id, task in ledger.jobs.died(site, DIED):
-        attempts = ledger.attempts.of_task(job_id, task)
-        if attempts and attempts[-1]["requeued"] is None:
-            decisions.append(_decide(ledger, client, ledger.jobs.get(job_id), task, attempts))
-    return decisions
+    return [_decide(ledger, client, ledger.jobs.get(job_id), task, ledger.attempts.of_task(job_id, task))
+            for job_id, task in ledger.jobs.undecided_deaths(site, DIED)]
 
 
 def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: list[dict[str, Any]]) -> Decision:

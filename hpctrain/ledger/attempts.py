@@ -10,6 +10,8 @@ if TYPE_CHECKING:
 
 PK = ("job_id", "task_index", "attempt")
 
+# Runs found by their end (ended since, or not yet), then sorted: walking the index on started_at for the order
+# would read every run ever (hence the unary + on the sort key).
 _USAGE_SQL = """
 SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.ended_at, a.elapsed_s, a.gpu_s,
        a.idle_gpu_s, a.cause,
@@ -18,8 +20,8 @@ SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.
         AND c.state IN ('committed', 'deleted') AND c.created_at BETWEEN a.started_at AND coalesce(a.ended_at, :now))
        AS last_checkpoint_at
 FROM attempts a JOIN jobs j ON j.id = a.job_id
-WHERE j.site = :site AND a.started_at IS NOT NULL AND coalesce(a.ended_at, :now) >= :since
-ORDER BY a.started_at
+WHERE j.site = :site AND a.started_at IS NOT NULL AND (a.ended_at >= :since OR a.ended_at IS NULL)
+ORDER BY +a.started_at
 """
 
 

@@ -70,16 +70,17 @@ class Jobs:
         self.ledger.update("jobs", job_id, {"state": state, **fields, "updated_at": time.time()})
 
     def active(self, site: str, final: Collection[str]) -> list[dict[str, Any]]:
-        """Submitted jobs of the site not in a ``final`` state."""
-        return self.ledger.rows("jobs", f"site = ? AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)})",
-                                [site, *sorted(final)])
+        """Submitted jobs of the site not in a ``final`` state (none of which has ended: `jobs_open` indexes them)."""
+        return self.ledger.rows("jobs", f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL "
+                                        f"AND state NOT IN ({_marks(final)})", [site, *sorted(final)])
 
     def dirs_to_read(self, site: str, final: Collection[str], ended_since: float) -> list[str]:
         """Job directories of active jobs and of jobs that ended since ``ended_since``."""
         rows = self.ledger.db.query(
-            f"SELECT DISTINCT job_dir FROM jobs WHERE site = ? AND job_dir IS NOT NULL "
-            f"AND (state NOT IN ({_marks(final)}) OR coalesce(ended_at, updated_at, 0) >= ?)",
-            [site, *sorted(final), ended_since])
+            f"SELECT job_dir FROM jobs WHERE site = ? AND ended_at IS NULL AND job_dir IS NOT NULL "
+            f"AND state NOT IN ({_marks(final)}) "
+            "UNION SELECT job_dir FROM jobs WHERE site = ? AND ended_at >= ? AND job_dir IS NOT NULL",
+            [site, *sorted(final), site, ended_since])
         return [r["job_dir"] for r in rows]
 
     def summaries(self, site: str, final: Collection[str], active_only: bool = False,
@@ -88,7 +89,7 @@ class Jobs:
         requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
         where, args = "", [site]
         if active_only:
-            where, args = f"AND j.state NOT IN ({_marks(final)})", args + sorted(final)
+            where, args = f"AND j.ended_at IS NULL AND j.state NOT IN ({_marks(final)})", args + sorted(final)
         return [dict(r) for r in self.ledger.db.query(_SUMMARY_SQL.format(where=where), [*args, limit])]
 
     def in_group(self, group_id: int) -> list[dict[str, Any]]:
@@ -102,14 +103,18 @@ class Jobs:
         return self.ledger.db.execute("SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1",
                                       [site, account]).fetchone() is not None
 
-    def died(self, site: str, states: Collection[str]) -> list[tuple[int, int]]:
-        """(job id, task index; -1 for a plain job) of every plain job or array task in one of ``states``."""
+    def undecided_deaths(self, site: str, states: Collection[str]) -> list[tuple[int, int]]:
+        """(job id, task index; -1 for a plain job) of every plain job or array task in one of ``states`` whose last
+        run nobody has decided on (requeue or not): from the runs not decided on (`attempts_undecided`), not from
+        the whole history."""
         marks = _marks(states)
         return [(r["job_id"], r["task_index"]) for r in self.ledger.db.query(
-            f"SELECT j.id AS job_id, -1 AS task_index FROM jobs j WHERE j.site = ? AND j.is_array = 0 "
-            f"AND j.state IN ({marks}) UNION ALL SELECT j.id, t.task_index FROM jobs j JOIN array_tasks t "
-            f"ON t.job_id = j.id WHERE j.site = ? AND t.state IN ({marks})",
-            [site, *states, site, *states])]
+            "SELECT a.job_id, a.task_index FROM attempts a JOIN jobs j ON j.id = a.job_id "
+            "LEFT JOIN array_tasks t ON t.job_id = a.job_id AND t.task_index = a.task_index "
+            "WHERE a.requeued IS NULL AND j.site = ? AND a.attempt = (SELECT max(b.attempt) FROM attempts b "
+            "WHERE b.job_id = a.job_id AND b.task_index = a.task_index) "
+            f"AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN ({marks}) ELSE t.state IN ({marks}) END "
+            "ORDER BY a.job_id, a.task_index", [site, *states, *states])]
 
     def unsettled_tasks(self, job_id: int, final: Collection[str], died: Collection[str]) -> int:
         """How many of an array's tasks may still run: not in a ``final`` state, or ``died`` with their last

@@ -184,6 +184,16 @@ MIGRATIONS: list[list[str]] = [
         "ALTER TABLE attempts ADD COLUMN gpu_s REAL",
         "ALTER TABLE attempts ADD COLUMN idle_gpu_s REAL",
     ],
+    # 9: queries that stay as fast after years of jobs: jobs not ended (partial) or ended since a time, runs not
+    # decided on (partial) or ended since a time, a job's checkpoints, active sweeps (partial).
+    [
+        "CREATE INDEX jobs_open ON jobs(site, state) WHERE ended_at IS NULL",
+        "CREATE INDEX jobs_ended ON jobs(site, ended_at)",
+        "CREATE INDEX attempts_undecided ON attempts(job_id, task_index, attempt) WHERE requeued IS NULL",
+        "CREATE INDEX checkpoints_job ON checkpoints(job_id, task_index, created_at)",
+        "CREATE INDEX attempts_ended ON attempts(ended_at)",
+        "CREATE INDEX sweeps_active ON sweeps(created_at) WHERE state = 'ACTIVE'",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
