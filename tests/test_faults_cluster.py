@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -80,6 +81,8 @@ def test_with_the_controller_down_submit_fails_in_one_line_and_nothing_runs_twic
     assert marker.read_text() == "run\n"
 
 
+@pytest.mark.skipif(os.environ.get("HPCTRAIN_LANE") == "24.11", reason=(
+    "CI time (about 70 s): 26.05 ends and requeues a failed node's job the same way"))
 def test_a_node_failing_mid_training_is_requeued_and_ends_bitwise_identical(dev_cluster, isolated_ledger, tmp_path):
     """One node of a two-node training job goes DOWN: Slurm ends the run (NODE_FAIL) with no time to
     checkpoint and requeues it; the next run resumes from the newest valid periodic checkpoint on the

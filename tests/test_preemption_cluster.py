@@ -58,7 +58,9 @@ def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
 
 
 @pytest.fixture(params=[20, pytest.param(0, marks=pytest.mark.skipif(
-    os.environ.get("HPCTRAIN_LANE") == "24.11", reason="CI time: 26.05 requeues a preempted job by itself the same way"))],
+    bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+        "CI time (about 2 min a lane): without grace every release requeues the preempted job itself at once, as the "
+        "host's does; the releases differ in the grace variant")))],
     ids=["grace20s", "grace0"])
 def low_qos_grace(request, dev_cluster):
     """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
@@ -248,6 +250,12 @@ def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tm
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 
+IN_ALLOCATION_ON_HOST_ONLY = pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time, about 75 s a lane): both passed on 24.11.5 and 26.05.5 when added (slurmctld took the "
+    "failed node out of the --no-kill job, ended its step and listed the run in parts alike)"))
+
+
+@IN_ALLOCATION_ON_HOST_ONLY
 def test_a_node_set_down_is_replaced_by_the_spare_in_the_allocation(straight, isolated_ledger, tmp_path):
     """Two nodes and a spare (retry.in_place): past step 40 the step's second node is set DOWN. Slurm takes it out of
     the allocation (--no-kill) and ends the step; the step starts again on the batch host and the spare, from the
@@ -290,6 +298,7 @@ def test_a_node_set_down_is_replaced_by_the_spare_in_the_allocation(straight, is
     assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
 
 
+@IN_ALLOCATION_ON_HOST_ONLY
 def test_a_failed_node_without_a_spare_requeues_the_job_off_it(isolated_ledger, tmp_path):
     """Two nodes, no spare, retry.in_place: the second node set DOWN leaves one node, too few for the step. The run
     ends as a node failure and is requeued with that node in its ExcNodeList; the next run starts elsewhere. (sacct
