@@ -54,10 +54,12 @@ def usage(ledger: "Ledger", site: str, prices: dict[str, float], since: float | 
     for seg in ledger.segments.of_jobs(r["job_id"] for r in rows) if rows else []:
         segments.setdefault(seg["job_id"], []).append(seg)
     measured = {(s["job_id"], s["task_index"], s["attempt"]) for segs in segments.values() for s in segs}
+    runs_of: dict[int, list[dict]] = {}
+    for r in rows:
+        runs_of.setdefault(r["job_id"], []).append(r)
     by_run = {}
-    for job_id in {r["job_id"] for r in rows}:
-        for (task, attempt), good in job_goodput([r for r in rows if r["job_id"] == job_id],
-                                                 segments.get(job_id, []), now).items():
+    for job_id, runs in runs_of.items():
+        for (task, attempt), good in job_goodput(runs, segments.get(job_id, []), now).items():
             by_run[(job_id, task, attempt)] = good
     out = []
     for r in rows:
