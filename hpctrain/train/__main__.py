@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
+import traceback
 from typing import Any
 
 from hpctrain.config.job import HangPolicy, Model, load_job_spec
@@ -205,4 +207,12 @@ def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:
+        # A failed rank leaves at once: its peers may be gone, and a save in flight or gloo's threads would hold the
+        # interpreter's exit until Slurm's KillWait (SIGTERM only asks the guard for a stop; from 24.11 srun's
+        # --kill-on-bad-exit sends it first), delaying the restart in the allocation by as much.
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
