@@ -16,8 +16,8 @@ of the failed start before it) to the next start or the run's end:
   end         trained to the end: the last checkpoint and the exit
   other       what remains of Slurm's elapsed time (clock differences; runs that journaled nothing)
 The causes add up to sacct's elapsed time. A job with spare nodes also pays for their GPUs while they wait:
-``spare``, GPU time apart from the split above (hpctrain.jobs.accounting). Time in the queue after a requeue is not the job's GPU time:
-it is counted apart (``queue_s``).
+``spare``, GPU time apart from the split above (hpctrain.jobs.accounting). Time in the queue after a requeue
+is not the job's GPU time: it is counted apart (``queue_s``).
 """
 
 from __future__ import annotations

@@ -46,11 +46,10 @@ class Poller:
 
     def _apply(self, job: dict[str, Any], tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
         policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
-        requeue = policy.requeue
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
         for index, history in tasks.items():
-            history.requeue = requeue
+            history.requeue = policy.requeue
             for n, a in enumerate(history.attempts if attempts_known else ()):
                 self.ledger.attempts.record(
                     job["id"], index, base + n, slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
