@@ -88,6 +88,15 @@ class JobPaths:
         """Made by the first rank of a job step to fail (hpctrain.launch.task), so that only it reports."""
         return self.job_dir / "failed" / step_id
 
+    @property
+    def chunks_file(self) -> Path:
+        """The chunks of a throttled array split past MaxArraySize, and its tasks ended (hpctrain.runtime.chunks)."""
+        return self.job_dir / "chunks.json"
+
+    @property
+    def chunks_lock(self) -> Path:
+        return self.job_dir / ".chunks.lock"
+
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
         return self.job_dir / (f"job-{chunk_index}.sh" if chunk_index else "job.sh")

@@ -70,6 +70,7 @@ def start() -> None:
             journal.write("attempt_end", attempt=number, cause="refused", step_end=step, exit_code=REFUSED,
                           requeued=False, message=why)
             _forget_secrets(env)
+            _release_chunks(env)
             click.echo(f"hpctrain: not running: {why}", err=True)
             sys.exit(REFUSED)
     click.echo(number)
@@ -107,6 +108,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
                   signal=signal_name, requeued=go, message=why, **({"excluded": exclude} if exclude else {}))
     if not go and not requeued_by_slurm:
         _forget_secrets(env)
+        _release_chunks(env)
     if this.cause != "completed":  # the job's log stays the job's own when all went well
         click.echo(f"hpctrain: run {number} ended ({this.cause}, exit {exit_code}): {why}", err=True)
     if go and not requeued_by_slurm and env.in_slurm:
@@ -180,6 +182,22 @@ def _forget_secrets(env: Any) -> None:
         from hpctrain import secret_file
 
         secret_file.remove(env.job_dir, env.job_id)
+
+
+def _release_chunks(env: Any) -> None:
+    """This array task has ended for good: the next chunk of a throttled submission split past MaxArraySize may
+    use its slot (hpctrain.runtime.chunks). If that fails the next chunk starts when this one has ended."""
+    if env.task_index < 0 or env.job_dir is None:
+        return
+    from hpctrain.contract import JobPaths
+    from hpctrain.errors import HpctrainError
+    from hpctrain.runtime.chunks import task_ended
+    from hpctrain.slurm import SlurmClient
+
+    try:
+        task_ended(JobPaths(env.job_dir), env.param_index, env.requeue_target, SlurmClient())
+    except (HpctrainError, OSError) as exc:
+        click.echo(f"hpctrain: could not let the next chunk of this array start early: {exc}", err=True)
 
 
 def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str, bool]:

@@ -24,6 +24,11 @@ if TYPE_CHECKING:
 CLIENT_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr", "sshare", "scancel")
 
 
+# An update of a whole array is refused by its tasks that have started or ended (scontrol then fails, every
+# other task answering "No error"): they need none.
+TASKS_ENDED = re.compile(r"^\S+: (No error|Job has already finished|Job is no longer pending execution)$")
+
+
 class SlurmClient:
     def __init__(self, conf: Path | None = None, bin_dir: Path | None = None, timeout_s: float = 60.0):
         self.conf = conf
@@ -46,9 +51,10 @@ class SlurmClient:
         return str(self.bin_dir / command) if self.bin_dir else command
 
     def run(self, command: str, *args: str, input: str | None = None, extra_env: dict[str, str] | None = None,
-            unset_env: Iterable[str] = ()) -> str:
+            unset_env: Iterable[str] = (), harmless: re.Pattern[str] | None = None) -> str:
         """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint.
-        ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out of it."""
+        ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out of it. A failure
+        whose every complaint line matches ``harmless`` is none."""
         self.calls[command] += 1
         argv = [self.executable(command), *args]
         env = {**self.env(), **(extra_env or {})}
@@ -62,7 +68,8 @@ class SlurmClient:
             raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
         except subprocess.TimeoutExpired:
             raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
-        if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).splitlines()
+        if proc.returncode != 0 and not (harmless and said and all(harmless.match(ln) for ln in said)):
             raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or proc.stdout)}")
         return proc.stdout
 
@@ -116,6 +123,11 @@ class SlurmClient:
         """Keep a job's next runs off ``nodes`` (its ExcNodeList; Slurm takes it while the job is pending or
         being requeued, not while it runs)."""
         self.run("scontrol", "update", f"JobId={target}", f"ExcNodeList={','.join(nodes)}")
+
+    def set_array_throttle(self, target: str, throttle: int, dependency: str | None = None) -> None:
+        """An array's ArrayTaskThrottle; ``dependency`` replaces what it waits for ('': nothing) when given."""
+        self.run("scontrol", "update", f"JobId={target}", f"ArrayTaskThrottle={throttle}",
+                 *([f"Dependency={dependency}"] if dependency is not None else []), harmless=TASKS_ENDED)
 
     def node_states(self, nodes: list[str]) -> dict[str, str]:
         """Each node's state as sinfo's %T spells it: 'allocated', 'mixed', 'drained', 'down*' ('*': not

@@ -19,6 +19,7 @@ from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
 from hpctrain.ledger import Ledger
+from hpctrain.runtime import chunks as chunk_table
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.limits import max_array_size
@@ -112,6 +113,8 @@ class Submitter:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
                     files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
                     self._prepare_dir(files, spec, params)
+                    if len(chunks) > 1 and chunk.throttle:
+                        chunk_table.start_table(files, chunk.throttle, spec.dependency.singleton)
                     sub.files = files
                     if on_files is not None:
                         on_files(files)
@@ -134,7 +137,18 @@ class Submitter:
             sub.ledger_ids.append(job_id)
             sub.slurm_ids.extend(previous)
             sub.chunks.append(chunk)
+            if len(chunks) > 1 and chunk.throttle:
+                self._add_chunk(files, chunk, previous[0], job_id)
         return sub
+
+    def _add_chunk(self, files: JobPaths, chunk: ArrayChunk, slurm_id: str, job_id: int) -> None:
+        """Enter a chunk sbatch took in the submission's chunk table (its throttle holds across chunks); if
+        Slurm refuses its early release, it still starts after the chunk before (afterany)."""
+        released = chunk.throttle if chunk.index == 0 else 0
+        try:
+            chunk_table.add_chunk(files, chunk_table.Chunk(slurm_id, chunk.offset, chunk.count, released), self.client)
+        except (HpctrainError, OSError) as exc:
+            self.ledger.event("chunk_release_failed", str(exc), job_id=job_id)
 
     def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[dict[str, Any]]) -> None:
         """The job directory: its journal, the spec the job reads, array parameters."""
