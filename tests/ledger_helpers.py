@@ -50,7 +50,8 @@ def make_history(path: Path, jobs: int, sweeps: int, metric_rows: int, now: floa
 COLUMNS = {  # in the order rows are inserted (foreign keys)
     "sweeps": ("id", "name", "method", "state", "spec_json", "created_at", "updated_at"),
     "jobs": ("id", "name", "site", "user", "account", "partition", "qos", "slurm_job_id", "is_array", "state",
-             "submitted_at", "started_at", "ended_at", "spec_json", "group_id", "job_dir", "sweep_id", "updated_at"),
+             "submitted_at", "started_at", "ended_at", "spec_json", "group_id", "job_dir", "sweep_id", "updated_at",
+             "journal_read_at"),
     "array_tasks": ("job_id", "task_index", "param_index", "params_json", "state", "updated_at"),
     "trials": ("sweep_id", "number", "params_json", "state", "job_id", "task_index", "value", "updated_at"),
     "attempts": ("job_id", "task_index", "attempt", "slurm_job_id", "state", "node_list", "started_at", "ended_at",
@@ -81,7 +82,7 @@ def _rows(rnd: random.Random, indices: range, jobs: int, first: float, now: floa
                                       rnd.random(), ended))
         out["jobs"].append((jid, f"job-{i % 997}", SITE, "alice", ACCOUNTS[i % 2], "gpu", "normal", str(10_000 + i),
                             int(bool(sweep_id)), state, submitted, started, ended, _spec(f"job-{i % 997}", i), jid,
-                            f"/shared/logs/job-{i}", sweep_id, submitted))
+                            f"/shared/logs/job-{i}", sweep_id, submitted, None if ended is None else ended + 300))
         out["events"].append((submitted, "submitted", jid, f"slurm job {10_000 + i}"))
         if started is None:
             continue

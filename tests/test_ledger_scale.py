@@ -11,7 +11,9 @@ import time
 import pytest
 
 from hpctrain.config import load_site
+from hpctrain.jobs.reconcile import RECENT_S
 from hpctrain.ledger import Ledger
+from hpctrain.slurm.states import TERMINAL
 
 from ledger_helpers import commands, make_history
 
@@ -61,3 +63,22 @@ def test_each_command_reads_the_history_through_indexes(history, command):
     assert reads and scans == {}
     if command == "sweep tick":
         assert result == []  # every run of the history has been decided on; no sweep is active
+
+
+def test_an_ended_jobs_journal_is_read_until_a_read_comes_a_minute_after_its_end(tmp_path):
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        now = time.time()
+        ended = {"active": None, "just ended": now - 10, "ended before": now - 120, "last week": now - 8 * 86400}
+        ids = {name: ledger.db.table("jobs").insert(
+            {"name": name, "site": "dev", "state": "RUNNING" if end is None else "COMPLETED", "ended_at": end,
+             "job_dir": f"/logs/{name}", "submitted_at": now - 9 * 86400}).last_pk for name, end in ended.items()}
+
+        def to_read(at: float) -> dict[str, list[int]]:
+            return ledger.jobs.journals_to_read("dev", TERMINAL, at - RECENT_S)
+
+        assert to_read(now) == {"/logs/active": [], "/logs/just ended": [ids["just ended"]],
+                                "/logs/ended before": [ids["ended before"]]}
+        ledger.jobs.journals_read([ids["just ended"], ids["ended before"]], now)
+        assert to_read(now) == {"/logs/active": [], "/logs/just ended": [ids["just ended"]]}
+        ledger.jobs.journals_read([ids["just ended"]], now + 50)
+        assert to_read(now + 50) == {"/logs/active": []}

@@ -18,7 +18,7 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 
-RECENT_S = 7 * 86400  # journals of jobs that ended within this window are still read
+RECENT_S = 7 * 86400  # journals of jobs that ended within this window are read until they have settled
 
 
 @dataclass
@@ -35,8 +35,9 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one."""
     poller = Poller(ledger, client, site)
     changed = poller.refresh()
-    dirs = ledger.jobs.dirs_to_read(site, TERMINAL, time.time() - RECENT_S)
-    journals = [Journal(JobPaths(Path(d)).journal_dir) for d in dirs]
-    records = sum(ingest_journal(ledger, j) for j in journals)
-    return ReconcileResult(changed, len(journals), records, supervise(ledger, client, site) if supervise_runs else [],
+    now = time.time()
+    dirs = ledger.jobs.journals_to_read(site, TERMINAL, now - RECENT_S)
+    records = sum(ingest_journal(ledger, Journal(JobPaths(Path(d)).journal_dir)) for d in dirs)
+    ledger.jobs.journals_read([i for ids in dirs.values() for i in ids], now)
+    return ReconcileResult(changed, len(dirs), records, supervise(ledger, client, site) if supervise_runs else [],
                            poller.warning)

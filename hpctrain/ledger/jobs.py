@@ -13,6 +13,12 @@ if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 
+# A job's journal is complete when its batch script exits, before Slurm reports the end; this leaves room for a
+# shared file system's attribute caches (an NFS client's can lag by up to a minute). Ledger v10's partial index
+# jobs_journal_unsettled spells the same number.
+JOURNAL_SETTLE_S = 60
+
+
 def _marks(values: Collection[Any]) -> str:
     return ",".join("?" * len(values))
 
@@ -74,14 +80,28 @@ class Jobs:
         return self.ledger.rows("jobs", f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL "
                                         f"AND state NOT IN ({_marks(final)})", [site, *sorted(final)])
 
-    def dirs_to_read(self, site: str, final: Collection[str], ended_since: float) -> list[str]:
-        """Job directories of active jobs and of jobs that ended since ``ended_since``."""
+    def journals_to_read(self, site: str, final: Collection[str], ended_since: float) -> dict[str, list[int]]:
+        """The job directories whose journals may still grow: of active jobs, and of jobs that ended since
+        ``ended_since`` whose journal has not been read ``JOURNAL_SETTLE_S`` after their end; each with the
+        ids of those ended jobs (to pass to `journals_read` once read)."""
         rows = self.ledger.db.query(
-            f"SELECT job_dir FROM jobs WHERE site = ? AND ended_at IS NULL AND job_dir IS NOT NULL "
+            f"SELECT NULL AS id, job_dir FROM jobs WHERE site = ? AND ended_at IS NULL AND job_dir IS NOT NULL "
             f"AND state NOT IN ({_marks(final)}) "
-            "UNION SELECT job_dir FROM jobs WHERE site = ? AND ended_at >= ? AND job_dir IS NOT NULL",
+            "UNION ALL SELECT id, job_dir FROM jobs WHERE site = ? AND ended_at >= ? AND job_dir IS NOT NULL "
+            f"AND (journal_read_at IS NULL OR journal_read_at < ended_at + {JOURNAL_SETTLE_S})",
             [site, *sorted(final), site, ended_since])
-        return [r["job_dir"] for r in rows]
+        dirs: dict[str, list[int]] = {}
+        for r in rows:
+            dirs.setdefault(r["job_dir"], []).extend([r["id"]] if r["id"] is not None else [])
+        return dirs
+
+    def journals_read(self, ids: Collection[int], at: float) -> None:
+        """Note that the journals of these ended jobs were read at ``at``."""
+        ids = list(ids)
+        with self.ledger.transaction():
+            for i in range(0, len(ids), 500):
+                part = ids[i:i + 500]
+                self.ledger.db.execute(f"UPDATE jobs SET journal_read_at = ? WHERE id IN ({_marks(part)})", [at, *part])
 
     def summaries(self, site: str, final: Collection[str], active_only: bool = False,
                   limit: int = 200) -> list[dict[str, Any]]:

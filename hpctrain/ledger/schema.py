@@ -194,6 +194,13 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX attempts_ended ON attempts(ended_at)",
         "CREATE INDEX sweeps_active ON sweeps(created_at) WHERE state = 'ACTIVE'",
     ],
+    # 10: when a job's journal was last read: an ended job's journal is read no more once a read came a while
+    # after its end (hpctrain.ledger.jobs.JOURNAL_SETTLE_S, spelled out in the partial index).
+    [
+        "ALTER TABLE jobs ADD COLUMN journal_read_at REAL",
+        "CREATE INDEX jobs_journal_unsettled ON jobs(site, ended_at) "
+        "WHERE journal_read_at IS NULL OR journal_read_at < ended_at + 60",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
