@@ -1,0 +1,101 @@
+"""Old history out of the ledger file, kept: jobs that ended before a time, with every row of theirs, moved into an
+archive ledger (same schema, readable as a ledger: `hpctrain --ledger ARCHIVE ...` style tools and SQLite alike).
+
+A submission (the chunks of one array) and a sweep move whole or not at all: only when every job of theirs ended
+before the time, and a sweep only once it is no longer active. Queries never scan the history (indexes), so
+archiving is about the file's size: the space freed is reused by new rows; `vacuum` gives it back to the disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hpctrain.errors import HpctrainError
+
+if TYPE_CHECKING:
+    from hpctrain.ledger import Ledger
+
+# Tables whose rows belong to a job (its job_id), children before the jobs they reference.
+JOB_TABLES = ("array_tasks", "attempts", "checkpoints", "metrics", "events", "segments", "trials")
+
+_DOOMED_SWEEPS = """
+CREATE TEMP TABLE doomed_sweeps AS
+SELECT s.id FROM main.sweeps s WHERE s.state != 'ACTIVE' AND NOT EXISTS (
+    SELECT 1 FROM main.jobs j WHERE j.sweep_id = s.id AND (j.ended_at IS NULL OR j.ended_at >= :before))
+"""
+_DOOMED_JOBS = """
+CREATE TEMP TABLE doomed_jobs AS
+SELECT j.id, j.job_dir FROM main.jobs j
+WHERE j.ended_at < :before
+  AND (j.group_id IS NULL OR NOT EXISTS (
+      SELECT 1 FROM main.jobs g WHERE g.group_id = j.group_id AND (g.ended_at IS NULL OR g.ended_at >= :before)))
+  AND (j.sweep_id IS NULL OR j.sweep_id IN (SELECT id FROM doomed_sweeps))
+"""
+
+
+@dataclass
+class Archived:
+    jobs: int
+    rows: int  # every row copied into the archive, the jobs' and sweeps' included
+    target: Path
+
+
+def archive(ledger: "Ledger", target: Path, before: float) -> Archived:
+    """Move the jobs that ended before ``before`` (and their sweeps, runs, metrics, events, checkpoints) into the
+    ledger at ``target`` (made if missing). The rows are copied in one transaction and deleted from this ledger in
+    a second only once they are there: a run stopped in between leaves them in both, and running it again ends it."""
+    from hpctrain.ledger import Ledger
+
+    if target.resolve() == ledger.path.resolve():
+        raise HpctrainError(f"{target}: the archive must be another file than the ledger")
+    with Ledger(target):  # made, or brought to this hpctrain's schema
+        pass
+    conn = ledger.db.conn
+    conn.execute("ATTACH DATABASE ? AS archive", [str(target)])
+    try:
+        for name, sql in (("doomed_sweeps", _DOOMED_SWEEPS), ("doomed_jobs", _DOOMED_JOBS)):
+            conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
+            conn.execute(sql, {"before": before})
+        foreign = conn.execute("SELECT count(*) FROM doomed_jobs d JOIN main.jobs m ON m.id = d.id JOIN archive.jobs a "
+                               "ON a.id = d.id WHERE a.name IS NOT m.name OR a.submitted_at IS NOT m.submitted_at "
+                               "OR a.slurm_job_id IS NOT m.slurm_job_id").fetchone()[0]
+        if foreign:
+            raise HpctrainError(f"{target}: holds {foreign} other jobs under the same ids: the archive of another "
+                                "ledger? Nothing was moved")
+        wheres = _wheres()
+        with ledger.transaction():
+            moved = sum(conn.execute(f"INSERT OR IGNORE INTO archive.{t} SELECT * FROM main.{t} WHERE {w}").rowcount
+                        for t, w in wheres.items())
+        with ledger.transaction():
+            for table, where in reversed(wheres.items()):  # children before the rows they reference
+                conn.execute(f"DELETE FROM main.{table} WHERE {where}")
+        jobs = conn.execute("SELECT count(*) FROM doomed_jobs").fetchone()[0]
+    finally:
+        conn.execute("DROP TABLE IF EXISTS temp.doomed_sweeps")
+        conn.execute("DROP TABLE IF EXISTS temp.doomed_jobs")
+        conn.execute("DETACH DATABASE archive")
+    return Archived(jobs, moved, target)
+
+
+def _wheres() -> dict[str, str]:
+    """Each table's rows to move, parents before the rows that reference them."""
+    of_jobs = "job_id IN (SELECT id FROM doomed_jobs)"
+    return {
+        "sweeps": "id IN (SELECT id FROM doomed_sweeps)",
+        "jobs": "id IN (SELECT id FROM doomed_jobs)",
+        **{t: of_jobs for t in JOB_TABLES},
+        "trials": f"{of_jobs} OR sweep_id IN (SELECT id FROM doomed_sweeps)",
+        "journal_ingested": "journal IN (SELECT job_dir || '/journal' FROM doomed_jobs WHERE job_dir IS NOT NULL)",
+    }
+
+
+def vacuum(ledger: "Ledger") -> tuple[int, int]:
+    """Rebuild the ledger file without its free pages (needs as much free disk as the file, and no other writer
+    meanwhile); the file's size before and after, in bytes."""
+    path = Path(ledger.path)
+    before = path.stat().st_size
+    ledger.db.conn.execute("VACUUM")
+    ledger.db.conn.execute("PRAGMA optimize")
+    return before, path.stat().st_size
