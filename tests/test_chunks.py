@@ -95,3 +95,14 @@ def test_the_throttle_is_always_full_and_never_exceeded(tmp_path, seed):
         task_ended(paths, task, f"{100 + j}_{task}", slurm)
         schedule()
     assert not any(pending.values())
+
+
+def test_a_chunk_never_waits_for_its_own_tasks_nor_asks_for_more_than_it_has_left():
+    table = ChunkTable(4, False, [Chunk("100", 0, 2, 4), Chunk("101", 2, 3, 2)], ended={0, 1, 2},
+                       exiting={"100_1": 0.0, "101_0": 0.0})
+    slurm = Recorder()
+    table.release(slurm)
+    assert slurm.calls == []  # two left, throttle two already: the room of four is not asked for
+    table.chunks[1].released = 1
+    table.release(slurm)
+    assert slurm.calls == [("101", 2, "afterany:100_1")]

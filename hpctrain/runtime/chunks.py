@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_right
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Protocol
@@ -51,28 +52,36 @@ class ChunkTable:
     ended: set[int] = field(default_factory=set)  # parameter indices of the tasks that ended for good
     exiting: dict[str, float] = field(default_factory=dict)  # Slurm ids of tasks that said they end -> when
 
-    def dependency(self) -> str:
-        """What a released chunk waits for: the tasks still exiting (and the singleton)."""
-        return ",".join(([f"afterany:{':'.join(self.exiting)}"] if self.exiting else [])
-                        + (["singleton"] if self.singleton else []))
+    def dependency(self, chunk: Chunk) -> str:
+        """What a released chunk waits for: the tasks of other chunks still exiting (and the singleton)."""
+        exiting = [k for k in self.exiting if k.partition("_")[0] != chunk.slurm_id]
+        return ",".join(([f"afterany:{':'.join(exiting)}"] if exiting else []) + (["singleton"] if self.singleton else []))
+
+    def left(self) -> list[int]:
+        """Each chunk's tasks not yet ended."""
+        left, starts = [c.count for c in self.chunks], [c.offset for c in self.chunks]
+        for i in self.ended:
+            j = bisect_right(starts, i) - 1
+            if j >= 0 and self.chunks[j].holds(i):
+                left[j] -= 1
+        return left
 
     def allowances(self) -> list[int]:
         """Each chunk's throttle now: T less the tasks of the chunks before it that have not ended."""
         out, waiting = [], 0
-        for chunk in self.chunks:
+        for left in self.left():
             out.append(max(0, self.throttle - waiting))
-            waiting += chunk.count - sum(chunk.holds(i) for i in self.ended)
+            waiting += left
         return out
 
     def release(self, slurm: Releaser) -> None:
-        """Raise each later chunk's throttle to its allowance (Slurm calls only where it grew)."""
-        for chunk, allowed in zip(self.chunks, self.allowances()):
-            if allowed > chunk.released and self._left(chunk):
-                slurm.set_array_throttle(chunk.slurm_id, allowed, self.dependency())
-                chunk.released = allowed
-
-    def _left(self, chunk: Chunk) -> bool:
-        return any(i not in self.ended for i in range(chunk.offset, chunk.offset + chunk.count))
+        """Raise each later chunk's throttle to its allowance, or to its tasks left if fewer (Slurm calls only
+        where that grew)."""
+        for chunk, allowed, left in zip(self.chunks, self.allowances(), self.left()):
+            wanted = min(allowed, left)
+            if wanted > chunk.released:
+                slurm.set_array_throttle(chunk.slurm_id, wanted, self.dependency(chunk))
+                chunk.released = wanted
 
 
 def start_table(paths: JobPaths, throttle: int, singleton: bool) -> None:
