@@ -8,9 +8,9 @@ precision trainer holds them. Cases, each repeat in a rotated order, page cache 
   torch.save           torch.save of the GPU tensors (copies them to the host itself), fsynced
   hpctrain load        load(path, like): in place into the GPU tensors
   torch.load           torch.load(map_location="cuda")
-Async stall: the time a training step is blocked by save(async_=True, copy="background") while
-``--step-s`` of GPU matrix products run (the device-to-host copy runs on a side stream meanwhile), as
-a fraction of a sync save; and with copy="now" (the copy before save returns).
+Async stall: the seconds a training step is blocked per save(async_=True, copy="background") while
+``--step-s`` of GPU matrix products run (the device-to-host copy runs on a side stream meanwhile), and
+as a fraction of a sync save; and with copy="now" (the copy before save returns).
 """
 
 from __future__ import annotations
@@ -102,9 +102,11 @@ def main() -> None:
         print(f"{case} / {other} rate: median {med[other] / med[case]:.2f}x, best {ratio:.2f}x")
         figure(f"GPU state: {case} / {other} rate, {nbytes >> 20} MiB (best of {args.repeats})", ratio, "x",
                ">= 1 x", ratio >= 1)
-    for k, goal in (("stall (background copy)", 5.0), ("stall (copy now)", None)):
+    for copy, goal in (("background copy", 5.0), ("copy now", None)):
+        k = f"stall ({copy})"
         share = 100 * med[k] / med["hpctrain save"]
         print(f"{k} / sync save: {share:.1f}%")
+        figure(f"GPU state: step blocked per async save, {copy} (median; {args.step_s} s steps)", med[k], "s")
         figure(f"GPU state: async save {k} / sync save (median; {args.step_s} s steps)", share, "%",
                f"<= {goal:g} %" if goal else "", share <= goal if goal else None)
 

@@ -19,6 +19,7 @@ from hpctrain.slurm.parse import gpus_in_gres
 from hpctrain.slurm.version import SlurmFeatures
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
+FABRIC_WARN_SHARE = 0.5  # `doctor --nccl` warns when the measured bus bandwidth is under this share of fabric_gb_s
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "9p"}
 
 
@@ -246,7 +247,8 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
                                          f"ended {state} (log: {output})")]
     checks = []
     ib_configured = bool(site.network_env.get("NCCL_IB_HCA"))
-    for r in sorted(reports, key=lambda r: r["rank"]):
+    reports.sort(key=lambda r: r["rank"])
+    for r in reports:
         name = f"network {r['node']}"
         if r.get("error"):
             checks.append(Check(name, "FAIL", f"all-reduce failed: {r['error']}"))
@@ -259,7 +261,27 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
         else:
             checks.append(Check(name, "PASS", f"no CUDA here: gloo all-reduce ok across {nodes} nodes (sum {r['sum']}); "
                                               "NCCL transport not checked"))
+    measured = next((r for r in reports if r.get("bandwidth")), None)  # every rank reports the same figures
+    if measured:
+        checks.append(bandwidth_check(measured["backend"], measured["bandwidth"], part.fabric_gb_s, partition))
     return checks
+
+
+def bandwidth_check(backend: str, sizes: list[dict], fabric_gb_s: float | None, partition: str) -> Check:
+    """Judge the bus bandwidth of the largest all-reduce the preflight timed against the partition's fabric_gb_s."""
+    largest = max(sizes, key=lambda s: s["bytes"])
+    busbw, ranks = largest["busbw_gb_s"], largest["ranks"]
+    what = f"{backend} all-reduce of {largest['bytes'] / 2**20:g} MiB across {ranks} ranks"
+    if ranks < 2:
+        return Check("network bandwidth", "SKIP", f"{what}: one rank crosses no fabric")
+    measured = f"bus bandwidth {busbw:.3g} GB/s"
+    if fabric_gb_s is None:
+        return Check("network bandwidth", "PASS", f"{measured} ({what}); set partitions.{partition}.fabric_gb_s "
+                                                  "to compare it with the fabric")
+    share = busbw / fabric_gb_s
+    verdict: Verdict = "PASS" if share >= FABRIC_WARN_SHARE else "WARN"
+    return Check("network bandwidth", verdict, f"{measured}, {100 * share:.0f} % of the fabric's {fabric_gb_s:g} GB/s "
+                                               f"({what})")
 
 
 def filesystem_type(path: Path) -> str:

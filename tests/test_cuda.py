@@ -1,6 +1,6 @@
 """The CUDA paths: checkpoints of GPU tensors (pinned copies on a side stream, in-place loads onto the
-GPU, CUDA RNG state) and the reference trainer on one GPU with NCCL, fp32 and bf16, stopped by a
-preemption notice and resumed bitwise.
+GPU, CUDA RNG state), the reference trainer on one GPU with NCCL, fp32 and bf16, stopped by a
+preemption notice and resumed bitwise, and the GPU benchmarks' figures (MFU, seconds blocked per save).
 
 Skipped without a GPU: run ``pytest tests/test_cuda.py`` on a GPU node.
 """
@@ -22,6 +22,7 @@ import torch
 from checkpoint_helpers import same_bits, special_array
 from hpctrain.checkpoint import Checkpointer, capture_rng_state, load, restore_rng_state
 from hpctrain.checkpoint.format import to_torch
+from hpctrain.launch.preflight import NCCL_SIZES
 from train_helpers import REPO, TINY_MODEL, assert_bitwise_equal
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU ")
@@ -104,6 +105,36 @@ def test_network_preflight_all_reduces_over_nccl():
                if line.startswith("PREFLIGHT ")]
     assert len(reports) == 1 and "error" not in reports[0], done.stdout + done.stderr[-2000:]
     assert (reports[0]["backend"], reports[0]["sum"]) == ("nccl", 1)
+    measured = reports[0]["bandwidth"]
+    assert [m["bytes"] for m in measured] == list(NCCL_SIZES)
+    assert all(m["algbw_gb_s"] > 0 and m["busbw_gb_s"] == 0 for m in measured)  # one rank: no link to cross
+
+
+def benchmark_figures(script: str, *args: str) -> dict[str, dict]:
+    """The FIGURE lines of ``benchmarks/<script>.py ARGS``, by name."""
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    figures = [json.loads(line.removeprefix("FIGURE ")) for line in done.stdout.splitlines()
+               if line.startswith("FIGURE ")]
+    return {f["name"]: f for f in figures}
+
+
+def test_gpt_mfu_of_a_small_gpt_in_bf16():
+    figures = benchmark_figures("gpt_mfu", "--tiny", "--steps", "3", "--warmup", "1", "--peak-tflops", "100")
+    by_kind = {name.split(",")[0]: f for name, f in figures.items()}
+    tflops, mfu = by_kind["model TFLOP/s"], by_kind["MFU"]
+    assert mfu["name"].endswith(", bf16") and tflops["value"] > 0
+    assert mfu["value"] == pytest.approx(tflops["value"])  # percent of 100 TFLOP/s
+
+
+def test_async_gpu_checkpoint_reports_seconds_blocked_per_save(tmp_path):
+    step_s = 0.2
+    figures = benchmark_figures("checkpoint_gpu", "--size-mb", "64", "--tensors", "4", "--repeats", "1",
+                                "--step-s", str(step_s), "--dir", str(tmp_path))
+    for copy in ("background copy", "copy now"):
+        blocked = figures[f"GPU state: step blocked per async save, {copy} (median; {step_s} s steps)"]
+        assert blocked["unit"] == "s" and 0 < blocked["value"] < step_s, blocked
 
 
 def train_on_gpu(spec: Path, steps: int, journal: Path, *, notice_after: int | None = None) -> tuple[list[dict], str]:

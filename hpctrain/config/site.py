@@ -35,6 +35,10 @@ class Partition(StrictModel):
     nodes: int | None = Field(None, ge=1)
     max_time: Seconds | None = None
     gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
+    fabric_gb_s: FiniteFloat | None = Field(None, gt=0, description=(
+        "all-reduce bus bandwidth (GB/s, nccl-tests' busbw) the inter-node fabric gives one GPU per node, as "
+        "`hpctrain doctor --nccl` measures it: about the line rate of the NICs nearest one GPU, e.g. 50 for "
+        "one 400 Gb/s NDR port; the doctor warns below half of it (None: the measurement is not judged)"))
 
 
 class Qos(StrictModel):

@@ -2,8 +2,9 @@
 
 Each task checks that the interfaces and HCAs the site config names exist on its node, then all
 tasks run one tiny all-reduce: over NCCL where CUDA is present (reading NCCL's own log to see
-whether it used InfiniBand or fell back to sockets), else over gloo. It reports what it saw;
-it does not guess.
+whether it used InfiniBand or fell back to sockets), else over gloo. Then they time all-reduces of
+a few sizes for the bus bandwidth, as nccl-tests defines it. It reports what it saw; it does not
+guess.
 
     srun -N2 --ntasks-per-node=1 python -m hpctrain.launch.preflight
 """
@@ -17,9 +18,18 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.launch.rendezvous import task_env
+
+if TYPE_CHECKING:
+    import torch
+
+MiB = 1 << 20
+NCCL_SIZES = tuple(MiB << 2 * i for i in range(5))  # 1 .. 256 MiB: the largest near the fabric's peak
+GLOO_SIZES = (MiB, 4 * MiB, 16 * MiB)  # gloo runs on the CPU: smaller, to keep the job short
+WARMUP, ITERATIONS = 2, 10
 
 
 def missing_interfaces(env: dict[str, str], net_dir: str = "/sys/class/net", ib_dir: str = "/sys/class/infiniband") -> list[str]:
@@ -46,8 +56,51 @@ def nccl_transport(log_text: str) -> str:
     return "unknown"
 
 
+def bus_bandwidth(nbytes: int, seconds: float, ranks: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s of an all-reduce of ``nbytes`` per rank that took ``seconds`` across ``ranks``.
+
+    nccl-tests' definitions: algbw = size / time; busbw = algbw * 2 (n - 1) / n, the rate each rank's
+    link carries in a ring all-reduce, comparable with the hardware's bandwidth (0 for one rank).
+    """
+    algbw = nbytes / seconds
+    return algbw, algbw * 2 * (ranks - 1) / ranks
+
+
+def all_reduce_bandwidth(sizes: Sequence[int], device: torch.device) -> list[dict[str, float]]:
+    """Time all-reduces of float32 tensors of each size (bytes) in the initialised default group.
+
+    The time of a size is the slowest rank's mean over ITERATIONS, after WARMUP; bandwidths in GB/s (1e9).
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    ranks, results = dist.get_world_size(), []
+    for nbytes in sizes:
+        tensor = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)  # zeros: no overflow however often summed
+        for _ in range(WARMUP):
+            dist.all_reduce(tensor)
+        sync()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(ITERATIONS):
+            dist.all_reduce(tensor)
+        sync()
+        seconds = torch.tensor([(time.perf_counter() - start) / ITERATIONS], dtype=torch.float64, device=device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        algbw, busbw = bus_bandwidth(nbytes, seconds.item(), ranks)
+        results.append({"bytes": nbytes, "ranks": ranks, "seconds": seconds.item(),
+                        "algbw_gb_s": algbw / 1e9, "busbw_gb_s": busbw / 1e9})
+    return results
+
+
 def all_reduce_check() -> dict[str, object]:
-    """One all-reduce across every task; with NCCL, the transport it chose."""
+    """One all-reduce across every task, then the bus bandwidth; with NCCL, the transport it chose."""
     import torch
     import torch.distributed as dist
 
@@ -57,10 +110,13 @@ def all_reduce_check() -> dict[str, object]:
         os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{log_dir}/nccl.%h.%p")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
     dist.init_process_group("nccl" if use_nccl else "gloo")
-    value = torch.ones(1, device="cuda" if use_nccl else "cpu")
+    device = torch.device("cuda" if use_nccl else "cpu")
+    value = torch.ones(1, device=device)
     dist.all_reduce(value)
+    bandwidth = all_reduce_bandwidth(NCCL_SIZES if use_nccl else GLOO_SIZES, device)
     dist.destroy_process_group()
-    result: dict[str, object] = {"backend": "nccl" if use_nccl else "gloo", "sum": int(value.item())}
+    result: dict[str, object] = {"backend": "nccl" if use_nccl else "gloo", "sum": int(value.item()),
+                                 "bandwidth": bandwidth}
     if use_nccl:
         text = "".join(Path(p).read_text(errors="replace") for p in glob.glob(f"{log_dir}/nccl.*"))
         result["transport"] = nccl_transport(text)
