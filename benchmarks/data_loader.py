@@ -1,29 +1,51 @@
-"""ShardLoader throughput against a raw sequential read of the same shards, and resume time vs position.
+"""ShardLoader throughput against a raw read at the same parallelism, cold and warm cache; resume time vs position.
 
-    python benchmarks/data_loader.py --size-gb 1 [--dir /var/tmp/hpctrain-bench-data] [--workers 2]
+    .venv/bin/python benchmarks/data_loader.py [--size-gb 1] [--dir DIR] [--workers 2] [--repeats 3]
 
-Packs ``--size-gb`` of .npy samples once (kept in --dir for later runs), then measures, cold (page
-cache dropped for the shards with posix_fadvise) and warm: a raw 8 MiB-block read of every shard,
-the loader without decoding, and the loader decoding .npy into batched tensors. Goals: undecoded
-loader >= 0.9 x raw; resume time flat in the position resumed from.
+Packs --size-gb of .npy samples once (kept in --dir, default /var/tmp/hpctrain-bench-data, for later runs).
+The baseline, "raw read, N streams", is N processes (N = --workers), process w reading with 8 MiB reads the
+bytes of what the loader's worker w reads in epoch 0: its segments of hpctrain.data.plan.plan_epoch (the
+loader's own plan), a sample range taken as the proportional byte range (the samples are all one size). The
+processes are forked as the DataLoader forks its workers, and both are timed from the start to the last byte.
+Against it: the loader without decoding (batches of the stored bytes, ``decode=False``) and the loader
+decoding .npy into batched tensors. Each repeat runs the three cases, in an order rotated from repeat to
+repeat. Cold: the shards' cached pages are dropped with posix_fadvise(DONTNEED) before each case, so reads
+come from the device (or the caches below a virtual disk); warm: everything from the page cache, after one
+raw read.
+
+Figures: each case's median over --repeats and its spread (min-max); a ratio is of the medians, its spread
+that of the ratios within each repeat. Goal: the undecoded loader >= 0.9 x the raw read at equal
+parallelism, cold and warm. With each case, the CPU time (user, sys) of all its processes and their minor
+page faults per MB: every batch a DataLoader worker hands over is a new shared-memory segment, 256 faults
+per MiB, which on a virtual machine can cost more than the read itself. Resume: seconds from a fresh
+loader's load_state_dict to its first batch (median over the repeats), by the position resumed at; goal:
+flat (at 95 % of the epoch < 2 x at its start).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing
 import os
+import resource
+import statistics
 import time
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
 from hpctrain.data import ShardIndex, ShardLoader, load_index, pack  # noqa: E402
+from hpctrain.data.plan import plan_epoch  # noqa: E402
 
-from _figures import figure
+from _figures import figure  # noqa: E402
 
+BLOCK = 8 << 20
+GOAL = 0.9
+Range = tuple[Path, int, int]  # a shard, and the bytes [start, end) of it read
 
 
 def dataset(root: Path, size: int, sample_bytes: int, shard_bytes: int) -> ShardIndex:
@@ -44,11 +66,35 @@ def drop_cache(index: ShardIndex) -> None:
         os.close(fd)
 
 
-def raw_read(index: ShardIndex) -> None:
-    for shard in index.shards:
-        with open(index.shard_path(shard), "rb", buffering=0) as fh:
-            while fh.read(8 << 20):
-                pass
+def worker_ranges(index: ShardIndex, workers: int, batch_size: int) -> list[list[Range]]:
+    """Per loader worker, the bytes of the shards it reads in epoch 0 (seed 0, the loader's default)."""
+    plan = plan_epoch([s.samples for s in index.shards], seed=0, epoch=0, dp_rank=0, dp_size=1,
+                      workers=max(workers, 1), batch_size=batch_size)
+    out = []
+    for segments in plan:
+        shards = [index.shards[seg.shard] for seg in segments]
+        out.append([(index.shard_path(s), seg.start * s.bytes // s.samples, seg.end * s.bytes // s.samples)
+                    for seg, s in zip(segments, shards)])
+    return out
+
+
+def read_ranges(ranges: list[Range]) -> None:
+    for path, start, end in ranges:
+        with open(path, "rb", buffering=0) as fh:
+            fh.seek(start)
+            left = end - start
+            while left > 0 and (block := fh.read(min(BLOCK, left))):
+                left -= len(block)
+
+
+def raw_read(streams: list[list[Range]]) -> None:
+    """One forked process per stream, as the DataLoader starts its workers."""
+    procs = [multiprocessing.get_context("fork").Process(target=read_ranges, args=(ranges,)) for ranges in streams]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+        assert p.exitcode == 0, f"raw read stream exited {p.exitcode}"
 
 
 def one_epoch(loader: ShardLoader) -> None:
@@ -56,24 +102,44 @@ def one_epoch(loader: ShardLoader) -> None:
         pass
 
 
-def timed(index: ShardIndex, run, cold: bool) -> float:
-    if cold:
-        drop_cache(index)
-    start = time.perf_counter()
+class Cost(NamedTuple):
+    """A case's wall time, and the CPU time and page faults of this process and its (joined) child processes."""
+
+    seconds: float
+    user: float
+    sys: float
+    faults: int
+
+
+def timed(run: Callable[[], None]) -> Cost:
+    def usage() -> list[float]:
+        both = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        return [sum(u.ru_utime for u in both), sum(u.ru_stime for u in both), sum(u.ru_minflt for u in both)]
+
+    before, start = usage(), time.perf_counter()
     run()
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    user, sys, faults = (b - a for a, b in zip(before, usage()))
+    return Cost(seconds, user, sys, int(faults))
 
 
-def first_batch_after_resume(index: ShardIndex, kw: dict, batches: int) -> float:
+def state_after(index: ShardIndex, kw: dict[str, Any], batches: int) -> dict[str, Any]:
     loader = ShardLoader(index, **kw)
     for _ in itertools.islice(loader, batches):
         pass
-    state = loader.state_dict()
+    return loader.state_dict()
+
+
+def first_batch_after_resume(index: ShardIndex, kw: dict[str, Any], state: dict[str, Any]) -> float:
     start = time.perf_counter()
     fresh = ShardLoader(index, **kw)
     fresh.load_state_dict(state)
     next(iter(fresh))
     return time.perf_counter() - start
+
+
+def spread(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def main() -> None:
@@ -85,37 +151,59 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shuffle-buffer", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
 
     index = dataset(args.dir, int(args.size_gb * 1e9), args.sample_kb << 10, args.shard_mb << 20)
     total = sum(s.bytes for s in index.shards)
+    streams = worker_ranges(index, args.workers, args.batch_size)
+    raw = f"raw read, {len(streams)} streams"
     print(f"{len(index.shards)} shards, {index.total_samples} samples, {total / 1e9:.2f} GB in {args.dir}; "
-          f"workers={args.workers} batch={args.batch_size} shuffle_buffer={args.shuffle_buffer}")
+          f"workers={args.workers} batch={args.batch_size} shuffle_buffer={args.shuffle_buffer}; "
+          f"{args.repeats} repeats; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
     kw = dict(batch_size=args.batch_size, workers=args.workers, shuffle_buffer=args.shuffle_buffer)
-
     runs = {
-        "raw sequential read": lambda: raw_read(index),
+        raw: lambda: raw_read(streams),
         "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
         "loader, .npy decoded": lambda: one_epoch(ShardLoader(index, **kw)),
     }
+    names = list(runs)
     for cache in ("cold", "warm"):
-        raw_read(index)  # warms the cache for the warm pass; the cold pass drops it per run
-        seconds = {name: timed(index, run, cache == "cold") for name, run in runs.items()}
-        raw = seconds["raw sequential read"]
-        for name, s in seconds.items():
-            print(f"{cache:4} {name:22} {total / s / 1e6:8.0f} MB/s  {raw / s:5.2f} x raw")
-        ratio = raw / seconds["loader, undecoded"]
-        figure(f"loader (undecoded) vs raw read, {cache} cache", ratio, "x raw", ">= 0.9 x raw", ratio >= 0.9)
+        costs: dict[str, list[Cost]] = {name: [] for name in names}
+        raw_read(streams)  # warms the cache for the warm pass; the cold pass drops it before each case
+        for r in range(args.repeats):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                if cache == "cold":
+                    drop_cache(index)
+                costs[name].append(timed(runs[name]))
+        print(f"{cache} cache: MB/s, median (min-max) of {args.repeats}; x {raw}, of the medians (per repeat "
+              "min-max); CPU s (user, sys) and page faults per MB, medians, all processes")
+        ratio = {}
+        for name in names:
+            seconds, raw_seconds = [c.seconds for c in costs[name]], [c.seconds for c in costs[raw]]
+            per_repeat = [b / a for a, b in zip(seconds, raw_seconds)]
+            ratio[name] = statistics.median(raw_seconds) / statistics.median(seconds)
+            user, sys, faults = (statistics.median(getattr(c, k) for c in costs[name]) for k in Cost._fields[1:])
+            print(f"  {name:22} {spread([total / s / 1e6 for s in seconds], '6.0f')}  {ratio[name]:5.2f} x "
+                  f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  CPU {user:4.2f} + {sys:4.2f} s  "
+                  f"{faults / (total / 1e6):5.0f} faults/MB")
+        undecoded = ratio["loader, undecoded"]
+        figure(f"undecoded loader / {raw}, {cache} cache", undecoded, "x",
+               f">= {GOAL} x raw, {len(streams)} streams", undecoded >= GOAL)
 
     per_epoch = len(ShardLoader(index, **kw))
-    print("resume: seconds from load_state_dict to the first batch, by batches already consumed")
-    base = None
+    print(f"resume: seconds from load_state_dict to the first batch, median (min-max) of {args.repeats}, "
+          "by batches already consumed")
+    medians = []
     for fraction in (0.0, 0.25, 0.5, 0.75, 0.95):
         batches = int(fraction * per_epoch)
-        s = first_batch_after_resume(index, kw, batches)
-        base = base or s
-        print(f"  {batches:6d} of {per_epoch} batches: {s:6.3f} s  {s / base:5.2f} x position 0")
-    figure("resume at 95 % of an epoch vs at its start", s / base, "x", "flat (< 2 x)", s / base < 2)
+        state = state_after(index, kw, batches)
+        times = [first_batch_after_resume(index, kw, state) for _ in range(args.repeats)]
+        medians.append(statistics.median(times))
+        print(f"  {batches:6d} of {per_epoch} batches: {spread(times, '6.3f')} s  {medians[-1] / medians[0]:5.2f} x "
+              "at the start")
+    figure("resume at 95 % of an epoch / at its start", medians[-1] / medians[0], "x", "flat (< 2 x)",
+           medians[-1] / medians[0] < 2)
 
 
 if __name__ == "__main__":

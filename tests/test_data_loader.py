@@ -4,6 +4,7 @@ import json
 import multiprocessing as mp
 import subprocess
 import sys
+import tarfile
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -78,6 +79,18 @@ def test_order_depends_on_seed_and_epoch_only(index):
 def test_in_process_reading_matches_worker_processes_when_worker_count_is_one(index):
     one = dict(KW, workers=1)
     assert take(ShardLoader(index.path, **one), None) == take(ShardLoader(index.path, **{**one, "workers": 0}), None)
+
+
+def test_undecoded_batches_hold_the_stored_bytes_in_and_out_of_worker_processes(index):
+    # a worker writes them straight into shared memory
+    with tarfile.open(index.shard_path(index.shards[0])) as tar:
+        first = {m.name.removesuffix(".npy"): tar.extractfile(m).read() for m in tar}
+    for workers in (0, 2):
+        got = {}
+        for batch in ShardLoader(index.path, **{**KW, "workers": workers, "decode": False}):
+            data, offsets = batch["npy"]
+            got.update((k, data[offsets[i]:offsets[i + 1]].numpy().tobytes()) for i, k in enumerate(batch["__key__"]))
+        assert got.keys() == ALL and {k: got[k] for k in first} == first
 
 
 @pytest.mark.parametrize("change", [{"dp_size": 4, "dp_rank": 1}, {"workers": 1}, {"batch_size": 5}])

@@ -10,7 +10,7 @@ import click
 
 @click.group()
 def data() -> None:
-    """Pack WebDataset shards and check them against their index."""
+    """Pack WebDataset shards, index existing ones, and check shards against their index."""
 
 
 @data.command()
@@ -53,6 +53,23 @@ def verify(index: Path, jobs: int) -> None:
         click.echo(line)
     click.echo(f"{len(shards.shards) - len(problems)} of {len(shards.shards)} shards ok")
     sys.exit(1 if problems else 0)
+
+
+@data.command("index")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("locations", nargs=-1, required=True)
+@click.option("--jobs", "-j", default=4, show_default=True, type=click.IntRange(min=1), help="shards read at once")
+def index_shards(out: Path, locations: tuple[str, ...], jobs: int) -> None:
+    """Write the index OUT for existing tar shards, in the order given.
+
+    Each LOCATION is a tar file in OUT's directory, `pipe:COMMAND` (the command writes the tar to stdout)
+    or an http(s):// URL, read once for its sample count, size and sha256. Shards are named by their file names.
+    """
+    from hpctrain.data.verify import index_shards as write_index
+
+    index = write_index(out, locations, jobs=jobs)
+    click.echo(f"indexed {index.total_samples} samples in {len(index.shards)} shards "
+               f"({sum(s.bytes for s in index.shards) / 2**20:.1f} MiB): {index.path}")
 
 
 @data.command()

@@ -10,7 +10,7 @@ from hpctrain.lazy import lazy_exports
 
 _EXPORTS = {
     "ShardIndex": "index", "ShardInfo": "index", "load_index": "index",
-    "pack": "packing", "pack_npy_dir": "packing", "verify_index": "verify",
+    "pack": "packing", "pack_npy_dir": "packing", "verify_index": "verify", "index_shards": "verify",
     "ShardLoader": "loader",
 }
 __all__ = sorted(_EXPORTS)

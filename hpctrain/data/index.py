@@ -1,14 +1,15 @@
-"""The shard index: which shards a dataset has, how many samples each holds, and their checksums."""
+"""The shard index: which shards a dataset has, where they are, how many samples each holds, their checksums."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from hpctrain.data.source import is_url
 from hpctrain.errors import DataError
 from hpctrain.files import write_json_atomic
 
@@ -17,12 +18,22 @@ FORMAT = "hpctrain-shards/1"
 
 @dataclass(frozen=True)
 class ShardInfo:
-    """One tar shard, named relative to the index's directory."""
+    """One tar shard: the file ``name`` in the index's directory, or, given ``url`` (a ``pipe:`` command or an
+    http(s) URL, see source), the bytes that gives; ``name`` then only identifies the shard, in loader
+    states and quarantine records."""
 
     name: str
     samples: int
     bytes: int
     sha256: str
+    url: str | None = None
+
+    def content(self) -> dict[str, Any]:
+        """What the shard holds, not where it is."""
+        return {"name": self.name, "samples": self.samples, "bytes": self.bytes, "sha256": self.sha256}
+
+    def to_json(self) -> dict[str, Any]:
+        return self.content() if self.url is None else {**self.content(), "url": self.url}
 
 
 @dataclass(frozen=True)
@@ -47,18 +58,24 @@ class ShardIndex:
 
     @cached_property
     def digest(self) -> str:
-        """Identifies the content of the index: a loader state is only valid for the same digest."""
-        return hashlib.sha256(json.dumps([asdict(s) for s in self.shards]).encode()).hexdigest()[:16]
+        """Identifies the content of the index: a loader state is only valid for the same digest. Locations
+        are left out, so a state resumes over the same shards moved (to a server, or under new URLs)."""
+        return hashlib.sha256(json.dumps([s.content() for s in self.shards]).encode()).hexdigest()[:16]
 
     def shard_path(self, shard: ShardInfo) -> Path:
+        """Where a shard without a URL is."""
         return self.root / shard.name
 
+    def location(self, shard: ShardInfo) -> str:
+        """The shard's URL, or its path: what `source.open_shard` opens."""
+        return shard.url or str(self.shard_path(shard))
+
     def write(self) -> None:
-        write_json_atomic(self.path, {"format": FORMAT, "shards": [asdict(s) for s in self.shards]})
+        write_json_atomic(self.path, {"format": FORMAT, "shards": [s.to_json() for s in self.shards]})
 
 
 def load_index(path: str | Path) -> ShardIndex:
-    """Read an index written by `pack`; DataError naming the file when it is missing or malformed."""
+    """Read an index written by `pack` or `index_shards`; DataError naming the file when it is missing or malformed."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -75,7 +92,8 @@ def _shard(path: Path, i: int, entry: Any) -> ShardInfo:
     try:
         shard = ShardInfo(**entry)
         valid = (isinstance(shard.name, str) and "/" not in shard.name and isinstance(shard.samples, int)
-                 and shard.samples >= 0 and isinstance(shard.bytes, int) and isinstance(shard.sha256, str))
+                 and shard.samples >= 0 and isinstance(shard.bytes, int) and isinstance(shard.sha256, str)
+                 and (shard.url is None or isinstance(shard.url, str) and is_url(shard.url)))
     except TypeError:
         valid = False
     if not valid:

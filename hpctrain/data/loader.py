@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -11,12 +12,16 @@ from torch.utils.data import DataLoader, default_collate
 from hpctrain.data.index import ShardIndex, load_index
 from hpctrain.data.plan import Position, Segment, consumed, plan_epoch, position_after
 from hpctrain.data.quarantine import Quarantine
+from hpctrain.data.source import seekable
 from hpctrain.data.state import LAYOUT, LoaderState
 from hpctrain.data.stats import LoaderStats
 from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
 from hpctrain.errors import DataError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.parent import die_with_parent
+
+log = logging.getLogger("hpctrain.data")
+
 
 def init_worker(_worker_id: int) -> None:
     """Workers leave preemption notices (USR2, TERM, HUP) to the training process, which stops at a step
@@ -65,6 +70,10 @@ class ShardLoader:
         self.quarantine = Quarantine(self.index, journal if journal is not None else Journal.from_env(),
                                      max_quarantined_fraction)
         self.quarantine.check()
+        if pipes := sum(not seekable(self.index.location(s)) for s in self.index.shards):
+            log.info("%s: %d of %d shards are pipe: commands, which cannot seek: reading one from sample k (on resume, "
+                     "or where the epoch's plan splits it between readers) reads and discards the bytes before k",
+                     self.index.path, pipes, len(self.index.shards))
         self._start_epoch(0)
 
     def __len__(self) -> int:
@@ -150,15 +159,18 @@ class ShardLoader:
         self._next_worker = 0
 
     def _consume(self, item: Item) -> None:
-        """Account for an item the training loop is about to take."""
-        self.stats.samples += item.samples
-        self.stats.bytes += item.nbytes
-        self._positions[item.worker] = item.position
-        self._next_worker = (item.worker + 1) % self._lanes
+        """Account for an item the training loop is about to take; DataError for a shard a worker could not read
+        (the position stays at the last batch taken)."""
         for bad in item.quarantined:
             self.stats.skipped_samples += bad.skipped
             self.stats.quarantined_shards += 1
             self.quarantine.add(self.index.shards[bad.shard], bad.reason, bad.skipped)
+        if item.error is not None:
+            raise DataError(item.error)
+        self.stats.samples += item.samples
+        self.stats.bytes += item.nbytes
+        self._positions[item.worker] = item.position
+        self._next_worker = (item.worker + 1) % self._lanes
         self._next_epoch_if_done()
 
     def _next_epoch_if_done(self) -> None:

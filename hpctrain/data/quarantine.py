@@ -42,7 +42,7 @@ class Quarantine:
             write_json_atomic(folder / f"{shard.name}.json",
                               {"shard": shard.name, "reason": reason, "skipped_samples": skipped, "time": time.time()})
             if self.journal is not None:
-                self.journal.write("shard_quarantined", message=f"{self.index.shard_path(shard)}: {reason}",
+                self.journal.write("shard_quarantined", message=f"{self.index.location(shard)}: {reason}",
                                    shard=shard.name, reason=reason, skipped_samples=skipped, index=str(self.index.path))
             self._recorded_here.add(shard.name)
         self.check()

@@ -2,7 +2,10 @@
 
 Each batch travels with the worker's position after it, so the main process can track what the
 training loop consumed rather than what workers prefetched. A shard that turns out corrupt is
-abandoned and reported with the next item; the loader decides what to do about it.
+abandoned and reported with the next item; the loader decides what to do about it. A shard whose
+bytes cannot be had (source's DataError) ends the worker's share with an item saying why, which the
+loader raises in the training process as one line (an exception raised in a DataLoader worker would
+arrive wrapped in its traceback).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from webdataset import autodecode
 from hpctrain.data.index import ShardIndex
 from hpctrain.data.plan import Position, Segment, segment_order
 from hpctrain.data.tarshard import Shard, ShardCorrupt
+from hpctrain.errors import DataError
 
 Sample = dict[str, Any]
 
@@ -31,7 +35,8 @@ class Quarantined:
 
 @dataclass(frozen=True)
 class Item:
-    """A batch (None when a worker only has quarantines to report) and the worker's position after it."""
+    """A batch (None when a worker only has quarantines or an error to report) and the worker's position
+    after it. With ``error``, the shard the worker could not read: the loader stops with it as DataError."""
 
     worker: int
     position: Position
@@ -39,6 +44,7 @@ class Item:
     samples: int
     nbytes: int
     quarantined: tuple[Quarantined, ...]
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,9 @@ def worker_items(job: EpochJob, worker: int) -> Iterator[Item]:
                         batch, nbytes, bad = [], 0, []
         except ShardCorrupt as exc:
             bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
+        except DataError as exc:
+            yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc))
+            return
     if batch or bad:
         yield Item(worker, (len(segments), 0), job.collate(batch) if batch else None, len(batch), nbytes, tuple(bad))
 
@@ -111,11 +120,21 @@ def collate_bytes(samples: list[Sample]) -> dict[str, Any]:
         if key.startswith("__"):
             batch[key] = values
             continue
-        offsets = torch.tensor([0, *itertools.accumulate(map(len, values))])
-        joined = bytearray().join(values)
-        batch[key] = (torch.frombuffer(joined, dtype=torch.uint8) if joined else torch.empty(0, dtype=torch.uint8),
-                      offsets)
+        ends = list(itertools.accumulate(map(len, values)))
+        data = _byte_tensor(ends[-1])
+        flat = memoryview(data.numpy())
+        for value, start, end in zip(values, [0, *ends], ends):
+            flat[start:end] = value
+        batch[key] = (data, torch.tensor([0, *ends]))
     return batch
+
+
+def _byte_tensor(n: int) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory from the start, as torch's
+    default_collate makes its batches: passing it to the training process then copies nothing."""
+    if get_worker_info() is None or n == 0:
+        return torch.empty(n, dtype=torch.uint8)
+    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
 
 
 def as_is(item: Item) -> Item:
