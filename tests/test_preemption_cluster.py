@@ -57,8 +57,10 @@ def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
     return ledger.get("jobs", job_id)["state"]
 
 
-@pytest.fixture(params=[20, pytest.param(0, marks=pytest.mark.skipif(
-    bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+@pytest.fixture(params=[
+    pytest.param(20, marks=pytest.mark.skipif(os.environ.get("HPCTRAIN_LANE") == "24.11", reason=(
+        "CI time (about 2.3 min): 26.05 requeues a job preempted with grace as 24.11 does (both passed it before)"))),
+    pytest.param(0, marks=pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
         "CI time (about 2 min a lane): without grace every release requeues the preempted job itself at once, as the "
         "host's does; the releases differ in the grace variant")))],
     ids=["grace20s", "grace0"])
