@@ -31,11 +31,11 @@ def submitted(tmp_path, n_tasks: int, size: int, throttle: int, slurm: Recorder)
 
 def test_each_chunk_may_run_what_the_chunks_before_leave():
     table = ChunkTable(4, False, [Chunk(str(i), 5 * i, 5, 0) for i in range(4)] + [Chunk("4", 20, 3, 0)])
-    assert table.allowances() == [4, 0, 0, 0, 0]
+    assert table.allowances(table.left()) == [4, 0, 0, 0, 0]
     table.ended |= {0, 1, 3}
-    assert table.allowances() == [4, 2, 0, 0, 0]
+    assert table.allowances(table.left()) == [4, 2, 0, 0, 0]
     table.ended |= {2, 4, 5, 6, 7, 8}
-    assert table.allowances() == [4, 4, 3, 0, 0]
+    assert table.allowances(table.left()) == [4, 4, 3, 0, 0]
 
 
 def test_a_release_waits_for_the_tasks_still_exiting_and_only_grows(tmp_path):

@@ -66,19 +66,20 @@ class ChunkTable:
                 left[j] -= 1
         return left
 
-    def allowances(self) -> list[int]:
-        """Each chunk's throttle now: T less the tasks of the chunks before it that have not ended."""
+    def allowances(self, left: list[int]) -> list[int]:
+        """Each chunk's throttle now: T less the tasks of the chunks before it that have not ended (``left``)."""
         out, waiting = [], 0
-        for left in self.left():
+        for n in left:
             out.append(max(0, self.throttle - waiting))
-            waiting += left
+            waiting += n
         return out
 
     def release(self, slurm: Releaser) -> None:
         """Raise each later chunk's throttle to its allowance, or to its tasks left if fewer (Slurm calls only
         where that grew)."""
-        for chunk, allowed, left in zip(self.chunks, self.allowances(), self.left()):
-            wanted = min(allowed, left)
+        left = self.left()
+        for chunk, allowed, n in zip(self.chunks, self.allowances(left), left):
+            wanted = min(allowed, n)
             if wanted > chunk.released:
                 slurm.set_array_throttle(chunk.slurm_id, wanted, self.dependency(chunk))
                 chunk.released = wanted
