@@ -18,8 +18,9 @@ Every write is durable (fsynced) before the clock stops. Each repeat times each 
 its reads, the formats in an order rotated from repeat to repeat and reversed every other repeat, so that
 every write follows reads, every read its own write, and no format always the same other one (on a
 virtual disk, writes right after other writes ran up to 3x slower, pauses between cases made everything
-slower, and hpctrain's loads ran at 0.94-1.02 x fio's buffered reads in a session of only those two
-formats, at 0.67-0.71 x with fio's direct I/O cases added). Page cache: dropping it needs root, so before each read
+slower, and, before hpctrain's reader advised sequential access as fio does (its fadvise_hint, which
+doubles the readahead window), hpctrain's loads ran at 0.94-1.02 x fio's buffered reads in a session of
+only those two formats, at 0.67-0.71 x with fio's direct I/O cases added). Page cache: dropping it needs root, so before each read
 the files' cached pages are evicted with posix_fadvise(DONTNEED) (after fsync they are clean, so the
 kernel drops them); reads then come from the device, or whatever caches sit below a virtual disk. Every
 case starts on recently used memory (``recycle_memory``). hpctrain load: into new tensors (``load(path)``,

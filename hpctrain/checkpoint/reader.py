@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +105,9 @@ def _read_chunk(m: Manifest, entry: TensorEntry, index: tuple[int, ...], out: me
     """Fill ``out`` from the start of the chunk's file; returns its checksum."""
     try:
         with open(_array_dir(m, entry) / chunk_key(index), "rb", buffering=0) as fh:
+            # doubles the kernel's readahead window: more of the file in flight at once, which a virtual
+            # disk needed to reach its rate (fio does this by default, fadvise_hint=1)
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             done = 0
             while done < len(out):  # a read returns at most about 2 GiB
                 n = fh.readinto(out[done:])
