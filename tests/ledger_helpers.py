@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from typing import Callable
 
+from hpctrain.jobs.accounting import settle
 from hpctrain.ledger import Ledger
 
 DAY = 86400.0
@@ -30,7 +31,8 @@ def make_history(path: Path, jobs: int, sweeps: int, metric_rows: int, now: floa
                  seed: int = 0) -> None:
     """``jobs`` jobs over the ``days`` before ``now`` (one array job of TRIALS_PER_SWEEP tasks per sweep among them,
     the newest ACTIVE still running), each with one run (a tenth requeued once), two events, two checkpoints,
-    and ``metric_rows`` metric rows (STEPS_PER_JOB steps of loss for as many jobs as that takes)."""
+    and ``metric_rows`` metric rows (STEPS_PER_JOB steps of loss for as many jobs as that takes); the runs of the
+    settled jobs kept (`hpctrain.jobs.accounting.settle`)."""
     rnd = random.Random(seed)
     sweep_jobs = set(rnd.sample(range(jobs - ACTIVE), sweeps))
     with_metrics = set(rnd.sample(range(jobs - ACTIVE), min(metric_rows // STEPS_PER_JOB, jobs - ACTIVE)))
@@ -44,6 +46,7 @@ def make_history(path: Path, jobs: int, sweeps: int, metric_rows: int, now: floa
                     db.executemany(f"INSERT INTO {table} ({', '.join(COLUMNS[table])}) "
                                    f"VALUES ({', '.join('?' * len(COLUMNS[table]))})", values)
             db.commit()
+        settle(ledger, SITE, now)  # as reconciles would have, a few each minute
         db.execute("ANALYZE")
 
 

@@ -1,7 +1,13 @@
 """GPU-hours, lost work and cost from attempts rows (the cluster test compares with sacct itself)."""
 
-from hpctrain.jobs.accounting import totals, usage
+from datetime import datetime
+
+import pytest
+
+from hpctrain.jobs.accounting import settle, summary, totals, usage
+from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.usage import CAUSES
 
 H = 3600.0
 
@@ -41,3 +47,84 @@ def test_a_resized_run_counts_sacct_gpu_seconds_and_its_spares_wait_apart(tmp_pa
         (run,) = usage(ledger, "dev", {}, now=2 * H)
     assert run.gpu_hours == 5.0 and run.causes["spare"] == 1.5
     assert sum(run.causes.values()) == 5.0 and run.causes["other"] == 3.5  # no trainer journal: the rest unexplained
+
+
+def _mixed_history(ledger: Ledger, settled: bool) -> None:
+    """Two accounts' jobs: job 1 (teama) preempted once, then measured by its trainer; job 2 (teamb) failed; job 3
+    (teama) still running. With ``settled``, jobs 1 and 2 ended a week ago and have been read for the last time."""
+    ended = {"ended_at": 3.1 * H, "journal_read_at": 3.2 * H} if settled else {}
+    ledger.insert("jobs", {"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu", **ended})
+    ledger.insert("jobs", {"name": "b", "site": "dev", "account": "teamb", "user": "bob", "partition": "debug", **ended})
+    ledger.insert("jobs", {"name": "c", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
+    for job, attempt, gpus, start, end, cause in [(1, 0, 4, 0, 2 * H, "preemption"), (1, 1, 4, 2.1 * H, 3.1 * H, "completed"),
+                                                 (2, 0, 2, 0.5 * H, 1.5 * H, "error"), (3, 0, 8, 2.5 * H, None, None)]:
+        ledger.insert("attempts", {"job_id": job, "attempt": attempt, "alloc_gpus": gpus, "started_at": start,
+                                   "ended_at": end, "elapsed_s": None if end is None else end - start, "cause": cause})
+    ledger.insert("checkpoints", {"job_id": 1, "step": 10, "path": "/c/10", "state": "committed", "created_at": 1.5 * H})
+    ledger.insert("segments", {"job_id": 1, "attempt": 1, "main_at": 2.1 * H, "loaded_at": 2.2 * H, "resumed_from": 10,
+                               "steps": 90, "step_seconds": 0.7 * H, "last_step": 100, "last_step_at": 3.0 * H})
+
+
+def _figures(runs: list) -> list[tuple]:
+    return [(u.job_id, u.attempt, u.measured, u.queue_s) + tuple(round(x, 9) for x in (
+        u.gpu_hours, u.lost_gpu_hours, u.cost, *(u.causes[c] for c in GPU_CAUSES))) for u in runs]
+
+
+def test_settled_runs_are_kept_once_and_count_as_when_measured(tmp_path):
+    prices, now = {"gpu": 2.0, "debug": 1.0}, 8 * 86400.0
+    with Ledger(tmp_path / "live.db") as live, Ledger(tmp_path / "kept.db") as kept:
+        _mixed_history(live, settled=False)
+        _mixed_history(kept, settled=True)
+        for since in (None, H, 2.5 * H):
+            assert _figures(usage(kept, "dev", prices, since, now)) == _figures(usage(live, "dev", prices, since, now))
+        assert settle(kept, "dev", now) == 0  # kept by the first call, once
+        assert kept.db.execute("SELECT job_id, attempt, measured FROM run_usage ORDER BY 1, 2").fetchall() == \
+            [(1, 0, 0), (1, 1, 1), (2, 0, 0)]
+        assert [u.job_id for u in usage(kept, "dev", prices, now=now, account="teamb")] == [2]
+        assert [u.attempt for u in usage(kept, "dev", prices, now=now, job_id=1)] == [0, 1]
+        assert live.db.execute("SELECT count(*) FROM run_usage").fetchone() == (0,)  # never ended: measured each time
+
+
+def test_a_job_whose_end_changes_loses_its_kept_runs(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        _mixed_history(ledger, settled=True)
+        settle(ledger, "dev", 8 * 86400.0)
+        ledger.jobs.set_state(1, "REQUEUED", ended_at=None)  # as supervision does when it requeues a failed job
+        assert ledger.db.execute("SELECT DISTINCT job_id FROM run_usage").fetchall() == [(2,)]
+        assert ledger.jobs.get(1)["usage_settled_at"] is None and ledger.jobs.get(2)["usage_settled_at"] is not None
+
+
+def test_an_account_summary_sums_what_usage_counts(tmp_path):
+    prices, now, points = {"gpu": 2.0, "debug": 1.0}, 4 * H, 8
+    with Ledger(tmp_path / "l.db") as ledger:
+        _mixed_history(ledger, settled=True)  # jobs 1 and 2 summed by the ledger, job 3 measured live
+        for since, account in ((None, None), (H, None), (H, "teama"), (2.5 * H, "teamb"), (2.7 * H, None)):
+            got = summary(ledger, "dev", prices, since, now, account, points)
+            runs = usage(ledger, "dev", prices, since, now, account=account)
+            want = totals(runs, "account")
+            assert [(t.key, t.jobs, t.runs, t.queue_s) for t in got.totals] == [(t.key, t.jobs, t.runs, t.queue_s) for t in want]
+            for a, b in zip(got.totals, want):
+                assert (a.gpu_hours, a.lost_gpu_hours, a.cost, a.measured_gpu_hours) == \
+                    pytest.approx((b.gpu_hours, b.lost_gpu_hours, b.cost, b.measured_gpu_hours))
+                assert a.causes == pytest.approx(b.causes)
+            assert list(got.days) == sorted({datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d")
+                                             for u in runs if u.measured})
+            t0 = since or min(u.started_at for u in runs)
+            for acct, (times, hours) in got.curves.items():
+                assert times == pytest.approx([t0 + k * (now - t0) / points for k in range(points + 1)])
+                assert hours == pytest.approx([_spread([u for u in runs if u.account == acct], since or 0.0, now, t)
+                                               for t in times])
+            assert set(got.curves) == {t.key for t in want}
+
+
+def _spread(runs: list, since: float, now: float, t: float) -> float:
+    """GPU-hours so far at ``t``: each run's share of the window spread evenly over its time within it."""
+    total = 0.0
+    for u in runs:
+        a, b = max(u.started_at, since), min(u.ended_at if u.ended_at is not None else now, now)
+        total += u.gpu_hours * (min(max((t - a) / (b - a), 0.0), 1.0) if b > a else float(t >= b))
+    return total
+
+
+def test_the_ledger_keeps_every_cause_of_goodput():
+    assert CAUSES == GPU_CAUSES

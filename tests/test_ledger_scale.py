@@ -11,14 +11,14 @@ import time
 import pytest
 
 from hpctrain.config import load_site
-from hpctrain.jobs.reconcile import RECENT_S
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.jobs import JOURNALS_READ_S
 from hpctrain.slurm.states import TERMINAL
 
 from ledger_helpers import commands, make_history
 
 HISTORY = {"jobs", "attempts", "events", "metrics", "checkpoints", "array_tasks", "trials", "segments", "sweeps",
-           "journal_ingested"}
+           "journal_ingested", "run_usage"}
 _TABLE = re.compile(r'\b(?:FROM|JOIN)\s+"?(\w+)"?(?:\s+(?:AS\s+)?(?!WHERE|JOIN|ON|LEFT|ORDER|GROUP|LIMIT)(\w+))?', re.I)
 
 
@@ -74,7 +74,7 @@ def test_an_ended_jobs_journal_is_read_until_a_read_comes_a_minute_after_its_end
              "job_dir": f"/logs/{name}", "submitted_at": now - 9 * 86400}).last_pk for name, end in ended.items()}
 
         def to_read(at: float) -> dict[str, list[int]]:
-            return ledger.jobs.journals_to_read("dev", TERMINAL, at - RECENT_S)
+            return ledger.jobs.journals_to_read("dev", TERMINAL, at - JOURNALS_READ_S)
 
         assert to_read(now) == {"/logs/active": [], "/logs/just ended": [ids["just ended"]],
                                 "/logs/ended before": [ids["ended before"]]}

@@ -14,10 +14,9 @@ import pytest
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import HpctrainError
-from hpctrain.jobs.accounting import Usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import account_report, job_report, sweep_report
-from hpctrain.report.collect import attempt_marks, cumulative_gpu_hours, smoothed
+from hpctrain.report.collect import attempt_marks, smoothed
 from hpctrain.slurm.assoc_mgr import Limit
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
@@ -243,17 +242,6 @@ def test_secret_values_never_reach_a_report(reports):
     for name in ("job", "array"):
         assert "<td>API_KEY</td><td>&lt;secret&gt;</td>" in reports["html"][name]
         assert "<td>MODE</td><td>visible-value</td>" in reports["html"][name]
-
-
-def test_gpu_hours_are_spread_over_each_run():
-    def run(account: str, start: float, end: float | None, hours: float) -> Usage:
-        return Usage(1, -1, 1, "j", account, "u", None, "gpu", 1, start, end, "completed", hours, 0.0, 0.0)
-
-    curves = cumulative_gpu_hours([run("a", 0, 10, 5), run("a", 5, 15, 10), run("b", 20, None, 3), run("b", 8, 8, 1)],
-                                  since=0, now=30)
-    assert curves["a"] == ([0, 5, 10, 15, 30], pytest.approx([0, 2.5, 10, 15, 15]))
-    assert curves["b"] == ([8, 20, 30], pytest.approx([1, 1, 4]))
-    assert cumulative_gpu_hours([run("a", 0, 10, 5)], since=4, now=30)["a"] == ([4, 10, 30], pytest.approx([0, 5, 5]))
 
 
 def test_unknown_job_sweep_or_account_is_a_clear_error(reports):

@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.contract import JobPaths
+from hpctrain.jobs.accounting import SETTLE_BATCH, settle
 from hpctrain.jobs.poll import Poller
 from hpctrain.jobs.supervise import Decision, supervise
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.jobs import JOURNALS_READ_S
 from hpctrain.ledger.journal import Journal
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
-
-RECENT_S = 7 * 86400  # journals of jobs that ended within this window are read until they have settled
 
 
 @dataclass
@@ -36,8 +36,9 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     poller = Poller(ledger, client, site)
     changed = poller.refresh()
     now = time.time()
-    dirs = ledger.jobs.journals_to_read(site, TERMINAL, now - RECENT_S)
+    dirs = ledger.jobs.journals_to_read(site, TERMINAL, now - JOURNALS_READ_S)
     records = sum(ingest_journal(ledger, Journal(JobPaths(Path(d)).journal_dir)) for d in dirs)
     ledger.jobs.journals_read([i for ids in dirs.values() for i in ids], now)
+    settle(ledger, site, now, limit=SETTLE_BATCH)  # cost and reports then sum them; they settle the rest
     return ReconcileResult(changed, len(dirs), records, supervise(ledger, client, site) if supervise_runs else [],
                            poller.warning)

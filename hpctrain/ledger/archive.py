@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from hpctrain.ledger import Ledger
 
 # Tables whose rows belong to a job (its job_id), children before the jobs they reference.
-JOB_TABLES = ("array_tasks", "attempts", "checkpoints", "metrics", "events", "segments", "trials")
+JOB_TABLES = ("array_tasks", "attempts", "checkpoints", "metrics", "events", "segments", "run_usage", "trials")
 
 _DOOMED_SWEEPS = """
 CREATE TEMP TABLE doomed_sweeps AS

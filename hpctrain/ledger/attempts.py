@@ -3,26 +3,29 @@ taken after it (requeued or stopped), with the queries GPU-hours and alerts read
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping
+import json
+from typing import TYPE_CHECKING, Any, Collection, Mapping
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 PK = ("job_id", "task_index", "attempt")
 
-# Runs found by their end (ended since, or not yet), then sorted: walking the index on started_at for the order
-# would read every run ever (hence the unary + on the sort key).
+# The runs of jobs not settled (their usage not kept in run_usage: `jobs_usage_unsettled`), or of given jobs.
 _USAGE_SQL = """
 SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.ended_at, a.elapsed_s, a.gpu_s,
        a.idle_gpu_s, a.cause,
-       j.name, j.account, j.user, j.sweep_id, j.partition,
+       j.name, j.account, j.user, j.sweep_id, j.partition, j.site,
        (SELECT max(c.created_at) FROM checkpoints c WHERE c.job_id = a.job_id AND c.task_index = a.task_index
         AND c.state IN ('committed', 'deleted') AND c.created_at BETWEEN a.started_at AND coalesce(a.ended_at, :now))
        AS last_checkpoint_at
-FROM attempts a JOIN jobs j ON j.id = a.job_id
-WHERE j.site = :site AND a.started_at IS NOT NULL AND (a.ended_at >= :since OR a.ended_at IS NULL)
-ORDER BY +a.started_at
+FROM {jobs} JOIN attempts a ON a.job_id = j.id
+WHERE a.started_at IS NOT NULL AND {where}
+ORDER BY a.job_id, a.task_index, a.attempt
 """
+_UNSETTLED = """j.site = :site AND j.usage_settled_at IS NULL AND (a.ended_at >= :since OR a.ended_at IS NULL)
+  AND (:account IS NULL OR j.account = :account) AND (:job_id IS NULL OR j.id = :job_id)
+  AND (:sweep_id IS NULL OR j.sweep_id = :sweep_id)"""
 
 
 class Attempts:
@@ -65,8 +68,16 @@ class Attempts:
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]
 
-    def usage(self, site: str, since: float, now: float) -> list[dict[str, Any]]:
-        """Every run of the site's jobs that overlaps [since, now], with its job's facts and the time of its
-        last checkpoint (committed, or committed and since deleted by retention)."""
-        return [dict(r) for r in self.ledger.db.query(_USAGE_SQL, {"site": site, "now": now, "since": since})]
+    def unsettled_usage(self, site: str, since: float, now: float, *, account: str | None = None,
+                        job_id: int | None = None, sweep_id: str | None = None) -> list[dict[str, Any]]:
+        """Every run overlapping [since, now] of the site's jobs not settled (of one account, job or sweep), with its
+        job's facts and the time of its last checkpoint (committed, or committed and since deleted by retention)."""
+        return [dict(r) for r in self.ledger.db.query(
+            _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
+            {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id})]
 
+    def usage_of(self, job_ids: Collection[int], now: float) -> list[dict[str, Any]]:
+        """Every started run of these jobs, as `unsettled_usage` gives them."""
+        return [dict(r) for r in self.ledger.db.query(
+            _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
+            {"now": now, "ids": json.dumps(sorted(set(job_ids)))})]

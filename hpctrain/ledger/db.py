@@ -2,7 +2,7 @@
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
-`ledger.segments`; events
+`ledger.segments`, `ledger.usage` (settled runs' GPU-hours); events
 and the generic row access below serve the rest.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
@@ -30,6 +30,7 @@ from hpctrain.ledger.metrics import Metrics
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from hpctrain.ledger.segments import Segments
 from hpctrain.ledger.sweeps import Sweeps
+from hpctrain.ledger.usage import RunUsage
 
 BUSY_TIMEOUT_S = 60.0
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -62,6 +63,7 @@ class Ledger:
             raise LedgerError(f"{self.path}: cannot create ledger: {exc.strerror}") from None
         self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
         self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
+        self.usage = RunUsage(self)
 
     def close(self) -> None:
         self.db.close()

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 # shared file system's attribute caches (an NFS client's can lag by up to a minute). Ledger v10's partial index
 # jobs_journal_unsettled spells the same number.
 JOURNAL_SETTLE_S = 60
+# Journals of jobs that ended within this long are read until they have settled; older ones no more.
+JOURNALS_READ_S = 7 * 86400
 
 
 def _marks(values: Collection[Any]) -> str:

@@ -201,6 +201,48 @@ MIGRATIONS: list[list[str]] = [
         "CREATE INDEX jobs_journal_unsettled ON jobs(site, ended_at) "
         "WHERE journal_read_at IS NULL OR journal_read_at < ended_at + 60",
     ],
+    # 11: each run's GPU-hours by goodput cause, kept once its job has settled (hpctrain.jobs.accounting.settle) so
+    # that cost and reports over months sum rows; a job whose end changes (requeued, resubmitted) loses them until
+    # it settles again. A sweep's jobs by index.
+    [
+        "ALTER TABLE jobs ADD COLUMN usage_settled_at REAL",
+        "CREATE INDEX jobs_usage_unsettled ON jobs(site, ended_at) WHERE usage_settled_at IS NULL",
+        "CREATE INDEX jobs_sweep ON jobs(sweep_id) WHERE sweep_id IS NOT NULL",
+        """CREATE TABLE run_usage (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            site TEXT NOT NULL,
+            account TEXT,
+            partition TEXT,
+            gpus INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL NOT NULL,
+            cause TEXT,
+            gpu_hours REAL NOT NULL,
+            lost_from REAL,
+            measured INTEGER NOT NULL,
+            queue_s REAL NOT NULL,
+            productive_h REAL NOT NULL,
+            recomputed_h REAL NOT NULL,
+            startup_h REAL NOT NULL,
+            overhead_h REAL NOT NULL,
+            hang_h REAL NOT NULL,
+            crash_h REAL NOT NULL,
+            stop_h REAL NOT NULL,
+            end_h REAL NOT NULL,
+            other_h REAL NOT NULL,
+            spare_h REAL NOT NULL,
+            PRIMARY KEY (job_id, task_index, attempt)
+        )""",
+        "CREATE INDEX run_usage_ended ON run_usage(site, ended_at)",
+        """CREATE TRIGGER run_usage_reopened AFTER UPDATE OF ended_at ON jobs
+            WHEN NEW.ended_at IS NOT OLD.ended_at AND OLD.usage_settled_at IS NOT NULL
+        BEGIN
+            DELETE FROM run_usage WHERE job_id = NEW.id;
+            UPDATE jobs SET usage_settled_at = NULL WHERE id = NEW.id;
+        END""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -11,7 +11,8 @@ from typing import Any, Callable
 from hpctrain.config import SiteConfig
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs import stragglers
-from hpctrain.jobs.accounting import Usage, goodput, percent, totals, usage
+from hpctrain.jobs.goodput import GPU_CAUSES
+from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
 from hpctrain.ledger import Ledger
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render
@@ -37,7 +38,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
         ("submitted", _when(job["submitted_at"])),
         ("attempts", f"{len(data.attempts)} ({_counts(a['cause'] or a['state'] or '-' for a in data.attempts)})"),
         ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
-        *_usage_facts(runs := [u for u in _usage(ledger, site_cfg) if u.job_id == job_id]),
+        *_usage_facts(overall(totals(runs := _usage(ledger, site_cfg, job_id=job_id), "job"))),
         *_loss_facts(loss),
     ]
     if job["sweep_id"]:
@@ -88,7 +89,7 @@ def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
                    f"({_counts(r['state'] for r in rows)})"),
         ("best trial", f"trial {top['number']}: {spec.metric} = {top['value']:.6g}, "
                        f"{json.dumps(top['params'], sort_keys=True)}" if top else "no completed trial yet"),
-        *_usage_facts([u for u in _usage(ledger, site_cfg) if u.sweep_id == swp.id]),
+        *_usage_facts(overall(totals(_usage(ledger, site_cfg, sweep_id=swp.id), "sweep"))),
     ]
     importance = importance_png(spec, rows)
     plots = [
@@ -109,18 +110,16 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
     cumulative GPU-hours of each account over time (each run's hours spread evenly over its run time) and,
     for accounts in ``budgets`` (their GPU-minute limits), the budget as a dashed line beside them."""
     now = time.time()
-    runs = _usage(ledger, site_cfg, since, now)
-    if account is not None:
-        runs = [u for u in runs if u.account == account]
-        if not runs and not ledger.jobs.has_account(site_cfg.name, account):
-            raise HpctrainError(f"account {account!r}: no jobs of site {site_cfg.name!r} in the ledger")
-    series = {name: ([datetime.fromtimestamp(t) for t in times], hours)
-              for name, (times, hours) in collect.cumulative_gpu_hours(runs, since or 0.0, now).items()}
+    got = summary(ledger, site_cfg.name, site_cfg.gpu_hour_price, since, now, account)
+    if account is not None and not got.totals and not ledger.jobs.has_account(site_cfg.name, account):
+        raise HpctrainError(f"account {account!r}: no jobs of site {site_cfg.name!r} in the ledger")
+    series = {name: ([datetime.fromtimestamp(t) for t in times], hours) for name, (times, hours) in got.curves.items()}
+    every = overall(got.totals)
     facts = [
         ("site", site_cfg.name),
         ("period", f"{_when(since) if since else 'all time'} to {_when(now)}"),
-        ("runs", f"{len(runs)} ({len({u.job_id for u in runs})} jobs)"),
-        *_usage_facts(runs),
+        ("runs", f"{every.runs} ({len(every.jobs)} jobs)"),
+        *_usage_facts(every),
     ]
     budgets = {name: b for name, b in (budgets or {}).items() if account in (None, name)}
     start = min((t[0] for t, _ in series.values()), default=datetime.fromtimestamp(since or now))
@@ -132,12 +131,12 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
                  note="each run's GPU-hours are spread evenly over its run time"
                       + ("; dashed level: the account's GPU-minute budget (GrpTRESMins)" if budgets else ""),
                  dashed=[f"{name} budget" for name in budgets])
-    causes = _causes_plot(sorted(runs, key=lambda u: u.started_at),
-                          lambda u: datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d"),
+    days = list(got.days)
+    causes = _causes_bars(days, {c: [got.days[d][c] for d in days] for c in GPU_CAUSES},
                           "GPU-hours by cause per day (runs by the day they started)", "day")
     table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "goodput", "cost"],
                   [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}",
-                    percent(t.goodput), f"{t.cost:.2f}"] for t in totals(runs, "account")])
+                    percent(t.goodput), f"{t.cost:.2f}"] for t in got.totals])
     return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot, causes],
                   [table])
 
@@ -175,26 +174,27 @@ def _labelled(curves: collect.Curves, label: str = "task") -> Series:
     return {("" if key < 0 else f"{label} {key}"): curves[key] for key in sorted(curves)}
 
 
-def _usage(ledger: Ledger, site_cfg: SiteConfig, since: float | None = None, now: float | None = None) -> list[Usage]:
-    return usage(ledger, site_cfg.name, site_cfg.gpu_hour_price, since, now)
+def _usage(ledger: Ledger, site_cfg: SiteConfig, **which: Any) -> list[Usage]:
+    return usage(ledger, site_cfg.name, site_cfg.gpu_hour_price, **which)
 
 
-def _usage_facts(runs: list[Usage]) -> list[tuple[str, str]]:
-    return [("GPU-hours", f"{sum(u.gpu_hours for u in runs):.2f}"),
-            ("lost GPU-hours", f"{sum(u.lost_gpu_hours for u in runs):.2f} (work redone after interruptions)"),
+def _usage_facts(total: Total) -> list[tuple[str, str]]:
+    return [("GPU-hours", f"{total.gpu_hours:.2f}"),
+            ("lost GPU-hours", f"{total.lost_gpu_hours:.2f} (work redone after interruptions)"),
             ("goodput", f"{percent(share)} of the GPU time of runs whose trainer journals its steps"
-                        if (share := goodput(runs)) is not None else "- (no run's trainer journals its steps)"),
-            ("cost", f"{sum(u.cost for u in runs):.2f}")]
+                        if (share := total.goodput) is not None else "- (no run's trainer journals its steps)"),
+            ("cost", f"{total.cost:.2f}")]
 
 
 def _causes_plot(runs: list[Usage], label: Callable[[Usage], str], title: str, xlabel: str) -> Plot:
-    measured = [u for u in runs if u.measured]
-    if not measured:
+    return _causes_bars(*collect.gpu_hours_by_cause([u for u in runs if u.measured], label), title, xlabel)
+
+
+def _causes_bars(bars: list[str], stacks: dict[str, list[float]], title: str, xlabel: str) -> Plot:
+    if not bars:
         return Plot(title, None, "no run's trainer journals its steps")
-    bars, stacks = collect.gpu_hours_by_cause(measured, label)
     return Plot(title, stacked_bars(bars, stacks, title, xlabel, "GPU-hours"),
                 "productive: training steps kept; the rest lost: see `hpctrain cost --causes`")
-
 
 
 def _counts(values: Any) -> str:

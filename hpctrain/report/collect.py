@@ -95,33 +95,3 @@ def gpu_hours_by_cause(runs: list[Usage], label: Callable[[Usage], str]) -> tupl
         for cause, hours in u.causes.items():
             bar[cause] += hours
     return list(bars), {cause: [bar[cause] for bar in bars.values()] for cause in GPU_CAUSES}
-
-
-def cumulative_gpu_hours(runs: list[Usage], since: float, now: float) -> dict[str, tuple[list[float], list[float]]]:
-    """Per account, its GPU-hours so far at every start and end of its runs and at ``now`` (epoch seconds,
-    hours). Each run's GPU-hours are spread evenly over its time within [since, now] (a running run's up to
-    now), so the curve is exact at those points and linear between them."""
-    spans: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for u in runs:
-        spans[u.account or "-"].append((max(u.started_at, since), u.ended_at or now, u.gpu_hours))
-    return {account: _running_total(s, now) for account, s in sorted(spans.items())}
-
-
-def _running_total(spans: list[tuple[float, float, float]], until: float) -> tuple[list[float], list[float]]:
-    """The running total at every span boundary and at ``until``, each (start, end, amount) spread evenly
-    over its span."""
-    rate_change: dict[float, float] = defaultdict(float)
-    jump: dict[float, float] = defaultdict(float)  # amounts of spans without duration
-    for start, end, amount in spans:
-        if end > start:
-            rate_change[start] += amount / (end - start)
-            rate_change[end] -= amount / (end - start)
-        else:
-            jump[end] += amount
-    times = sorted(rate_change.keys() | jump.keys() | {until})
-    totals, total, rate = [], 0.0, 0.0
-    for i, t in enumerate(times):
-        total += (rate * (t - times[i - 1]) if i else 0.0) + jump[t]
-        rate += rate_change[t]
-        totals.append(total)
-    return times, totals
