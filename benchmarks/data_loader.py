@@ -7,8 +7,9 @@ The baseline, "raw read, N streams", is N processes (N = --workers), process w r
 bytes of what the loader's worker w reads in epoch 0: its segments of hpctrain.data.plan.plan_epoch (the
 loader's own plan), a sample range taken as the proportional byte range (the samples are all one size). The
 processes are forked as the DataLoader forks its workers, and both are timed from the start to the last byte.
-Against it: the loader without decoding (batches of the stored bytes, ``decode=False``) and the loader
-decoding .npy into batched tensors. Each repeat runs the three cases, in an order rotated from repeat to
+Against it: the loader without decoding (batches of the stored bytes, ``decode=False``), the same with
+``reuse_buffers=True`` (each worker writes its batches into a few shared-memory buffers it reuses), and the
+loader decoding .npy into batched tensors. Each repeat runs the three cases, in an order rotated from repeat to
 repeat. Cold: the shards' cached pages are dropped with posix_fadvise(DONTNEED) before each case, so reads
 come from the device (or the caches below a virtual disk); warm: everything from the page cache, after one
 raw read.
@@ -165,6 +166,7 @@ def main() -> None:
     runs = {
         raw: lambda: raw_read(streams),
         "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
+        "loader, reused buffers": lambda: one_epoch(ShardLoader(index, decode=False, reuse_buffers=True, **kw)),
         "loader, .npy decoded": lambda: one_epoch(ShardLoader(index, **kw)),
     }
     names = list(runs)
@@ -187,9 +189,9 @@ def main() -> None:
             print(f"  {name:22} {spread([total / s / 1e6 for s in seconds], '6.0f')}  {ratio[name]:5.2f} x "
                   f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  CPU {user:4.2f} + {sys:4.2f} s  "
                   f"{faults / (total / 1e6):5.0f} faults/MB")
-        undecoded = ratio["loader, undecoded"]
-        figure(f"undecoded loader / {raw}, {cache} cache", undecoded, "x",
-               f">= {GOAL} x raw, {len(streams)} streams", undecoded >= GOAL)
+        for name in ("loader, undecoded", "loader, reused buffers"):
+            figure(f"{name.removeprefix('loader, ')} loader / {raw}, {cache} cache", ratio[name], "x",
+                   f">= {GOAL} x raw, {len(streams)} streams", ratio[name] >= GOAL)
 
     per_epoch = len(ShardLoader(index, **kw))
     print(f"resume: seconds from load_state_dict to the first batch, median (min-max) of {args.repeats}, "

@@ -93,6 +93,24 @@ def test_undecoded_batches_hold_the_stored_bytes_in_and_out_of_worker_processes(
         assert got.keys() == ALL and {k: got[k] for k in first} == first
 
 
+def test_reused_buffers_give_the_same_batches_from_a_few_shared_segments(index):
+    kw = {**KW, "workers": 2, "decode": False}
+    plain = [(batch["__key__"], bytes(batch["npy"][0].numpy()), batch["npy"][1].tolist())
+             for batch in ShardLoader(index.path, **kw)]
+    loader, storages, got = ShardLoader(index.path, **kw, reuse_buffers=True), [], []
+    for _ in range(2):  # two epochs: new workers, new buffers
+        for batch in loader:
+            data, offsets = batch["npy"]
+            storages.append(data.untyped_storage())  # held: a new segment per batch would show as a new address
+            got.append((batch["__key__"], bytes(data.numpy()), offsets.tolist()))  # valid until the next batch
+    epoch = len(plain)
+    assert got[:epoch] == plain and len(got) == 2 * epoch and {k for b in got[epoch:] for k in b[0]} == ALL
+    segments = {s.data_ptr() for s in storages}
+    assert len(segments) <= 2 * 2 * (loader.prefetch_factor + 2) < len(got)  # epochs x workers x buffers each
+    with pytest.raises(ValueError, match="reuse_buffers needs decode=False"):
+        ShardLoader(index.path, **KW, reuse_buffers=True)
+
+
 @pytest.mark.parametrize("change", [{"dp_size": 4, "dp_rank": 1}, {"workers": 1}, {"batch_size": 5}])
 def test_another_layout_is_refused_unless_approximate(index, change):
     saved = ShardLoader(index.path, **KW)

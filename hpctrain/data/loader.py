@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import signal
 from pathlib import Path
@@ -15,12 +16,14 @@ from hpctrain.data.quarantine import Quarantine
 from hpctrain.data.source import seekable
 from hpctrain.data.state import LAYOUT, LoaderState
 from hpctrain.data.stats import LoaderStats
-from hpctrain.data.worker import EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
+from hpctrain.data.worker import Buffers, EpochDataset, EpochJob, Item, Sample, as_is, collate_bytes
 from hpctrain.errors import DataError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.parent import die_with_parent
 
 log = logging.getLogger("hpctrain.data")
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 def init_worker(_worker_id: int) -> None:
@@ -34,6 +37,19 @@ def init_worker(_worker_id: int) -> None:
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     die_with_parent()
+    keep_freed_memory()
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc keep freed memory for the next allocations rather than give it back to the kernel: a
+    worker reads each sample into a new bytes object of up to megabytes, and memory given back and taken again
+    is faulted in page by page each time. (Not glibc: nothing.)"""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)  # glibc's largest: allocations up to 32 MiB from the heap
+    mallopt(M_TRIM_THRESHOLD, 1 << 30)  # the heap's top shrinks only past 1 GiB free
 
 
 class ShardLoader:
@@ -48,13 +64,19 @@ class ShardLoader:
     Batches are ``collate(samples)`` of webdataset samples ({"__key__": ..., extension: value}), by
     default torch's ``default_collate`` of samples decoded by webdataset's default decoder (.npy ->
     array, .txt, .json, .cls, ...). With ``decode=False`` samples keep the stored bytes and the default
-    batch is ``collate_bytes``'s: per field, one uint8 tensor of them end to end plus offsets.
+    batch is ``collate_bytes``'s: per field, one uint8 tensor of them end to end plus offsets. With
+    ``reuse_buffers`` (undecoded, default batches, workers >= 1) each worker writes its batches into a few
+    shared-memory buffers it reuses (`hpctrain.data.worker.Buffers`) instead of a new segment per batch, which
+    saves the first touch of every page (most of the loader's CPU time): a batch is then valid only until the
+    next one is asked for, so copy what must outlive a step.
     """
 
     def __init__(self, index: ShardIndex | str | Path, *, batch_size: int, dp_rank: int = 0, dp_size: int = 1,
                  workers: int = 2, seed: int = 0, shuffle_buffer: int = 1000, decode: bool = True,
                  collate: Callable[[list[Sample]], Any] | None = None, max_quarantined_fraction: float = 0.05,
-                 prefetch_factor: int = 2, journal: Journal | None = None):
+                 prefetch_factor: int = 2, journal: Journal | None = None, reuse_buffers: bool = False):
+        if reuse_buffers and (decode or collate is not None):
+            raise ValueError("reuse_buffers needs decode=False and the default collate (batches of stored bytes)")
         if not 0 <= dp_rank < dp_size or batch_size < 1 or workers < 0:
             raise ValueError(f"need 0 <= dp_rank < dp_size, batch_size >= 1, workers >= 0; got "
                              f"dp_rank={dp_rank} dp_size={dp_size} batch_size={batch_size} workers={workers}")
@@ -66,6 +88,7 @@ class ShardLoader:
         self.seed, self.shuffle_buffer, self.decode = seed, shuffle_buffer, decode
         self.collate = collate or (default_collate if decode else collate_bytes)
         self.prefetch_factor = prefetch_factor
+        self.reuse_buffers = reuse_buffers and workers > 0
         self.stats = LoaderStats()
         self.quarantine = Quarantine(self.index, journal if journal is not None else Journal.from_env(),
                                      max_quarantined_fraction)
@@ -81,17 +104,24 @@ class ShardLoader:
         return -(-(self.index.total_samples // self.dp_size) // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
+        # A worker's buffers: its batches in flight (prefetch), the one the training loop holds, the one it fills.
+        buffers = Buffers(self.workers, self.prefetch_factor + 2) if self.reuse_buffers else None
         job = EpochJob(self.index, self._plan, list(self._positions), self._next_worker, self.seed, self.epoch,
-                       self.shuffle_buffer, self.batch_size, self.decode, self.collate)
+                       self.shuffle_buffer, self.batch_size, self.decode, self.collate, buffers)
         items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,
                            prefetch_factor=self.prefetch_factor if self.workers else None,
                            worker_init_fn=init_worker if self.workers else None)
+        mapped: dict[tuple[int, int], Any] = {}  # each buffer's last batch: its memory stays mapped here for the next
         since = self.stats.waiting()
         for item in items:
             self._consume(item)
             if item.batch is not None:
                 self.stats.served(since)
+                if item.slot is not None:
+                    mapped[item.slot] = item.batch
                 yield item.batch
+                if buffers is not None and item.slot is not None:
+                    buffers.give_back(item.slot)
                 since = self.stats.waiting()
 
     def state_dict(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ arrive wrapped in its traceback).
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterator
 
 import torch
@@ -36,7 +38,8 @@ class Quarantined:
 @dataclass(frozen=True)
 class Item:
     """A batch (None when a worker only has quarantines or an error to report) and the worker's position
-    after it. With ``error``, the shard the worker could not read: the loader stops with it as DataError."""
+    after it. With ``error``, the shard the worker could not read: the loader stops with it as DataError.
+    With ``slot``, the batch lies in that reused buffer (`Buffers`), to be given back once consumed."""
 
     worker: int
     position: Position
@@ -45,6 +48,33 @@ class Item:
     nbytes: int
     quarantined: tuple[Quarantined, ...]
     error: str | None = None
+    slot: tuple[int, int] | None = None
+
+
+class Buffers:
+    """Shared-memory batch buffers that each DataLoader worker reuses, rather than a new segment per batch (whose
+    first touch, page by page, cost more than reading the bytes). ``free[w, k]`` is 1 while worker w's buffer k
+    may be written: the worker clears it as it fills it, the training process sets it once the batch in it has
+    been consumed. A worker holds ``count`` of them: those of the batches in flight (the DataLoader's prefetch),
+    the one the training loop holds and the one being filled."""
+
+    def __init__(self, workers: int, count: int):
+        self.free = torch.ones(workers, count, dtype=torch.uint8).share_memory_()
+        self._mine: dict[int, torch.UntypedStorage] = {}  # in a worker: its buffers by number
+
+    def take(self, physical: int, nbytes: int) -> tuple[int, torch.UntypedStorage]:
+        """A free buffer of worker ``physical``, of at least ``nbytes``, now marked in use (waits for one)."""
+        row = self.free[physical]
+        while not (free := row.nonzero()).numel():
+            time.sleep(0.0005)
+        k = int(free[0])
+        row[k] = 0
+        if (buf := self._mine.get(k)) is None or buf.nbytes() < nbytes:
+            buf = self._mine[k] = torch.UntypedStorage._new_shared(nbytes)
+        return k, buf
+
+    def give_back(self, slot: tuple[int, int]) -> None:
+        self.free[slot] = 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +91,7 @@ class EpochJob:
     batch_size: int
     decode: bool
     collate: Callable[[list[Sample]], Any]
+    buffers: Buffers | None = None  # collate_bytes' batches written into reused buffers
 
 
 class EpochDataset(IterableDataset):
@@ -70,11 +101,12 @@ class EpochDataset(IterableDataset):
     def __iter__(self) -> Iterator[Item]:
         info = get_worker_info()
         physical = info.id if info is not None else 0
-        return worker_items(self.job, (physical + self.job.first_worker) % len(self.job.plan))
+        return worker_items(self.job, (physical + self.job.first_worker) % len(self.job.plan), physical)
 
 
-def worker_items(job: EpochJob, worker: int) -> Iterator[Item]:
+def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item]:
     segments = job.plan[worker]
+    collate = partial(_collate, job, physical)
     first, skip = job.starts[worker]
     decoder = autodecode.Decoder([]) if job.decode else None
     batch: list[Sample] = []
@@ -92,7 +124,8 @@ def worker_items(job: EpochJob, worker: int) -> Iterator[Item]:
                     done += 1
                     if len(batch) == job.batch_size:
                         position = (s + 1, 0) if done == segment.length else (s, done)
-                        yield Item(worker, position, job.collate(batch), len(batch), nbytes, tuple(bad))
+                        data, slot = collate(batch)
+                        yield Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
                         batch, nbytes, bad = [], 0, []
         except ShardCorrupt as exc:
             bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
@@ -100,7 +133,8 @@ def worker_items(job: EpochJob, worker: int) -> Iterator[Item]:
             yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc))
             return
     if batch or bad:
-        yield Item(worker, (len(segments), 0), job.collate(batch) if batch else None, len(batch), nbytes, tuple(bad))
+        data, slot = collate(batch) if batch else (None, None)
+        yield Item(worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot)
 
 
 def _decode(decoder: autodecode.Decoder, sample: Sample) -> Sample:
@@ -110,10 +144,11 @@ def _decode(decoder: autodecode.Decoder, sample: Sample) -> Sample:
         raise ShardCorrupt(f"sample {sample['__key__']!r} does not decode: {exc}") from None
 
 
-def collate_bytes(samples: list[Sample]) -> dict[str, Any]:
+def collate_bytes(samples: list[Sample], alloc: Callable[[int], torch.Tensor] | None = None) -> dict[str, Any]:
     """The default batch of undecoded samples: per field, (data, offsets) with the stored bytes end to end
     in one uint8 tensor, sample i being data[offsets[i]:offsets[i + 1]]. One shared-memory transfer per
-    field rather than a pickled list of bytes. Metadata such as "__key__" stays a list."""
+    field rather than a pickled list of bytes. Metadata such as "__key__" stays a list. ``alloc(n)``: the
+    uninitialised uint8 tensor of n bytes each field's data goes into (default: `_byte_tensor`)."""
     batch: dict[str, Any] = {}
     for key in samples[0]:
         values = [s[key] for s in samples]
@@ -121,12 +156,30 @@ def collate_bytes(samples: list[Sample]) -> dict[str, Any]:
             batch[key] = values
             continue
         ends = list(itertools.accumulate(map(len, values)))
-        data = _byte_tensor(ends[-1])
+        data = (alloc or _byte_tensor)(ends[-1])
         flat = memoryview(data.numpy())
         for value, start, end in zip(values, [0, *ends], ends):
             flat[start:end] = value
         batch[key] = (data, torch.tensor([0, *ends]))
     return batch
+
+
+def _collate(job: EpochJob, physical: int, samples: list[Sample]) -> tuple[Any, tuple[int, int] | None]:
+    """The batch, and the reused buffer it lies in (with ``job.buffers``: collate_bytes into one of worker
+    ``physical``'s, every field's data one after the other in it)."""
+    if job.buffers is None:
+        return job.collate(samples), None
+    nbytes = sum(len(v) for s in samples for k, v in s.items() if not k.startswith("__"))
+    k, buf = job.buffers.take(physical, max(nbytes, 1))
+    whole = torch.empty(0, dtype=torch.uint8).set_(buf)
+    at = 0
+
+    def alloc(n: int) -> torch.Tensor:
+        nonlocal at
+        at += n
+        return whole[at - n:at]
+
+    return collate_bytes(samples, alloc), (physical, k)
 
 
 def _byte_tensor(n: int) -> torch.Tensor:
