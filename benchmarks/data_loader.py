@@ -82,6 +82,7 @@ def worker_ranges(index: ShardIndex, workers: int, batch_size: int) -> list[list
 def read_ranges(ranges: list[Range]) -> None:
     for path, start, end in ranges:
         with open(path, "rb", buffering=0) as fh:
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # as the loader does
             fh.seek(start)
             left = end - start
             while left > 0 and (block := fh.read(min(BLOCK, left))):

@@ -59,6 +59,8 @@ def open_shard(location: str) -> tuple[BinaryIO, int | None]:
             fh = open(location, "rb")
         except OSError as exc:
             raise DataError(f"{location}: {exc.strerror or exc}") from None
+        # read front to back: twice the readahead window (on a virtual disk, more requests in flight)
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         return fh, os.fstat(fh.fileno()).st_size
     return io.BufferedReader(stream, _BUFFER), stream.size
 

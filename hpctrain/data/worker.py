@@ -11,7 +11,6 @@ arrive wrapped in its traceback).
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterator
@@ -62,12 +61,14 @@ class Buffers:
         self.free = torch.ones(workers, count, dtype=torch.uint8).share_memory_()
         self._mine: dict[int, torch.UntypedStorage] = {}  # in a worker: its buffers by number
 
-    def take(self, physical: int, nbytes: int) -> tuple[int, torch.UntypedStorage]:
-        """A free buffer of worker ``physical``, of at least ``nbytes``, now marked in use (waits for one)."""
+    def take(self, physical: int, nbytes: int) -> tuple[int | None, torch.UntypedStorage]:
+        """A free buffer of worker ``physical`` (its number; None: none was free, a new segment once) of at least
+        ``nbytes``, now marked in use. Never waits: a worker that waited would outlive its DataLoader's shutdown,
+        since workers ignore SIGTERM."""
         row = self.free[physical]
-        while not (free := row.nonzero()).numel():
-            time.sleep(0.0005)
-        k = int(free[0])
+        k = next((k for k, free in enumerate(row.tolist()) if free), None)  # a copy: the other side writes too
+        if k is None:
+            return None, torch.UntypedStorage._new_shared(nbytes)
         row[k] = 0
         if (buf := self._mine.get(k)) is None or buf.nbytes() < nbytes:
             buf = self._mine[k] = torch.UntypedStorage._new_shared(nbytes)
@@ -179,7 +180,7 @@ def _collate(job: EpochJob, physical: int, samples: list[Sample]) -> tuple[Any, 
         at += n
         return whole[at - n:at]
 
-    return collate_bytes(samples, alloc), (physical, k)
+    return collate_bytes(samples, alloc), None if k is None else (physical, k)
 
 
 def _byte_tensor(n: int) -> torch.Tensor:
