@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Iterable
 
-from hpctrain.jobs.goodput import GPU_CAUSES, job_goodput
+from hpctrain.jobs.goodput import GPU_CAUSES, Goodput, job_goodput
 
 if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite libraries then
     from hpctrain.ledger import Ledger
@@ -33,7 +33,7 @@ CURVE_POINTS = 400  # samples of each account's running total of GPU-hours in a 
 
 @dataclass
 class Usage:
-    """One run of a job or array task, within the window asked for."""
+    """One run of a job or array task: whole (`measure`), or its part within a window (`windowed`)."""
 
     job_id: int
     task_index: int
@@ -89,7 +89,7 @@ def measure(ledger: "Ledger", rows: list[dict[str, Any]], now: float) -> list[Us
     return out
 
 
-def _whole(r: dict[str, Any], good: Any, measured: bool, now: float) -> Usage:
+def _whole(r: dict[str, Any], good: Goodput, measured: bool, now: float) -> Usage:
     start, end, gpus = r["started_at"], r["ended_at"], r["gpus"] or 0
     if end is None:
         hours, spare = gpus * max(0.0, now - start) / 3600, 0.0

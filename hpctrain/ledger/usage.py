@@ -56,7 +56,7 @@ WHERE site = :site AND usage_settled_at IS NULL AND ended_at IS NOT NULL
 LIMIT :limit
 """
 _RUNS_SQL = f"""
-SELECT u.*, j.name, j.user, j.sweep_id FROM ({_IN_WINDOW}) u JOIN jobs j ON j.id = u.job_id
+SELECT u.*, j.name, j.user, j.sweep_id FROM (SELECT * FROM run_usage WHERE {_WINDOW}) u JOIN jobs j ON j.id = u.job_id
 WHERE :sweep_id IS NULL OR j.sweep_id = :sweep_id
 ORDER BY u.started_at
 """
@@ -87,8 +87,8 @@ class RunUsage:
 
     def runs(self, site: str, since: float, now: float, *, account: str | None = None, job_id: int | None = None,
              sweep_id: str | None = None) -> list[dict[str, Any]]:
-        """Kept runs overlapping [since, now] (of one account, job or sweep), each with its ``share`` of the window
-        and the GPU-hours ``lost`` within it, its job's name, user and sweep, in order of start."""
+        """Kept runs (whole) overlapping [since, now], of one account, job or sweep, with their job's name, user and
+        sweep, in order of start."""
         return [dict(r) for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))]
 
     def groups(self, site: str, since: float, now: float, account: str | None = None) -> list[dict[str, Any]]:
