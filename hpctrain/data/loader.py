@@ -111,17 +111,16 @@ class ShardLoader:
         items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,
                            prefetch_factor=self.prefetch_factor if self.workers else None,
                            worker_init_fn=init_worker if self.workers else None)
-        mapped: dict[tuple[int, int], Any] = {}  # each buffer's last batch: its memory stays mapped here for the next
         since = self.stats.waiting()
         for item in items:
             self._consume(item)
             if item.batch is not None:
                 self.stats.served(since)
-                if item.slot is not None:
-                    mapped[item.slot] = item.batch
-                yield item.batch
                 if buffers is not None and item.slot is not None:
+                    yield buffers.unpack(item.slot, item.batch)
                     buffers.give_back(item.slot)
+                else:
+                    yield item.batch
                 since = self.stats.waiting()
 
     def state_dict(self) -> dict[str, Any]:

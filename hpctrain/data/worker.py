@@ -21,7 +21,7 @@ from webdataset import autodecode
 
 from hpctrain.data.index import ShardIndex
 from hpctrain.data.plan import Position, Segment, segment_order
-from hpctrain.data.tarshard import Shard, ShardCorrupt
+from hpctrain.data.tarshard import Member, Shard, ShardCorrupt
 from hpctrain.errors import DataError
 
 Sample = dict[str, Any]
@@ -38,7 +38,7 @@ class Quarantined:
 class Item:
     """A batch (None when a worker only has quarantines or an error to report) and the worker's position
     after it. With ``error``, the shard the worker could not read: the loader stops with it as DataError.
-    With ``slot``, the batch lies in that reused buffer (`Buffers`), to be given back once consumed."""
+    With ``slot``, the batch is `Packed` in that reused buffer (`Buffers`), to be given back once consumed."""
 
     worker: int
     position: Position
@@ -50,32 +50,51 @@ class Item:
     slot: tuple[int, int] | None = None
 
 
+@dataclass(frozen=True)
+class Packed:
+    """A batch of `collate_bytes`'s form that lies in a reused buffer, as sent to the training process: the buffer's
+    storage the first time it carries a batch (the training process keeps it), and per field its samples' end
+    offsets (byte fields, one after the other in the buffer) or values (metadata, "__key__")."""
+
+    storage: torch.UntypedStorage | None
+    fields: dict[str, list[Any]]
+
+
 class Buffers:
     """Shared-memory batch buffers that each DataLoader worker reuses, rather than a new segment per batch (whose
     first touch, page by page, cost more than reading the bytes). ``free[w, k]`` is 1 while worker w's buffer k
     may be written: the worker clears it as it fills it, the training process sets it once the batch in it has
     been consumed. A worker holds ``count`` of them: those of the batches in flight (the DataLoader's prefetch),
-    the one the training loop holds and the one being filled."""
+    the one the training loop holds and the one being filled. A buffer's storage travels to the training process
+    once, with its first batch (`Packed`): passing a storage's file descriptor costs a connection to the worker
+    per tensor, more than reading a batch of megabytes from the page cache."""
 
     def __init__(self, workers: int, count: int):
         self.free = torch.ones(workers, count, dtype=torch.uint8).share_memory_()
         self._mine: dict[int, torch.UntypedStorage] = {}  # in a worker: its buffers by number
+        self._received: dict[tuple[int, int], torch.Tensor] = {}  # in the training process: each buffer, whole
 
-    def take(self, physical: int, nbytes: int) -> tuple[int | None, torch.UntypedStorage]:
+    def take(self, physical: int, nbytes: int) -> tuple[int | None, torch.UntypedStorage, bool]:
         """A free buffer of worker ``physical`` (its number; None: none was free, a new segment once) of at least
-        ``nbytes``, now marked in use. Never waits: a worker that waited would outlive its DataLoader's shutdown,
-        since workers ignore SIGTERM."""
-        row = self.free[physical]
+        ``nbytes``, now marked in use, and whether its storage is new. Never waits: a worker that waited would
+        outlive its DataLoader's shutdown, since workers ignore SIGTERM."""
+        row = self.free.numpy()[physical]  # numpy's indexing: a tenth of torch's time
         k = next((k for k, free in enumerate(row.tolist()) if free), None)  # a copy: the other side writes too
         if k is None:
-            return None, torch.UntypedStorage._new_shared(nbytes)
+            return None, torch.UntypedStorage._new_shared(nbytes), True
         row[k] = 0
-        if (buf := self._mine.get(k)) is None or buf.nbytes() < nbytes:
+        if fresh := (buf := self._mine.get(k)) is None or buf.nbytes() < nbytes:
             buf = self._mine[k] = torch.UntypedStorage._new_shared(nbytes)
-        return k, buf
+        return k, buf, fresh
+
+    def unpack(self, slot: tuple[int, int], packed: Packed) -> dict[str, Any]:
+        """In the training process: the batch ``packed`` describes, in buffer ``slot``."""
+        if packed.storage is not None:
+            self._received[slot] = _whole(packed.storage)
+        return _unpack(self._received[slot], packed.fields)
 
     def give_back(self, slot: tuple[int, int]) -> None:
-        self.free[slot] = 1
+        self.free.numpy()[slot] = 1
 
 
 @dataclass(frozen=True)
@@ -110,6 +129,7 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
     collate = partial(_collate, job, physical)
     first, skip = job.starts[worker]
     decoder = autodecode.Decoder([]) if job.decode else None
+    located = not job.decode and job.collate is collate_bytes  # read the batch's bytes straight into it
     batch: list[Sample] = []
     nbytes = 0
     bad: list[Quarantined] = []
@@ -119,15 +139,18 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
         done = skip if s == first else 0
         try:
             with Shard(job.index, job.index.shards[segment.shard]) as shard:
-                for _, sample in shard.read_in_order(order[done:]):
-                    nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
-                    batch.append(_decode(decoder, sample) if decoder else sample)
-                    done += 1
-                    if len(batch) == job.batch_size:
-                        position = (s + 1, 0) if done == segment.length else (s, done)
-                        data, slot = collate(batch)
-                        yield Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
-                        batch, nbytes, bad = [], 0, []
+                try:
+                    for _, sample in shard.read_in_order(order[done:], located):
+                        nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+                        batch.append(_decode(decoder, sample) if decoder else sample)
+                        done += 1
+                        if len(batch) == job.batch_size:
+                            position = (s + 1, 0) if done == segment.length else (s, done)
+                            data, slot = collate(batch)
+                            yield Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
+                            batch, nbytes, bad = [], 0, []
+                finally:  # what the batch still has in this shard is read before the shard closes
+                    batch = [_read_fields(sample) for sample in batch]
         except ShardCorrupt as exc:
             bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
         except DataError as exc:
@@ -138,6 +161,11 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
         yield Item(worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot)
 
 
+def _read_fields(sample: Sample) -> Sample:
+    """``sample`` with each located field (`Member`) read."""
+    return {k: v.read() if isinstance(v, Member) else v for k, v in sample.items()}
+
+
 def _decode(decoder: autodecode.Decoder, sample: Sample) -> Sample:
     try:
         return decoder(sample)
@@ -145,42 +173,75 @@ def _decode(decoder: autodecode.Decoder, sample: Sample) -> Sample:
         raise ShardCorrupt(f"sample {sample['__key__']!r} does not decode: {exc}") from None
 
 
-def collate_bytes(samples: list[Sample], alloc: Callable[[int], torch.Tensor] | None = None) -> dict[str, Any]:
+def collate_bytes(samples: list[Sample]) -> dict[str, Any]:
     """The default batch of undecoded samples: per field, (data, offsets) with the stored bytes end to end
-    in one uint8 tensor, sample i being data[offsets[i]:offsets[i + 1]]. One shared-memory transfer per
-    field rather than a pickled list of bytes. Metadata such as "__key__" stays a list. ``alloc(n)``: the
-    uninitialised uint8 tensor of n bytes each field's data goes into (default: `_byte_tensor`)."""
-    batch: dict[str, Any] = {}
-    for key in samples[0]:
-        values = [s[key] for s in samples]
-        if key.startswith("__"):
-            batch[key] = values
+    in a uint8 tensor, sample i being data[offsets[i]:offsets[i + 1]]; every field's data one after the other
+    in one storage: one shared-memory transfer per batch rather than a pickled list of bytes. Metadata such as
+    "__key__" stays a list. A field given as a `Member` (the loader's, from a local shard) is read from the
+    shard straight into the batch."""
+    fields = _layout(samples)
+    whole = _byte_tensor(_size(fields))
+    _fill(whole, samples, fields)
+    return _unpack(whole, fields)
+
+
+def _metadata(key: str) -> bool:
+    return key.startswith("__")
+
+
+def _layout(samples: list[Sample]) -> dict[str, list[Any]]:
+    """Per field, its samples' end offsets (the byte fields) or values (metadata)."""
+    return {key: [s[key] for s in samples] if _metadata(key) else list(itertools.accumulate(len(s[key]) for s in samples))
+            for key in samples[0]}
+
+
+def _size(fields: dict[str, list[Any]]) -> int:
+    return sum(ends[-1] for key, ends in fields.items() if not _metadata(key))
+
+
+def _fill(whole: torch.Tensor, samples: list[Sample], fields: dict[str, list[Any]]) -> None:
+    flat, at = memoryview(whole.numpy()), 0
+    for key, ends in fields.items():
+        if _metadata(key):
             continue
-        ends = list(itertools.accumulate(map(len, values)))
-        data = (alloc or _byte_tensor)(ends[-1])
-        flat = memoryview(data.numpy())
-        for value, start, end in zip(values, [0, *ends], ends):
-            flat[start:end] = value
-        batch[key] = (data, torch.tensor([0, *ends]))
+        for sample, start, end in zip(samples, [0, *ends], ends):
+            view, value = flat[at + start:at + end], sample[key]
+            if isinstance(value, Member):
+                value.read_into(view)
+            else:
+                view[:] = value
+        at += ends[-1]
+
+
+def _unpack(whole: torch.Tensor, fields: dict[str, list[Any]]) -> dict[str, Any]:
+    """The batch of `_fill`'s bytes in ``whole``: its data tensors are views of it."""
+    batch: dict[str, Any] = {}
+    at = 0
+    for key, spec in fields.items():
+        if _metadata(key):
+            batch[key] = spec
+            continue
+        batch[key] = (whole[at:at + spec[-1]], torch.tensor([0, *spec]))
+        at += spec[-1]
     return batch
 
 
 def _collate(job: EpochJob, physical: int, samples: list[Sample]) -> tuple[Any, tuple[int, int] | None]:
-    """The batch, and the reused buffer it lies in (with ``job.buffers``: collate_bytes into one of worker
-    ``physical``'s, every field's data one after the other in it)."""
+    """The batch, and the reused buffer it lies in (with ``job.buffers``, one of worker ``physical``'s; then the
+    batch is `Packed`, unless no buffer was free)."""
     if job.buffers is None:
         return job.collate(samples), None
-    nbytes = sum(len(v) for s in samples for k, v in s.items() if not k.startswith("__"))
-    k, buf = job.buffers.take(physical, max(nbytes, 1))
-    whole = torch.empty(0, dtype=torch.uint8).set_(buf)
-    at = 0
+    fields = _layout(samples)
+    k, buf, fresh = job.buffers.take(physical, max(_size(fields), 1))
+    whole = _whole(buf)
+    _fill(whole, samples, fields)
+    if k is None:
+        return _unpack(whole, fields), None
+    return Packed(buf if fresh else None, fields), (physical, k)
 
-    def alloc(n: int) -> torch.Tensor:
-        nonlocal at
-        at += n
-        return whole[at - n:at]
 
-    return collate_bytes(samples, alloc), None if k is None else (physical, k)
+def _whole(storage: torch.UntypedStorage) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8).set_(storage)
 
 
 def _byte_tensor(n: int) -> torch.Tensor:
@@ -188,7 +249,7 @@ def _byte_tensor(n: int) -> torch.Tensor:
     default_collate makes its batches: passing it to the training process then copies nothing."""
     if get_worker_info() is None or n == 0:
         return torch.empty(n, dtype=torch.uint8)
-    return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(n))
+    return _whole(torch.UntypedStorage._new_shared(n))
 
 
 def as_is(item: Item) -> Item:
