@@ -229,8 +229,8 @@ def main() -> None:
             short = name.removeprefix("loader, ")
             figure(f"{short} loader / {raw}, {cache} cache", ratio[name], "x",
                    f">= {GOAL} x raw, {len(streams)} streams", ratio[name] >= GOAL)
-            figure(f"{short} loader's epoch, workers' start and stop included / {raw}, {cache} cache", epoch[name],
-                   "x", "shown (start and stop are once per epoch)")
+            figure(f"{short} loader, whole epoch / {raw}, {cache} cache", epoch[name], "x",
+                   "shown: with the workers' start and stop, once per epoch")
 
     per_epoch = len(ShardLoader(index, **kw))
     print(f"resume: seconds from load_state_dict to the first batch, median (min-max) of {args.repeats}, "

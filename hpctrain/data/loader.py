@@ -104,8 +104,9 @@ class ShardLoader:
         return -(-(self.index.total_samples // self.dp_size) // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        # A worker's buffers: its batches in flight (prefetch), the one the training loop holds, the one it fills.
-        buffers = Buffers(self.workers, self.prefetch_factor + 2) if self.reuse_buffers else None
+        # A worker's buffers: its batches in flight (the DataLoader's prefetch, the one it fills among them), the one
+        # the training loop holds.
+        buffers = Buffers(self.workers, self.prefetch_factor + 1) if self.reuse_buffers else None
         job = EpochJob(self.index, self._plan, list(self._positions), self._next_worker, self.seed, self.epoch,
                        self.shuffle_buffer, self.batch_size, self.decode, self.collate, buffers)
         items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,

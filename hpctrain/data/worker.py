@@ -64,8 +64,8 @@ class Buffers:
     """Shared-memory batch buffers that each DataLoader worker reuses, rather than a new segment per batch (whose
     first touch, page by page, cost more than reading the bytes). ``free[w, k]`` is 1 while worker w's buffer k
     may be written: the worker clears it as it fills it, the training process sets it once the batch in it has
-    been consumed. A worker holds ``count`` of them: those of the batches in flight (the DataLoader's prefetch),
-    the one the training loop holds and the one being filled. A buffer's storage travels to the training process
+    been consumed. A worker holds ``count`` of them: those of the batches in flight (the DataLoader's prefetch,
+    the one being filled among them) and the one the training loop holds. A buffer's storage travels to the training process
     once, with its first batch (`Packed`): passing a storage's file descriptor costs a connection to the worker
     per tensor, more than reading a batch of megabytes from the page cache."""
 
