@@ -10,17 +10,18 @@ forked as the DataLoader forks its workers. Against it: the loader without decod
 bytes, ``decode=False``), the same with ``reuse_buffers=True`` (each worker writes its batches into a few
 shared-memory buffers it reuses), and the loader decoding .npy into batched tensors. Each repeat runs the four
 cases in an order rotated from repeat to repeat. Cold: the shards' cached pages are dropped with
-posix_fadvise(DONTNEED) before each case, so reads come from the device (or the caches below a virtual disk);
-warm: everything from the page cache, after one raw read.
+posix_fadvise(DONTNEED) before each case, so reads come from the device (or the caches below a virtual disk),
+and the raw read asks the kernel to read ahead as far as the loader does (posix_fadvise(WILLNEED) 32 MiB past
+each read); warm: everything from the page cache, after one raw read, which then asks for no readahead.
 
 Throughput: a raw read's bytes over its time from start to end (its processes' fork included); a loader's
-bytes after its first batch over the time from the first batch to the last, since a loader starts its workers
-once per epoch (about 40 ms, and the first touch of each worker's batch buffers, 1.6 us a page on this virtual
-machine) and an epoch of a rank's share is gigabytes to terabytes: each loader's whole epoch against the raw
-read, and its workers' start and stop, are shown beside it. Figures: each case's median over --repeats and its
-spread (min-max); a ratio is of the medians, its spread that of the ratios within each repeat (this machine's
-disk and memory bandwidth drift from run to run more than the cases differ: only cases run side by side
-compare). Goal: the undecoded loader's throughput >= 0.9 x the raw read's at equal parallelism, cold and warm.
+bytes after its first round of batches (one per worker) over the time from that round to the last batch, since
+a loader starts its workers once per epoch (about 40 ms, and the first touch of each worker's batch buffers, 1.6
+us a page on this virtual machine) and an epoch of a rank's share is gigabytes to terabytes: each loader's whole
+epoch against the raw read, and its workers' start and stop, are shown beside it. Figures: each case's median over
+--repeats and its spread (min-max); a ratio is of the medians, its spread that of the ratios within each repeat
+(this machine's disk and memory bandwidth drift from run to run more than the cases differ: only cases run side by
+side compare). Goal: the undecoded loader's throughput >= 0.9 x the raw read's at equal parallelism, cold and warm.
 With each case, the CPU time (user, sys) of all its processes and their minor page faults per MB: without
 reused buffers every batch a DataLoader worker hands over is a new shared-memory segment, 256 faults per MiB,
 which here cost more than reading the bytes; with them, the worker reads a local shard's bytes straight into
@@ -47,6 +48,7 @@ import numpy as np  # noqa: E402
 
 from hpctrain.data import ShardIndex, ShardLoader, load_index, pack  # noqa: E402
 from hpctrain.data.plan import plan_epoch  # noqa: E402
+from hpctrain.data.tarshard import HINT_STEP, READ_AHEAD  # noqa: E402
 
 from _figures import figure  # noqa: E402
 
@@ -85,19 +87,28 @@ def worker_ranges(index: ShardIndex, workers: int, batch_size: int) -> list[list
     return out
 
 
-def read_ranges(ranges: list[Range]) -> None:
+def read_ranges(ranges: list[Range], ahead: bool) -> None:
+    """Read the ranges in 8 MiB reads, with sequential-access advice; with ``ahead``, also asking the kernel to read
+    ahead as the loader does (tarshard's READ_AHEAD past the read, HINT_STEP at a time)."""
     for path, start, end in ranges:
         with open(path, "rb", buffering=0) as fh:
-            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # as the loader does
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
             fh.seek(start)
-            left = end - start
-            while left > 0 and (block := fh.read(min(BLOCK, left))):
-                left -= len(block)
+            at = hinted = start
+            while at < end:
+                if ahead and at + BLOCK + READ_AHEAD > hinted:
+                    ask = at + BLOCK + READ_AHEAD + HINT_STEP
+                    os.posix_fadvise(fh.fileno(), hinted, ask - hinted, os.POSIX_FADV_WILLNEED)
+                    hinted = ask
+                if not (block := fh.read(min(BLOCK, end - at))):
+                    break
+                at += len(block)
 
 
-def raw_read(streams: list[list[Range]]) -> None:
+def raw_read(streams: list[list[Range]], ahead: bool = False) -> None:
     """One forked process per stream, as the DataLoader starts its workers."""
-    procs = [multiprocessing.get_context("fork").Process(target=read_ranges, args=(ranges,)) for ranges in streams]
+    procs = [multiprocessing.get_context("fork").Process(target=read_ranges, args=(ranges, ahead))
+             for ranges in streams]
     for p in procs:
         p.start()
     for p in procs:
@@ -106,22 +117,23 @@ def raw_read(streams: list[list[Range]]) -> None:
 
 
 class Phases(NamedTuple):
-    """A loader's epoch: seconds to its first batch (workers starting), from it to the last batch, after the last
-    to the loop's end (workers stopping); and the bytes of the batches after the first."""
+    """A loader's epoch: seconds to its first round of batches (one per worker: the workers start together), from
+    it to the last batch, after the last to the loop's end (workers stopping); and the bytes of the batches after
+    the first round."""
 
     start: float
     steady: float
     stop: float
-    after_first: int
+    steady_bytes: int
 
 
 def one_epoch(loader: ShardLoader) -> Phases:
     begin = time.perf_counter()
     first = last = 0.0
-    first_bytes = 0
+    first_bytes = taken = 0
     for _ in loader:
-        last = time.perf_counter()
-        if not first:
+        last, taken = time.perf_counter(), taken + 1
+        if taken == max(loader.workers, 1):
             first, first_bytes = last, loader.stats.bytes
     end = time.perf_counter()
     return Phases(first - begin, last - first, end - last, loader.stats.bytes - first_bytes)
@@ -138,8 +150,9 @@ class Cost(NamedTuple):
     faults: int
 
     def rate(self, total: int) -> float:
-        """Bytes per second: a loader's from its first batch to its last, a raw read's from start to end."""
-        return self.phases.after_first / self.phases.steady if self.phases else total / self.seconds
+        """Bytes per second: a loader's from its first round of batches to its last batch, a raw read's from start
+        to end."""
+        return self.phases.steady_bytes / self.phases.steady if self.phases else total / self.seconds
 
 
 def timed(run: Callable[[], Phases | None]) -> Cost:
@@ -194,7 +207,7 @@ def main() -> None:
           f"{args.repeats} repeats; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
     kw = dict(batch_size=args.batch_size, workers=args.workers, shuffle_buffer=args.shuffle_buffer)
     runs: dict[str, Callable[[], Phases | None]] = {
-        raw: lambda: raw_read(streams),
+        raw: lambda: raw_read(streams, ahead=cache == "cold"),  # readahead asked for where it helps, as the loader
         "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
         "loader, reused buffers": lambda: one_epoch(ShardLoader(index, decode=False, reuse_buffers=True, **kw)),
         "loader, .npy decoded": lambda: one_epoch(ShardLoader(index, **kw)),
@@ -208,20 +221,21 @@ def main() -> None:
                 if cache == "cold":
                     drop_cache(index)
                 costs[name].append(timed(runs[name]))
-        print(f"{cache} cache: MB/s (a loader's from its first batch to its last), median (min-max) of "
-              f"{args.repeats}; x {raw}, of the medians (per repeat min-max); a loader's whole epoch x the raw "
-              "read's, and its workers' start (to the first batch) and stop; CPU s (user, sys) and page faults "
+        print(f"{cache} cache: MB/s (a loader's from its first round of batches to its last batch), median "
+              f"(min-max) of {args.repeats}; x {raw}, of the medians (per repeat min-max); a loader's whole epoch x "
+              "the raw read's, and its workers' start (to the first round) and stop; CPU s (user, sys) and page faults "
               "per MB, medians, all processes")
         ratio, epoch = {}, {}
         for name in names:
             rates, raw_rates = [c.rate(total) for c in costs[name]], [c.rate(total) for c in costs[raw]]
             per_repeat = [a / b for a, b in zip(rates, raw_rates)]
             ratio[name] = statistics.median(rates) / statistics.median(raw_rates)
-            epoch[name] = statistics.median(c.seconds for c in costs[raw]) / statistics.median(c.seconds for c in costs[name])
+            epoch[name] = (statistics.median(c.seconds for c in costs[raw])
+                           / statistics.median(c.seconds for c in costs[name]))
             user, sys, faults = (statistics.median(getattr(c, k) for c in costs[name]) for k in Cost._fields[2:])
-            ends = "" if name == raw else (
-                f"epoch {epoch[name]:4.2f} x, start {statistics.median(c.phases.start for c in costs[name]) * 1e3:3.0f} ms, "
-                f"stop {statistics.median(c.phases.stop for c in costs[name]) * 1e3:3.0f} ms  ")
+            start, stop = (statistics.median(getattr(c.phases, k) for c in costs[name]) * 1e3 if name != raw else 0
+                           for k in ("start", "stop"))
+            ends = "" if name == raw else f"epoch {epoch[name]:4.2f} x, start {start:3.0f} ms, stop {stop:3.0f} ms  "
             print(f"  {name:22} {spread([r / 1e6 for r in rates], '6.0f')}  {ratio[name]:5.2f} x "
                   f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  {ends}CPU {user:4.2f} + {sys:4.2f} s  "
                   f"{faults / (total / 1e6):5.0f} faults/MB")

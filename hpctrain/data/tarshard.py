@@ -79,6 +79,8 @@ RawSample = dict[str, bytes | Member | str]
 _READ_ERRORS = (OSError, tarfile.TarError, EOFError)
 BLOCK = tarfile.BLOCKSIZE
 _MAGIC = (b"ustar\0", b"ustar ")  # POSIX, GNU
+# ustar's numbers, as tarfile.TarInfo.frombuf reads them (mode, uid, gid, size, mtime, devmajor, devminor, checksum)
+_NUMBERS = ((100, 108), (108, 116), (116, 124), (124, 136), (136, 148), (329, 337), (337, 345), (148, 156))
 _PAX_KEEPS = {"path", "mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "comment"}
 # A local shard's fields are read in the shuffle's order, not the file's, so the kernel sees no sequential reads
 # to read ahead of: it is asked to, from the headers walked to READ_AHEAD past them, HINT_STEP at a time.
@@ -156,13 +158,16 @@ class Shard:
             yield from _tar_members(rest)
 
     def _read(self, member: Header | tarfile.TarInfo) -> bytes:
-        if self._fd is not None:
+        if self._fd is not None and not _sparse(member):
             return self._locate(member).read()
-        fh = self._tar.extractfile(member)
+        fh = self._tar.extractfile(member)  # any member, from its own offsets: also one of another TarFile here
         assert fh is not None  # a regular file
         return fh.read()
 
-    def _locate(self, member: Header | tarfile.TarInfo) -> Member:
+    def _locate(self, member: Header | tarfile.TarInfo) -> Member | bytes:
+        """Where ``member``'s bytes lie; the bytes of a sparse member (stored compacted: tarfile expands them)."""
+        if _sparse(member):
+            return self._read(member)
         end = member.offset_data + member.size
         if end > self.info.bytes:
             raise ShardCorrupt(f"member {member.name!r} ends at byte {end}, past the shard's end")
@@ -185,6 +190,10 @@ class Shard:
                 j, sample = next(ahead)
                 held[j] = sample
             yield i, held.pop(i)
+
+
+def _sparse(member: Header | tarfile.TarInfo) -> bool:
+    return isinstance(member, tarfile.TarInfo) and member.sparse is not None
 
 
 def _fileno(file: BinaryIO) -> int | None:
@@ -222,19 +231,22 @@ def _header(fd: int, offset: int) -> Header | None:
         pax = _pax(os.pread(fd, fields[2], offset + BLOCK))
         offset += BLOCK + _padded(fields[2])
         fields = _ustar(os.pread(fd, BLOCK, offset))
-    if fields is None or pax is None or fields[0] not in (b"0", b"\0") or fields[1].endswith("/"):  # old-style dir
+    old_style_dir = fields is not None and fields[0] == b"\0" and fields[1].endswith("/")
+    if fields is None or pax is None or fields[0] not in (b"0", b"\0") or old_style_dir:
         return None
-    return Header(pax.get("path", fields[1]), offset + BLOCK, fields[2])
+    return Header(pax["path"].rstrip("/") if "path" in pax else fields[1], offset + BLOCK, fields[2])
 
 
 def _ustar(block: bytes) -> tuple[bytes, str, int] | None:
-    """(type, name, size) of the ustar header in ``block``, if it is one with a valid checksum; else None."""
-    if len(block) < BLOCK or block[257:263] not in _MAGIC or block[124] & 0x80:  # a base-256 size
+    """(type, name, size) of the ustar header in ``block``, if it is one whose numbers tarfile would all read (no
+    base-256 one among them) and whose checksum is valid; else None."""
+    if len(block) < BLOCK or block[257:263] not in _MAGIC or any(block[a] & 0x80 for a, _ in _NUMBERS):
         return None
     try:
-        size, checksum = (int(_cut(block[a:b]).strip() or b"0", 8) for a, b in ((124, 136), (148, 156)))
+        numbers = [int(_cut(block[a:b]).strip() or b"0", 8) for a, b in _NUMBERS]
     except ValueError:
         return None
+    size, checksum = numbers[3], numbers[-1]
     if checksum != 256 + sum(block) - sum(block[148:156]):
         return None
     name = os.fsdecode(_cut(block[:100]))  # tarfile's encoding, by default
@@ -249,8 +261,10 @@ def _pax(data: bytes) -> dict[str, str] | None:
     records, at = {}, 0
     try:
         while at < len(data) and data[at]:
-            length = int(data[at:data.index(b" ", at)])
-            keyword, _, value = data[data.index(b" ", at) + 1:at + length - 1].partition(b"=")
+            space = data.index(b" ", at)
+            if not data[at:space].isdigit() or (length := int(data[at:space])) <= space - at:
+                return None
+            keyword, _, value = data[space + 1:at + length - 1].partition(b"=")
             records[keyword.decode()] = value.decode("utf-8", "surrogateescape")
             at += length
     except ValueError:  # UnicodeDecodeError too
@@ -299,7 +313,8 @@ def scan(location: str) -> Scan:
         hashing = _Hashing(file)
         try:
             with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as tar:
-                samples, problem = sum(1 for _ in itertools.groupby(k for _, k, _ in _sample_members(_tar_members(tar)))), None
+                keys = (k for _, k, _ in _sample_members(_tar_members(tar)))
+                samples, problem = sum(1 for _ in itertools.groupby(keys)), None
         except _READ_ERRORS as exc:
             samples, problem = None, f"unreadable tar: {exc}"
         while hashing.read(1 << 20):  # the padding after the end-of-archive blocks, or what a bad header hid

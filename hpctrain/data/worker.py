@@ -65,9 +65,9 @@ class Buffers:
     first touch, page by page, cost more than reading the bytes). ``free[w, k]`` is 1 while worker w's buffer k
     may be written: the worker clears it as it fills it, the training process sets it once the batch in it has
     been consumed. A worker holds ``count`` of them: those of the batches in flight (the DataLoader's prefetch,
-    the one being filled among them) and the one the training loop holds. A buffer's storage travels to the training process
-    once, with its first batch (`Packed`): passing a storage's file descriptor costs a connection to the worker
-    per tensor, more than reading a batch of megabytes from the page cache."""
+    the one being filled among them) and the one the training loop holds. A buffer's storage travels to the
+    training process once, with its first batch (`Packed`): passing a storage's file descriptor costs a connection
+    to the worker per tensor, more than reading a batch of megabytes from the page cache."""
 
     def __init__(self, workers: int, count: int):
         self.free = torch.ones(workers, count, dtype=torch.uint8).share_memory_()
@@ -147,8 +147,9 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
                         if len(batch) == job.batch_size:
                             position = (s + 1, 0) if done == segment.length else (s, done)
                             data, slot = collate(batch)
-                            yield Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
-                            batch, nbytes, bad = [], 0, []
+                            item = Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
+                            batch, nbytes, bad = [], 0, []  # before the yield, where the generator may be closed
+                            yield item
                 finally:  # what the batch still has in this shard is read before the shard closes
                     batch = [_read_fields(sample) for sample in batch]
         except ShardCorrupt as exc:
@@ -191,8 +192,8 @@ def _metadata(key: str) -> bool:
 
 def _layout(samples: list[Sample]) -> dict[str, list[Any]]:
     """Per field, its samples' end offsets (the byte fields) or values (metadata)."""
-    return {key: [s[key] for s in samples] if _metadata(key) else list(itertools.accumulate(len(s[key]) for s in samples))
-            for key in samples[0]}
+    return {key: [s[key] for s in samples] if _metadata(key)
+            else list(itertools.accumulate(len(s[key]) for s in samples)) for key in samples[0]}
 
 
 def _size(fields: dict[str, list[Any]]) -> int:
