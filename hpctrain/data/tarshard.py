@@ -119,7 +119,7 @@ class Shard:
     def samples(self, wanted: Sequence[int], located: bool = False) -> Iterator[tuple[int, RawSample]]:
         """(i, sample) for the ascending sample numbers ``wanted``, as {"__key__": key, extension: bytes}; with
         ``located``, each field of a local shard a `Member`, its bytes not read yet."""
-        field: Callable[[Any], bytes | Member] = self._locate if located and self._fd is not None else self._read
+        field: Callable[[Any], bytes | Member] = self._place if located and self._fd is not None else self._read
         members = _tar_members(self._tar) if self._fd is None else self.headers()
         targets = iter(wanted)
         target = next(targets, None)
@@ -157,6 +157,10 @@ class Shard:
         with tarfile.open(fileobj=self._file, mode="r:") as rest:
             yield from _tar_members(rest)
 
+    def _place(self, member: Header | tarfile.TarInfo) -> Member | bytes:
+        """Where a local member's bytes lie; a sparse member's bytes (stored compacted: tarfile expands them)."""
+        return self._read(member) if _sparse(member) else self._locate(member)
+
     def _read(self, member: Header | tarfile.TarInfo) -> bytes:
         if self._fd is not None and not _sparse(member):
             return self._locate(member).read()
@@ -164,10 +168,7 @@ class Shard:
         assert fh is not None  # a regular file
         return fh.read()
 
-    def _locate(self, member: Header | tarfile.TarInfo) -> Member | bytes:
-        """Where ``member``'s bytes lie; the bytes of a sparse member (stored compacted: tarfile expands them)."""
-        if _sparse(member):
-            return self._read(member)
+    def _locate(self, member: Header | tarfile.TarInfo) -> Member:
         end = member.offset_data + member.size
         if end > self.info.bytes:
             raise ShardCorrupt(f"member {member.name!r} ends at byte {end}, past the shard's end")
