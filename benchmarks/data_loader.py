@@ -206,19 +206,20 @@ def main() -> None:
           f"workers={args.workers} batch={args.batch_size} shuffle_buffer={args.shuffle_buffer}; "
           f"{args.repeats} repeats; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
     kw = dict(batch_size=args.batch_size, workers=args.workers, shuffle_buffer=args.shuffle_buffer)
-    runs: dict[str, Callable[[], Phases | None]] = {
-        raw: lambda: raw_read(streams, ahead=cache == "cold"),  # readahead asked for where it helps, as the loader
-        "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
-        "loader, reused buffers": lambda: one_epoch(ShardLoader(index, decode=False, reuse_buffers=True, **kw)),
-        "loader, .npy decoded": lambda: one_epoch(ShardLoader(index, **kw)),
-    }
-    names = list(runs)
     for cache in ("cold", "warm"):
+        cold = cache == "cold"
+        runs: dict[str, Callable[[], Phases | None]] = {
+            raw: lambda: raw_read(streams, ahead=cold),  # readahead asked for where it helps, as the loader does
+            "loader, undecoded": lambda: one_epoch(ShardLoader(index, decode=False, **kw)),
+            "loader, reused buffers": lambda: one_epoch(ShardLoader(index, decode=False, reuse_buffers=True, **kw)),
+            "loader, .npy decoded": lambda: one_epoch(ShardLoader(index, **kw)),
+        }
+        names = list(runs)
         costs: dict[str, list[Cost]] = {name: [] for name in names}
         raw_read(streams)  # warms the cache for the warm pass; the cold pass drops it before each case
         for r in range(args.repeats):
             for name in names[r % len(names):] + names[:r % len(names)]:
-                if cache == "cold":
+                if cold:
                     drop_cache(index)
                 costs[name].append(timed(runs[name]))
         print(f"{cache} cache: MB/s (a loader's from its first round of batches to its last batch), median "
@@ -233,9 +234,11 @@ def main() -> None:
             epoch[name] = (statistics.median(c.seconds for c in costs[raw])
                            / statistics.median(c.seconds for c in costs[name]))
             user, sys, faults = (statistics.median(getattr(c, k) for c in costs[name]) for k in Cost._fields[2:])
-            start, stop = (statistics.median(getattr(c.phases, k) for c in costs[name]) * 1e3 if name != raw else 0
-                           for k in ("start", "stop"))
-            ends = "" if name == raw else f"epoch {epoch[name]:4.2f} x, start {start:3.0f} ms, stop {stop:3.0f} ms  "
+            ends = ""
+            if name != raw:
+                start, stop = (statistics.median(getattr(c.phases, k) for c in costs[name]) * 1e3
+                               for k in ("start", "stop"))
+                ends = f"epoch {epoch[name]:4.2f} x, start {start:3.0f} ms, stop {stop:3.0f} ms  "
             print(f"  {name:22} {spread([r / 1e6 for r in rates], '6.0f')}  {ratio[name]:5.2f} x "
                   f"({min(per_repeat):.2f}-{max(per_repeat):.2f})  {ends}CPU {user:4.2f} + {sys:4.2f} s  "
                   f"{faults / (total / 1e6):5.0f} faults/MB")

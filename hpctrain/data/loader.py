@@ -65,10 +65,10 @@ class ShardLoader:
     default torch's ``default_collate`` of samples decoded by webdataset's default decoder (.npy ->
     array, .txt, .json, .cls, ...). With ``decode=False`` samples keep the stored bytes and the default
     batch is ``collate_bytes``'s: per field, one uint8 tensor of them end to end plus offsets. With
-    ``reuse_buffers`` (undecoded, default batches, workers >= 1) each worker writes its batches into a few
-    shared-memory buffers it reuses (`hpctrain.data.worker.Buffers`) instead of a new segment per batch, which
-    saves the first touch of every page (most of the loader's CPU time): a batch is then valid only until the
-    next one is asked for, so copy what must outlive a step.
+    ``reuse_buffers`` (undecoded, default batches, workers >= 1) each worker reads its batches (a local shard's
+    bytes straight from the file) into a few shared-memory buffers it reuses (`hpctrain.data.worker.Buffers`)
+    instead of a new segment per batch, which saves the first touch of every page (most of the loader's CPU
+    time): a batch is then valid only until the next one is asked for, so copy what must outlive a step.
     """
 
     def __init__(self, index: ShardIndex | str | Path, *, batch_size: int, dp_rank: int = 0, dp_size: int = 1,

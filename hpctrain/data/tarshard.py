@@ -144,10 +144,10 @@ class Shard:
             raise ShardCorrupt(f"{i + 1} samples, index says {self.info.samples}")
 
     def headers(self) -> Iterator[Header | tarfile.TarInfo]:
-        """The members from the start, their headers read with pread and parsed here (a tenth of tarfile's time,
-        which is a sample's cost besides its bytes) while they are regular files' ustar headers, with or without
-        a pax record (webdataset's TarWriter writes one per member); from the first that is not (GNU long names,
-        directories, links, the end of the archive), tarfile reads on from there."""
+        """A local shard's members from the start, their headers read with pread and parsed here (a tenth of
+        tarfile's time, which is a sample's cost besides its bytes) while they are regular files' ustar headers,
+        with or without a pax record (webdataset's TarWriter writes one per member); from the first that is not
+        (GNU long names, directories, links, the end of the archive), tarfile reads on from there."""
         assert self._fd is not None
         fd, offset = self._fd, 0
         while (header := _header(fd, offset)) is not None:
