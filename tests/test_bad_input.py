@@ -256,12 +256,27 @@ bad_fraction = st.one_of(st.floats(min_value=1, exclude_min=True), st.floats(max
                          st.just(math.nan), st.text(max_size=4), st.booleans())
 bad_mode = st.one_of(not_int, st.integers(max_value=-1), st.integers(min_value=0o1000))
 bad_path = st.one_of(st.just(""), st.just("a\x00b"), st.integers(), st.booleans(), st.lists(st.text(max_size=3), max_size=2))
+# Read as an option by the program it is given to (srun, apptainer, cd, exec).
+dash = st.text(max_size=6).map(lambda s: "-" + s)
 bad_command = st.one_of(
     st.just([]), st.sampled_from([[""], [" "], ["\t", "train.py"]]), st.text(max_size=10),
+    st.tuples(dash, st.lists(st.text(max_size=4), max_size=2)).map(lambda t: [t[0], *t[1]]),
     st.lists(st.one_of(st.integers(), st.floats(), st.booleans()), min_size=1, max_size=3),
     st.lists(st.text(max_size=4), min_size=1, max_size=3).flatmap(
         lambda argv: st.integers(0, len(argv)).map(lambda i: argv[:i] + [7] + argv[i:])),
 )
+
+
+# Shell commands that are not complete: each would swallow the batch script's lines after it.
+UNBALANCED = ["echo 'a", 'echo "a', "echo $(date", "echo ${HOME", "echo `date", "if true; then", "for i in 1; do",
+              "while :; do", "case x in", "{ echo a", "( cd /", "cat <<EOF", "echo a \\", "echo a &&", "echo a |",
+              "f() {"]
+bad_setup = st.tuples(st.lists(st.sampled_from(["module load gcc", "export A=1", "source env.sh"]), max_size=2),
+                      st.sampled_from(["", "export A=1; "]), st.sampled_from(UNBALANCED), st.integers(0, 2)).map(
+    lambda t: [*t[0][:t[3]], t[1] + t[2], *t[0][t[3]:]])
+# Path fields expand $NAME from the submitting environment: never a secret's (BASE_SPEC's TOKEN).
+SECRET_PATH_FIELDS = [("workdir",), ("data", "index"), ("checkpoint", "dir"), ("container", "workdir")]
+secret_path = st.sampled_from(["$TOKEN", "${TOKEN}", "/scratch/$TOKEN/run", "${TOKEN:-/tmp}", "~/$TOKEN", "$HOME$TOKEN"])
 
 
 def literal_other(*allowed: str) -> st.SearchStrategy[Any]:
@@ -274,6 +289,7 @@ SPEC_FIELDS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("command",): bad_command,
     ("workdir",): bad_path,
     ("seed",): not_int,
+    ("setup",): st.one_of(bad_setup, st.just(["echo a\necho b"])),
     ("launcher",): literal_other("srun", "none"),
     ("requeue",): not_bool,
     ("hyperparameters",): not_table,
@@ -323,6 +339,7 @@ SPEC_FIELDS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
                                                                  "afterok:1"]), min_size=1, max_size=3)),
     ("dependency", "kind"): literal_other("afterok", "afterany", "afternotok"),
     ("dependency", "singleton"): not_bool,
+    ("container", "image"): st.one_of(dash, st.just(""), st.just("a b")),
     # Whole sections that are not tables.
     **{(section,): not_table for section in ("resources", "parallel", "model", "data", "checkpoint", "env", "retry",
                                               "array", "dependency")},
@@ -343,12 +360,17 @@ def known_keys(model: type) -> set[str]:
 def spec_mutation(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[str, ...]]]:
     """A valid spec with one thing wrong: (spec, [the key path to be named])."""
     spec = copy.deepcopy(draw(st.sampled_from(SPEC_BASES)))
-    kind = draw(st.sampled_from(["field", "field", "field", "unknown", "missing", "array_count", "env_name"]))
-    if kind == "field":
-        path = draw(st.sampled_from(sorted(SPEC_FIELDS)))
+    kind = draw(st.sampled_from(["field", "field", "field", "unknown", "missing", "array_count", "env_name",
+                                 "secret_path"]))
+    if kind in ("field", "secret_path"):
+        path = draw(st.sampled_from(sorted(SPEC_FIELDS) if kind == "field" else SECRET_PATH_FIELDS))
         if path[0] == "array":  # exactly one of params, grid, count: replace the one there
             spec["array"] = {}
-        set_path(spec, path, draw(SPEC_FIELDS[path]))
+        if path[0] == "container":
+            spec["container"] = {"image": "/images/train.sif"}
+        if kind == "secret_path":
+            spec.setdefault("env", {})["TOKEN"] = {"secret": True}
+        set_path(spec, path, draw(SPEC_FIELDS[path] if kind == "field" else secret_path))
         return spec, [path]
     if kind == "unknown":
         section = draw(st.sampled_from(sorted(SPEC_SECTIONS)))
@@ -490,7 +512,9 @@ DEV_SITE = tomllib.loads((REPO / "site_configs" / "dev.toml").read_text())
 SITE_FIELDS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("name",): bad_slurm_name,
     ("description",): not_str,
-    ("setup",): st.one_of(st.text(max_size=5), st.lists(st.integers(), min_size=1, max_size=2)),
+    ("setup",): st.one_of(st.text(max_size=5), st.lists(st.integers(), min_size=1, max_size=2), bad_setup),
+    ("containers", "apptainer"): dash,
+    ("containers", "python"): dash,
     ("accounts",): st.one_of(st.just([]), not_table.filter(lambda v: not isinstance(v, list)),
                              st.lists(bad_slurm_name, min_size=1, max_size=2)),
     ("slurm", "conf"): bad_path,
@@ -520,7 +544,7 @@ SITE_FIELDS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("network_env", "OMP_NUM_THREADS"): not_str,
     ("gpu_hour_price", "gpu"): st.one_of(st.text(max_size=3), st.booleans(), st.just(math.inf), st.just(math.nan)),
     ("gpu_hour_price", "cpu"): st.floats(0, 10),  # no such partition
-    ("launch", "python"): bad_path,
+    ("launch", "python"): st.one_of(bad_path, dash),
     ("launch", "master_port_range"): st.one_of(
         st.just([29999, 21000]), st.just([80, 90]), st.just([21000, 70000]), st.just([1, 2, 3]), st.text(max_size=3),
         st.tuples(st.integers(1024, 65535), st.integers(1024, 65535)).filter(lambda t: t[0] >= t[1]).map(list)),

@@ -87,7 +87,7 @@ def test_launch_env_takes_site_network_settings_and_respects_overrides():
 
 def test_srun_runs_the_task_shim():
     argv = srun_argv(["python", "train.py", "--lr", "1e-3"], python="/venv/bin/python")
-    assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "--", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
                     "python", "train.py", "--lr", "1e-3"]
 
 
@@ -106,10 +106,10 @@ def test_the_rendered_container_launch_line_starts_the_shim_in_the_image(runtime
     mounts = "/shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw,/datasets/imagenet:/data:ro"
     if runtime == "pyxis":
         assert argv == ["srun", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3", f"--container-mounts={mounts}",
-                        "--container-workdir=/home/alice/proj", "--kill-on-bad-exit=1", "--label", *shim]
+                        "--container-workdir=/home/alice/proj", "--kill-on-bad-exit=1", "--label", "--", *shim]
     else:
-        assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "apptainer", "exec", "--nv", "--bind", mounts,
-                        "--pwd", "/home/alice/proj", "nvcr.io#nvidia/pytorch:24.05-py3", *shim]
+        assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "--", "apptainer", "exec", "--nv", "--bind", mounts,
+                        "--pwd=/home/alice/proj", "nvcr.io#nvidia/pytorch:24.05-py3", *shim]
 
 
 def test_sinfo_states_that_rule_a_node_out():

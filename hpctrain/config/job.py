@@ -9,10 +9,12 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelWrapValidatorHandler, model_validator
 
-from hpctrain.config.loading import Loc, StrictModel, load_model, validate
-from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName
+from hpctrain.config.loading import Loc, StrictModel, load_model, secret_variables, validate
+from hpctrain.config.shell import check_shell_command
+from hpctrain.config.types import (ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName,
+                                   check_not_option)
 from hpctrain.contract import PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -43,11 +45,13 @@ def _shell_line(value: str) -> str:
 
 SlurmJobId = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_slurm_job_id)]
 LedgerId = Annotated[int, BeforeValidator(_text_as_int), Field(ge=1)]
+SetupLine = Annotated[str, AfterValidator(_shell_line), AfterValidator(check_shell_command)]
 
 
 def _argv(value: list[str]) -> list[str]:
     if not value[0].strip():
         raise ValueError("expected the program to run as the first item")
+    check_not_option(value[0])
     return value
 
 
@@ -218,7 +222,7 @@ class JobSpec(StrictModel):
     command: Annotated[list[str], AfterValidator(_argv)] = Field(
         min_length=1, description="argv run once per task, e.g. ['python', 'train.py']")
     workdir: ExpandedPath | None = None
-    setup: list[Annotated[str, AfterValidator(_shell_line)]] = Field(default_factory=list, description=(
+    setup: list[SetupLine] = Field(default_factory=list, description=(
         "shell lines run before the command, after the site's setup: `module load ...`, `source env.sh`"))
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)
@@ -235,6 +239,15 @@ class JobSpec(StrictModel):
     hang: HangPolicy = Field(default_factory=HangPolicy)
     array: ArraySpec | None = None
     dependency: Dependency = Field(default_factory=Dependency)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _paths_without_secrets(cls, data: Any, handler: ModelWrapValidatorHandler["JobSpec"]) -> "JobSpec":
+        """Path fields expand ``$NAME`` from the submitting environment, never a secret's."""
+        env = data.get("env") if isinstance(data, dict) else None
+        names = [k for k, v in env.items() if isinstance(v, dict) and v.get("secret")] if isinstance(env, dict) else []
+        with secret_variables(names):
+            return handler(data)
 
     def problems(self) -> Iterator[tuple[Loc, str]]:
         for key in self.env:

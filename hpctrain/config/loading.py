@@ -6,8 +6,10 @@ import json
 import os
 import re
 import sys
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterable, TypeVar
+from typing import Any, Iterable, Iterator, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -181,6 +183,19 @@ def load_model(model: type[M], path: Path) -> M:
 
 
 _VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
+# Variables that must not be expanded: the secrets of the job spec being validated. An expanded path is written
+# into the batch script (kept by Slurm), spec.json and the ledger.
+_SECRET_VARS: ContextVar[frozenset[str]] = ContextVar("hpctrain_secret_vars", default=frozenset())
+
+
+@contextmanager
+def secret_variables(names: Iterable[str]) -> Iterator[None]:
+    """While validating inside this block, a path naming one of ``names`` is refused instead of expanded."""
+    token = _SECRET_VARS.set(frozenset(names))
+    try:
+        yield
+    finally:
+        _SECRET_VARS.reset(token)
 
 
 def expand_vars(text: str) -> str:
@@ -188,6 +203,9 @@ def expand_vars(text: str) -> str:
 
     def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(3)
+        if name in _SECRET_VARS.get():
+            raise ValueError(f"${name} is a secret (env.{name}): a path is written into the batch script, spec.json "
+                             "and the ledger, so it cannot hold one")
         value = os.environ.get(name)
         if value:
             return value

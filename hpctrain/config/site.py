@@ -14,7 +14,7 @@ from hpctrain.config.job import HangPolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
 from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, BindPath, ExpandedPath, FileMode, MiB,
-                                   Seconds, SlurmName)
+                                   Program, ProgramPath, Seconds, ShellCommand, SlurmName)
 from hpctrain.errors import ConfigError
 
 
@@ -83,7 +83,7 @@ class Alerts(StrictModel):
 
 
 class Launch(StrictModel):
-    python: ExpandedPath | None = Field(None, description="Python with hpctrain on the compute nodes (default: the submitting one)")
+    python: ProgramPath | None = Field(None, description="Python with hpctrain on the compute nodes (default: the submitting one)")
     master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
 
 
@@ -93,10 +93,10 @@ class Containers(StrictModel):
     runtime: Literal["pyxis", "apptainer"] | None = Field(
         None, description="pyxis/enroot (srun --container-*) or Apptainer (apptainer exec); None: no containers")
     binds: list[BindPath] = Field(default_factory=list, description="host paths every container sees: src[:dst[:ro]]")
-    apptainer: str = Field("apptainer", description="the apptainer command on the compute nodes")
+    apptainer: Program = Field("apptainer", description="the apptainer command on the compute nodes")
     apptainer_options: list[str] = Field(default_factory=list, description=(
         "more `apptainer exec` options, e.g. --cleanenv, or --no-privs where root may not hold every capability"))
-    python: str = Field("python3", description="the Python inside images, with hpctrain installed")
+    python: Program = Field("python3", description="the Python inside images, with hpctrain installed")
 
 
 class SiteConfig(StrictModel):
@@ -111,7 +111,7 @@ class SiteConfig(StrictModel):
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     network_env: dict[str, str] = Field(default_factory=dict, description="NCCL/InfiniBand settings")
-    setup: list[str] = Field(default_factory=list, description="shell lines run first in every job")
+    setup: list[ShellCommand] = Field(default_factory=list, description="shell commands run first in every job")
     gpu_hour_price: dict[str, FiniteFloat] = Field(default_factory=dict, description="per partition")
     launch: Launch = Field(default_factory=Launch)
     containers: Containers = Field(default_factory=Containers)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, PlainSerializer
 
 from hpctrain.config.loading import expand_path
+from hpctrain.config.shell import check_shell_command
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 # Partition, QOS and account names go on #SBATCH lines: letters, digits and _.- only.
 SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}"
 SLURM_NAME_RULE = "expected a Slurm name: a letter or digit, then letters, digits, _ . or - (255 at most)"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_Arg = TypeVar("_Arg", str, Path)
 
 
 def check_slurm_name(value: str) -> str:
@@ -35,6 +37,15 @@ def check_bind_path(value: str) -> str:
 def check_image(value: str) -> str:
     if not value or re.search(r"\s", value):
         raise ValueError("expected a container image: a path or an image reference, without spaces")
+    return check_not_option(value)
+
+
+def check_not_option(value: _Arg) -> _Arg:
+    """A program, image or argument that another program reads: one starting with '-' would be read as an option
+    (``./-name`` names such a file)."""
+    if str(value).startswith("-"):
+        raise ValueError(f"{str(value)!r} starts with '-', which the program it is given to reads as an option "
+                         "(write a file of that name as './-...')")
     return value
 
 
@@ -110,3 +121,6 @@ SlurmName = Annotated[str, AfterValidator(check_slurm_name)]
 FileMode = Annotated[int, AfterValidator(check_file_mode)]  # TOML: 0o640
 BindPath = Annotated[str, AfterValidator(check_bind_path)]
 ImageRef = Annotated[str, AfterValidator(check_image)]
+ShellCommand = Annotated[str, AfterValidator(check_shell_command)]  # a setup line of the batch script
+Program = Annotated[str, AfterValidator(check_not_option)]  # a command name or path, run by srun, exec or apptainer
+ProgramPath = Annotated[Path, BeforeValidator(expand_path), AfterValidator(check_not_option)]

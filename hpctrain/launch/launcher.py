@@ -29,7 +29,7 @@ def srun_argv(command: list[str], python: str = sys.executable, srun_options: Se
     """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim, under
     ``inside`` (a container's `apptainer exec ... IMAGE`; pyxis comes as ``srun_options``). Each line of the log
     starts with its task's rank ("3: "), for `hpctrain logs --rank`."""
-    return ["srun", *srun_options, "--kill-on-bad-exit=1", "--label", *inside, python, "-m", "hpctrain.launch.task",
+    return ["srun", *srun_options, "--kill-on-bad-exit=1", "--label", "--", *inside, python, "-m", "hpctrain.launch.task",
             "--", *command]
 
 

@@ -28,8 +28,8 @@ class Wrap:
 
     def launch_options(self) -> list[str]:
         """The same, as `hpctrain launch` options."""
-        return ([f"--srun-option={o}" for o in self.srun_options] + (["--inside", shlex.join(self.prefix)] if self.prefix
-                else []) + ["--python", self.python])
+        return ([f"--srun-option={o}" for o in self.srun_options] + ([f"--inside={shlex.join(self.prefix)}"] if self.prefix
+                else []) + [f"--python={self.python}"])
 
 
 def container_wrap(spec: JobSpec, site: SiteConfig, files: JobPaths) -> Wrap | None:
@@ -52,4 +52,4 @@ def container_wrap(spec: JobSpec, site: SiteConfig, files: JobPaths) -> Wrap | N
     gpus = ["--nv"] if spec.resources.gpus_per_node else []
     return Wrap(prefix=[site.containers.apptainer, "exec", *site.containers.apptainer_options, *gpus,
                         "--bind", ",".join(mounts),
-                        *(["--pwd", str(workdir)] if workdir else []), c.image], python=python)
+                        *([f"--pwd={workdir}"] if workdir else []), c.image], python=python)

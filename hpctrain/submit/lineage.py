@@ -7,12 +7,14 @@ on the login node without importing torch: versions come from package metadata.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
+import os
 import platform
 import re
 import subprocess
+import sys
 from importlib import metadata
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +33,36 @@ def entry_point(command: list[str], cwd: Path) -> Path | None:
         if arg == "-c":
             return None
         if arg == "-m" and i + 1 < len(command):
-            try:
-                spec = importlib.util.find_spec(command[i + 1])
-            except (ImportError, ValueError):
-                return None
-            return Path(spec.origin) if spec and spec.origin else None
+            return module_file(command[i + 1], cwd)
         if _INTERPRETER.match(Path(arg).name):
             continue
         path = Path(arg) if Path(arg).is_absolute() else cwd / arg
         if _is_file(path):
             return path.resolve()
     return None
+
+
+def module_file(name: str, cwd: Path) -> Path | None:
+    """The file `python -m NAME` runs from ``cwd`` (a package's ``__main__``), found on the path that Python would
+    search there without importing anything: a package's ``__init__`` is user code, and this runs at submit."""
+    search = [str(cwd), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), *sys.path[1:]]
+    spec = None
+    try:
+        for depth, part in enumerate(name.split(".")):
+            locations = search if spec is None else spec.submodule_search_locations
+            if locations is None:  # a module is not a package: it has no submodules
+                return None
+            spec = PathFinder.find_spec(".".join(name.split(".")[:depth + 1]), list(locations))
+            if spec is None and depth == 0:  # e.g. an editable install's own finder
+                spec = next(filter(None, (f.find_spec(part, None) for f in sys.meta_path
+                                          if f is not PathFinder and hasattr(f, "find_spec"))), None)
+            if spec is None:
+                return None
+        if spec is not None and spec.submodule_search_locations is not None:
+            return module_file(f"{name}.__main__", cwd)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and _is_file(Path(spec.origin)) else None
 
 
 def _is_file(path: Path) -> bool:

@@ -105,6 +105,12 @@ def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths,
     return [(name, shlex.quote(value)) for name, value in pairs]
 
 
+def shell_path(path: Path) -> str:
+    """A path as one shell word that no command reads as an option (or `cd` as $OLDPWD): './-x', not '-x'."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+
+
 def header_directives(script: str) -> list[str]:
     """The #SBATCH options sbatch reads: those before the first command line."""
     found = []
@@ -157,7 +163,7 @@ def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: 
         "chunk": chunk,
         "params_file": shlex.quote(str(files.params_file)),
         "command": shlex.join(spec.command),
-        "workdir": shlex.quote(str(spec.workdir)) if spec.workdir else None,
+        "workdir": shell_path(spec.workdir) if spec.workdir else None,
         "launcher": spec.launcher,
         "in_place": spec.retry.in_place,
         # Each ends with a space when set, so a job without a container renders as before.

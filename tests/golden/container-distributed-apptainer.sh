@@ -65,7 +65,7 @@ esac
 # One task per GPU (per slot on CPU nodes): `hpctrain launch` sets MASTER_ADDR (first node),
 # a MASTER_PORT derived from the job id, the site's NCCL/InfiniBand settings, and each task's
 # RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE from Slurm's ids, then execs srun.
-/opt/hpctrain/bin/python -m hpctrain launch --inside 'apptainer exec --nv --bind /shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw,/datasets/imagenet:/data:ro --pwd /home/alice/proj '"'"'nvcr.io#nvidia/pytorch:24.05-py3'"'"'' --python /usr/bin/python3 -- python train.py --config 'run 1.yaml' &
+/opt/hpctrain/bin/python -m hpctrain launch '--inside=apptainer exec --nv --bind /shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw,/datasets/imagenet:/data:ro --pwd=/home/alice/proj '"'"'nvcr.io#nvidia/pytorch:24.05-py3'"'"'' --python=/usr/bin/python3 -- python train.py --config 'run 1.yaml' &
 step_pid=$!
 # A notice that came before the step existed is passed on now.
 [ -n "$stop_signal" ] && kill -s "${notice:-$stop_signal}" "$step_pid" 2>/dev/null

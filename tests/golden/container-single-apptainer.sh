@@ -61,7 +61,7 @@ case $? in
   *) echo "hpctrain: could not record this run's start; running anyway" >&2 ;;
 esac
 
-srun --kill-on-bad-exit=1 apptainer exec --nv --bind /shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw --pwd /work /images/torch-2.13.sif python eval.py &
+srun --kill-on-bad-exit=1 -- apptainer exec --nv --bind /shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw --pwd=/work /images/torch-2.13.sif python eval.py &
 step_pid=$!
 # A notice that came before the step existed is passed on now.
 [ -n "$stop_signal" ] && kill -s "${notice:-$stop_signal}" "$step_pid" 2>/dev/null

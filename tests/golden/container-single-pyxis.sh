@@ -61,7 +61,7 @@ case $? in
   *) echo "hpctrain: could not record this run's start; running anyway" >&2 ;;
 esac
 
-srun --container-image=/images/torch-2.13.sif --container-mounts=/shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw --container-workdir=/work --kill-on-bad-exit=1 python eval.py &
+srun --container-image=/images/torch-2.13.sif --container-mounts=/shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw --container-workdir=/work --kill-on-bad-exit=1 -- python eval.py &
 step_pid=$!
 # A notice that came before the step existed is passed on now.
 [ -n "$stop_signal" ] && kill -s "${notice:-$stop_signal}" "$step_pid" 2>/dev/null
