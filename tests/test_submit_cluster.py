@@ -248,6 +248,18 @@ def test_injection_attempts_run_as_plain_data(dev_cluster, isolated_ledger, tmp_
     assert user == ["root"]
 
 
+def test_a_job_runs_in_a_workdir_named_like_an_option(dev_cluster, isolated_ledger, tmp_path, monkeypatch):
+    """A relative workdir '-P' (cd would read it as its option and go to $HOME), the command after srun's '--'."""
+    (tmp_path / "-P").mkdir()
+    monkeypatch.chdir(tmp_path)  # sbatch's working directory: where a relative workdir starts
+    sub = submit_spec({"name": "dash-dir", "workdir": "-P", "command": ["python", "-c", "import os; print(os.getcwd())"],
+                       "resources": {"mem": "100M", "time": "5"}}, isolated_ledger)
+    assert wait_finished(isolated_ledger)[0]["state"] == "COMPLETED"
+    with Ledger(isolated_ledger) as ledger:
+        job_dir = ledger.get("jobs", sub.ledger_ids[0])["job_dir"]
+    assert outputs(job_dir).splitlines()[-1] == str(tmp_path / "-P")
+
+
 def test_cancel_and_show(dev_cluster, isolated_ledger):
     sub = submit_spec({"name": "sleeper", "command": ["sleep", "300"], "launcher": "none",
                        "resources": {"mem": "100M", "time": "10"}}, isolated_ledger)
