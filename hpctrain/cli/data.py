@@ -100,7 +100,7 @@ def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_
 @click.option("--samples", "count", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=2))
 @click.option("--vocab", default=256, show_default=True, type=click.IntRange(min=2))
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
 @click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
 def synth(out: Path, count: int, seq_len: int, vocab: int, seed: int, shard_size: str) -> None:
     """Write a synthetic token dataset (learnable sequences) for the reference GPT trainer into OUT."""

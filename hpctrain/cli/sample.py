@@ -16,7 +16,8 @@ import click
 @click.option("--task", type=int, default=-1, help="an array task's checkpoints")
 @click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(min=0, max=10),
               help="0: greedy (the most likely byte each time); above 0: draw from the softmax of logits / T")
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(min=0), help="of the draws (--temperature > 0)")
+@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="of the draws (--temperature > 0)")
 def sample(spec: Path, prompt: str, tokens: int, checkpoint: Path | None, task: int, temperature: float,
            seed: int) -> None:
     """Continue PROMPT with the byte-level reference GPT of SPEC from its newest checkpoint (CPU): greedily, or

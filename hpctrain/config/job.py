@@ -11,7 +11,7 @@ from typing import Annotated, Any, Iterator, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelWrapValidatorHandler, model_validator
 
-from hpctrain.config.loading import Loc, StrictModel, load_model, secret_variables, validate
+from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
 from hpctrain.config.shell import check_shell_command
 from hpctrain.config.types import (ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName,
                                    check_not_option)
@@ -19,11 +19,14 @@ from hpctrain.contract import PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
+MAX_TIMEOUT_S = 30 * 86400  # a longer timeout is a mistake (and one of centuries overflows the clocks that arm it)
+SLURM_ID_MAX = 2**32 - 1  # Slurm's job and array task ids are 32-bit
+LEDGER_ID_MAX = 2**63 - 1  # ledger ids are SQLite integers
 
 
 def _slurm_job_id(value: str) -> str:
-    if not re.fullmatch(r"[0-9]+(_[0-9]+)?", value):
-        raise ValueError("expected a Slurm job id such as '1234' or '1234_5'")
+    if not re.fullmatch(r"[0-9]{1,10}(_[0-9]{1,10})?", value) or max(map(int, value.split("_"))) > SLURM_ID_MAX:
+        raise ValueError(f"expected a Slurm job id such as '1234' or '1234_5' (numbers up to {SLURM_ID_MAX})")
     return value
 
 
@@ -34,7 +37,7 @@ def _int_as_text(value: Any) -> Any:
 
 def _text_as_int(value: Any) -> Any:
     """A ledger id written as a string ("12") reads as the integer."""
-    return int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]{1,18}", value) else value
+    return int(value) if isinstance(value, str) and re.fullmatch(r"[0-9]{1,19}", value) else value
 
 
 def _shell_line(value: str) -> str:
@@ -43,8 +46,31 @@ def _shell_line(value: str) -> str:
     return value
 
 
+def _not_json(value: Any) -> Loc | None:
+    """Where in ``value`` is the first part that JSON would refuse or change (a date, bytes, a set, inf or NaN, a
+    table with a key that is not text); None when JSON holds all of it as it is."""
+    if value is None or isinstance(value, (str, int)) or (isinstance(value, float) and math.isfinite(value)):
+        return None
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):  # a tuple (given in Python) is written as the list it reads back as
+        items = enumerate(value)
+    else:
+        return ()
+    return next(((key, *inner) for key, item in items if (inner := _not_json(item)) is not None), None)
+
+
+def _json_value(value: Any) -> Any:
+    """Array parameters and hyperparameters travel as JSON (params.jsonl, $HPCTRAIN_PARAMS, spec.json, the ledger)."""
+    if (inner := _not_json(value)) is not None:
+        raise ValueError("expected JSON data: text, a finite number, true or false, null, or a list or a table (text "
+                         "keys) of them" + (f"; {format_loc(inner)} is not" if inner else ""))
+    return value
+
+
 SlurmJobId = Annotated[str, BeforeValidator(_int_as_text), AfterValidator(_slurm_job_id)]
-LedgerId = Annotated[int, BeforeValidator(_text_as_int), Field(ge=1)]
+LedgerId = Annotated[int, BeforeValidator(_text_as_int), Field(ge=1, le=LEDGER_ID_MAX)]
+JsonValue = Annotated[Any, AfterValidator(_json_value)]
 SetupLine = Annotated[str, AfterValidator(_shell_line), AfterValidator(check_shell_command)]
 
 
@@ -124,9 +150,10 @@ class HangPolicy(StrictModel):
     """How long each phase of a rank may go without progress before it counts as hung (0: never; unset in a
     job spec: the site's [hang])."""
 
-    startup_s: float | None = Field(None, ge=0, description="process start to the first training step (imports, "
-                                                            "rendezvous, checkpoint load)")
-    step_s: float | None = Field(None, ge=0, description="one training step, a synchronous checkpoint save included")
+    startup_s: FiniteFloat | None = Field(None, ge=0, le=MAX_TIMEOUT_S, description=(
+        "process start to the first training step (imports, rendezvous, checkpoint load)"))
+    step_s: FiniteFloat | None = Field(None, ge=0, le=MAX_TIMEOUT_S, description=(
+        "one training step, a synchronous checkpoint save included"))
 
     def over(self, defaults: "HangPolicy") -> "HangPolicy":
         """These timeouts, ``defaults``' where unset, 0 where both are."""
@@ -148,11 +175,11 @@ class CheckpointPolicy(StrictModel):
 class ArraySpec(StrictModel):
     """Run the job once per parameter set, as a Slurm job array (split past MaxArraySize)."""
 
-    params: list[dict[str, Any]] = Field(default_factory=list, description="explicit parameter sets")
-    grid: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+    params: list[dict[str, JsonValue]] = Field(default_factory=list, description="explicit parameter sets")
+    grid: dict[str, Annotated[list[JsonValue], Field(min_length=1)]] = Field(
         default_factory=dict, description="cartesian product of these lists")
     count: int | None = Field(None, ge=1, le=MAX_ARRAY_TASKS, description="plain copies, when there are no parameters")
-    throttle: int | None = Field(None, ge=1, description="at most this many tasks at once (%N)")
+    throttle: int | None = Field(None, ge=1, le=MAX_ARRAY_TASKS, description="at most this many tasks at once (%N)")
 
     def parameter_sets(self) -> list[dict[str, Any]]:
         if self.grid:
@@ -229,8 +256,9 @@ class JobSpec(StrictModel):
     model: Model | None = None
     data: Data = Field(default_factory=Data)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
-    hyperparameters: dict[str, Any] = Field(default_factory=dict)
-    seed: int = 0
+    hyperparameters: dict[str, JsonValue] = Field(default_factory=dict)
+    seed: int = Field(0, ge=0, lt=2**32, description="0 to 2**32 - 1, as numpy's generators take (torch's overflow "
+                                                     "past 2**64 with the numbers the trainer derives from it)")
     env: dict[str, EnvVar] = Field(default_factory=dict)
     launcher: Literal["srun", "none"] = Field("srun", description="srun: one task per GPU; none: run once")
     container: Container | None = None

@@ -10,7 +10,7 @@ from typing import Iterable, Iterator, Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
-from hpctrain.config.job import HangPolicy
+from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
 from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, BindPath, ExpandedPath, FileMode, MiB,
@@ -23,7 +23,7 @@ class SlurmAccess(StrictModel):
 
     conf: ExpandedPath | None = Field(None, description="SLURM_CONF for every Slurm command (None: inherit)")
     bin_dir: ExpandedPath | None = Field(None, description="where sbatch, squeue, ... live (None: PATH)")
-    timeout_s: FiniteFloat = Field(60.0, gt=0)
+    timeout_s: FiniteFloat = Field(60.0, gt=0, le=MAX_TIMEOUT_S)
     max_array_size: int | None = Field(None, ge=1, description="None: read MaxArraySize from scontrol")
 
 
@@ -53,7 +53,8 @@ class Defaults(StrictModel):
     qos: SlurmName = "normal"
     preemptible_qos: SlurmName | None = None
     time: Seconds = 3600
-    signal_lead_s: int = Field(120, ge=10, description="seconds of notice before the time limit")
+    signal_lead_s: int = Field(120, ge=10, le=65535, description=(
+        "seconds of notice before the time limit (sbatch --signal takes at most 65535)"))
 
 
 class Paths(StrictModel):

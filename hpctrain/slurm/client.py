@@ -60,6 +60,11 @@ class SlurmClient:
         env = {**self.env(), **(extra_env or {})}
         for name in unset_env:
             env.pop(name, None)
+        if (conf := env.get("SLURM_CONF")) and not Path(conf).exists():
+            # Slurm retries a configuration file it is given for a minute before it fails; one it is not given it
+            # looks for itself (its default, then slurmd's configless copy and the controller's DNS record).
+            named = "the site config's slurm.conf" if self.conf is not None else "$SLURM_CONF"
+            raise SlurmError(f"{command}: Slurm's configuration file {conf} ({named}) does not exist")
         try:
             proc = subprocess.run(
                 argv, input=input, capture_output=True, text=True, env=env, timeout=self.timeout_s,

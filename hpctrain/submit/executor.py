@@ -21,19 +21,22 @@ retry policy, and the stop notices (`hpctrain.runtime.function`). What changes f
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import time
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import AfterValidator, Field, FiniteFloat, create_model
 from submitit.core import logger
 from submitit.core import utils as submitit_utils
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
-from hpctrain.config.loading import validate
+from hpctrain.config.loading import StrictModel, validate
 from hpctrain.config.site import SiteConfig
+from hpctrain.config.types import ExpandedPath, MiB
 from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.jobs.poll import Poller
@@ -51,6 +54,33 @@ SUBMITIT_FIELDS = {
 }
 # hpctrain's own parameters: the job spec's fields of the same names.
 HPCTRAIN_FIELDS = {"preemptible": "preemptible", "requeue": "requeue", "env": "env", "workdir": "workdir"}
+
+
+def _minutes(value: Any) -> Any:
+    """submitit's time, in minutes; hpctrain also takes a Slurm time such as '04:00:00', and None (the site's)."""
+    if value is None or isinstance(value, str) or (type(value) in (int, float) and 0 < value < math.inf):
+        return value
+    raise ValueError("expected a positive number of minutes or a Slurm time such as '04:00:00'")
+
+
+Minutes = Annotated[Any, AfterValidator(_minutes)]
+# The type of every parameter, submitit's generic names (timeout_min, mem_gb, ...) included, checked before submitit
+# converts any; the job spec made of them checks their values. Each is optional: only those given are checked.
+ExecutorParameters = create_model("ExecutorParameters", __base__=StrictModel, **{name: (kind, None) for name, kind in {
+    "name": str, "job_name": str, "timeout_min": Minutes, "time": Minutes,
+    "mem_gb": Annotated[float, Field(gt=0, allow_inf_nan=False)], "mem": MiB | None,
+    "nodes": int, "tasks_per_node": int | None, "ntasks_per_node": int | None, "cpus_per_task": int,
+    "gpus_per_node": int, "partition": str | None, "qos": str | None, "account": str | None, "setup": list[str],
+    "array_parallelism": int | None, "dependency": str, "preemptible": bool, "requeue": bool, "env": dict[str, Any],
+    "workdir": ExpandedPath | None,
+}.items()})
+
+
+class ExecutorOptions(StrictModel):
+    """The executor's own settings, besides the site, ledger and Slurm client."""
+
+    python: str | None = Field(None, description="the command running Python on the compute nodes")
+    max_pickle_size_gb: FiniteFloat = Field(1.0, gt=0)
 
 
 class LedgerWatcher(SlurmInfoWatcher):
@@ -139,6 +169,7 @@ class Executor(SlurmExecutor):
 
     def __init__(self, site: str | SiteConfig | None = None, ledger: Ledger | None = None,
                  client: SlurmClient | None = None, python: str | None = None, max_pickle_size_gb: float = 1.0):
+        validate(ExecutorOptions, {"python": python, "max_pickle_size_gb": max_pickle_size_gb}, WHERE)
         self.site = site if isinstance(site, SiteConfig) else load_site(site)
         self.ledger = ledger or Ledger(self.site.ledger.path, mode=self.site.ledger.mode)
         self.client = client or SlurmClient.for_site(self.site)
@@ -146,14 +177,15 @@ class Executor(SlurmExecutor):
         super().__init__(self.site.paths.logs, python=python, max_pickle_size_gb=max_pickle_size_gb)
 
     def _internal_update_parameters(self, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in ExecutorParameters.model_fields:
+                raise ConfigError(f"{WHERE}: {name!r} is not supported by hpctrain's executor (supported: "
+                                  f"{', '.join(sorted(ExecutorParameters.model_fields))})")
+        validate(ExecutorParameters, kwargs, WHERE)
         generic = {k: kwargs.pop(k) for k in list(kwargs) if k in self._equivalence_dict()}
         kwargs.update(self._convert_parameters(generic))  # timeout_min -> time, mem_gb -> mem ("4GB") ...
-        for name in list(kwargs):
-            if name in HPCTRAIN_FIELDS:
-                self.hpctrain_parameters[name] = kwargs.pop(name)
-            elif name not in SUBMITIT_FIELDS:
-                raise ConfigError(f"{WHERE}: {name!r} is not supported by hpctrain's executor (supported: "
-                                  f"{', '.join(sorted([*SUBMITIT_FIELDS, *HPCTRAIN_FIELDS]))})")
+        for name in [n for n in kwargs if n in HPCTRAIN_FIELDS]:
+            self.hpctrain_parameters[name] = kwargs.pop(name)
         super()._internal_update_parameters(**kwargs)
 
     def job_spec(self, count: int) -> JobSpec:

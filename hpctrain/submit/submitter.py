@@ -15,7 +15,7 @@ from hpctrain import secret_file
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
-from hpctrain.contract import JobPaths
+from hpctrain.contract import PARAMS_ENV, JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
 from hpctrain.ledger import Ledger
@@ -30,6 +30,7 @@ from hpctrain.submit.render import render_script, submission_tag
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
 OnFiles = Callable[[JobPaths], None]
+MAX_ARG_STRLEN = 32 * 4096  # Linux: the most bytes one argument or environment entry may hold, its NUL included
 
 
 @dataclass
@@ -63,6 +64,23 @@ def secret_env(spec: JobSpec, where: Path | str) -> dict[str, str]:
     return env
 
 
+def params_lines(spec: JobSpec, where: Path | str) -> list[str]:
+    """Each array task's parameter set as the JSON line that params.jsonl holds and the batch script exports as
+    $HPCTRAIN_PARAMS; ConfigError for a set too long for one environment entry (each program the task started
+    would fail with "Argument list too long")."""
+    if spec.array is None:
+        return []
+    lines = [json.dumps(p, sort_keys=True) for p in spec.array.parameter_sets()]
+    for index, line in enumerate(lines):
+        size = len(f"{PARAMS_ENV}={line}".encode()) + 1
+        if size > MAX_ARG_STRLEN:
+            loc = ("array", "params", index) if spec.array.params else ("array", "grid")
+            raise ConfigError(format_problems(where, [(loc, (
+                f"parameter set {index} is {size} bytes as ${PARAMS_ENV} (its JSON, the name and a NUL), more than "
+                f"the {MAX_ARG_STRLEN} one environment entry may hold (Linux's MAX_ARG_STRLEN)"))]))
+    return lines
+
+
 class Submitter:
     def __init__(self, site: SiteConfig, ledger: Ledger, client: SlurmClient | None = None,
                  user: str | None = None):
@@ -78,7 +96,7 @@ class Submitter:
         except HpctrainError:
             return None
 
-    def _chunks(self, spec: JobSpec, params: list[dict[str, Any]]) -> list[ArrayChunk | None]:
+    def _chunks(self, spec: JobSpec, params: list[str]) -> list[ArrayChunk | None]:
         if spec.array is None:
             return [None]
         limit = max_array_size(self.site, self.ledger, self.client)
@@ -91,12 +109,12 @@ class Submitter:
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
         ``on_files(paths)`` once the job directory is made, before the first sbatch."""
+        params = params_lines(spec, where)
         placement = choose_placement(spec, self.site, self.client, self.user, where, self.ledger)
         rendered = self._with_ledger_dependencies(spec, where)
         secret_values = secret_env(spec, where)
         if lineage is None and not dry_run:
             lineage = build_lineage(spec)
-        params = spec.array.parameter_sets() if spec.array else []
         chunks = self._chunks(spec, params)
         sub = Submission(placement, [])
         files = JobPaths(self.site.paths.logs / f"{spec.name}-DRYRUN")
@@ -150,13 +168,13 @@ class Submitter:
         except (HpctrainError, OSError) as exc:
             self.ledger.event("chunk_release_failed", str(exc), job_id=job_id)
 
-    def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[dict[str, Any]]) -> None:
-        """The job directory: its journal, the spec the job reads, array parameters."""
+    def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[str]) -> None:
+        """The job directory: its journal, the spec the job reads, array parameters (`params_lines`)."""
         files.journal_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(files.spec_file, spec.redacted())
         if params:
             tmp = files.job_dir / ".params.jsonl.tmp"
-            tmp.write_text("".join(json.dumps(p, sort_keys=True) + "\n" for p in params))
+            tmp.write_text("".join(line + "\n" for line in params))
             tmp.replace(files.params_file)
 
     def _with_ledger_dependencies(self, spec: JobSpec, where: Path | str) -> JobSpec:
@@ -175,7 +193,7 @@ class Submitter:
             slurm_ids += ids
         return spec.model_copy(update={"dependency": dep.model_copy(update={"after": [*dep.after, *slurm_ids]})})
 
-    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[dict[str, Any]],
+    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[str],
                     group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None,
                     on_record: OnRecord | None) -> int:
         with self.ledger.transaction():
@@ -184,8 +202,7 @@ class Submitter:
                 "partition": placement.partition, "qos": placement.qos, "is_array": int(chunk is not None),
                 "spec_json": spec.redacted(), "choice_reason": placement.reason, "sweep_id": sweep_id,
                 "lineage_json": lineage, "group_id": group_id, "param_offset": chunk.offset if chunk else None,
-            }, tasks=({"task_index": t, "param_index": chunk.offset + t,
-                       "params_json": json.dumps(params[chunk.offset + t], sort_keys=True)}
+            }, tasks=({"task_index": t, "param_index": chunk.offset + t, "params_json": params[chunk.offset + t]}
                       for t in range(chunk.count)) if chunk else ())
             self.ledger.event("placement", placement.reason, job_id=job_id, account=placement.account,
                               partition=placement.partition, qos=placement.qos)

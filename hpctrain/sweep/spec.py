@@ -24,6 +24,8 @@ def _number(value: Any) -> Any:
 def _scalar(value: Any) -> Any:
     if not isinstance(value, (str, int, float, bool)):
         raise ValueError("expected a string, number or boolean")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("expected a finite number (a trial's parameters travel as JSON)")
     return value
 
 

@@ -82,6 +82,25 @@ def hang_timeouts(spec: Any) -> HangPolicy:
     return spec.hang.over(site.hang if site else HangPolicy())
 
 
+class RankWatchdog:
+    """This rank's hang watchdog, each phase armed with its timeout of `hang_timeouts` (none when both are 0)."""
+
+    TIMEOUTS = {"start-up": "startup_s", "step": "step_s"}  # phase -> its HangPolicy field
+
+    def __init__(self, spec: Any) -> None:
+        self.hang = hang_timeouts(spec)
+        self.watchdog = Watchdog() if self.hang.startup_s or self.hang.step_s else None
+
+    def phase(self, name: str) -> None:
+        """Start phase ``name`` ('start-up' or 'step') under its timeout."""
+        if self.watchdog:
+            self.watchdog.phase(name, getattr(self.hang, self.TIMEOUTS[name]))
+
+    def close(self) -> None:
+        if self.watchdog:
+            self.watchdog.close()
+
+
 def preemption_guard(rank: int) -> Any:
     """Installed before the data loader forks its workers, so they inherit the handlers instead of dying;
     on ``rank`` 0 it asks Slurm for the job's state when a stop comes."""
@@ -102,10 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_job_spec(args.spec)
         if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
             spec = spec.with_params(params)
-        hang = hang_timeouts(spec)
-        watchdog = Watchdog() if hang.startup_s or hang.step_s else None
-        if watchdog:
-            watchdog.phase("start-up", hang.startup_s)
+        watchdog = RankWatchdog(spec)
+        watchdog.phase("start-up")
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):
             from hpctrain.train.engine import build_engine, train
@@ -151,18 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hpctrain.train: resumed at step {start} from the {tier} tier", file=sys.stderr)
     try:
         for n in range(max(args.steps - start, 0)):
-            if watchdog:
-                watchdog.phase("step", spec.hang.step_s)
+            watchdog.phase("step")
             (result,) = train(engine, batches, 1, hooks=hooks)
             if n == 0:
                 journal_startup(engine, start, tier, {**times, "first_step": time.time()})
             if guard.should_stop():  # every rank agrees on the same step
-                if watchdog:  # the stop's checkpoint has the grace time, not a step's
-                    watchdog.close()
+                watchdog.close()  # the stop's checkpoint has the grace time, not a step's
                 stop_and_requeue(engine, guard, checkpoints, result)
                 return 0
-        if watchdog:
-            watchdog.close()
+        watchdog.close()
         if checkpoints:
             checkpoints.close()
         journal = Journal.from_env()
