@@ -17,6 +17,7 @@ from typing import Any, Mapping
 SITE_ENV = "HPCTRAIN_SITE"
 SITE_DIR_ENV = "HPCTRAIN_SITE_DIR"
 LEDGER_ENV = "HPCTRAIN_LEDGER"
+LOGIN_ENV = (SITE_ENV, SITE_DIR_ENV, LEDGER_ENV)
 
 # Exported by hpctrain's batch script to the job's processes.
 JOB_ID_ENV = "HPCTRAIN_JOB_ID"  # the ledger's id of the job

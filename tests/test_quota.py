@@ -136,3 +136,19 @@ def test_how_many_jobs_run_at_once_under_the_caps():
     assert parallel_cap(LIMITS, "teama", "low", gpus=2) is None  # a budget and a submit cap do not cap running jobs
     jobs_cap = [_limit("account teama", "GrpJobs", 3)]
     assert parallel_cap(jobs_cap, "teama", "low", gpus=0) == (3, "account teama's running jobs cap (3)")
+
+
+def test_quota_prints_a_budget_in_gpu_hours_as_cost_does_and_no_number_with_an_exponent(monkeypatch):
+    from click.testing import CliRunner
+
+    from hpctrain.cli import cli
+
+    limits = [_limit("account teama", "GrpTRESMins:gres/gpu", 10_000_000, 1_234_567.8, "spent"),
+              _limit("teama/root", "MaxSubmitJobs", 2_000_000, 8, "submitted")]
+    monkeypatch.setattr("hpctrain.submit.quota.user_limits", lambda *args, **kwargs: limits)
+    out = CliRunner().invoke(cli, ["quota"])
+    assert out.exit_code == 0, out.output
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in out.output.splitlines() if line.startswith("│")]
+    assert rows == [["account teama", "GPU-hours", "GrpTRESMins:gres/gpu", "166666.7", "20576.1", "146090.5"],
+                    ["teama/root", "submitted jobs per user", "MaxSubmitJobs", "2000000", "8", "1999992"]]
+    assert "e+" not in out.output

@@ -1,8 +1,8 @@
 """The `hpctrain` command line: a thin layer over the Python API (the root group; commands in this package).
 
 Only click is imported at start-up. Each command family is a module of this package (`jobs`, `observe`,
-`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`; shared options in `common`), imported
-only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
+`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`; shared options in
+`common`), imported only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
 `status` never load torch. Commands parse arguments and print; the packages do the work.
 """
 
@@ -35,6 +35,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "report": "hpctrain.cli.report:report",
     "sample": "hpctrain.cli.sample:sample",
     "ledger": "hpctrain.cli.ledger:ledger",
+    "examples": "hpctrain.cli.examples:examples",
 }
 
 
@@ -42,6 +43,20 @@ LAZY_COMMANDS: dict[str, str] = {
 EXTRA_OF = {**dict.fromkeys(("numpy", "tensorstore", "crc32c", "ml_dtypes", "zarr"), "ckpt"),
             **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
             "optuna": "sweep", "matplotlib": "report"}
+# extra -> the oldest Python it installs on, where newer than hpctrain's own 3.10 (setup.cfg): tensorstore has no
+# release for 3.10 from 0.1.79 on
+EXTRA_PYTHON = dict.fromkeys(("ckpt", "train", "all"), (3, 11))
+
+
+def install_hint(extras: list[str]) -> str:
+    """The pip command that installs ``extras``, and the Python they need where this one is too old."""
+    import sys
+
+    hint = f"pip install 'hpctrain[{','.join(extras)}]'"
+    need = max((EXTRA_PYTHON.get(e, (3, 10)) for e in extras), default=(3, 10))
+    if sys.version_info < need:
+        hint += f" (on Python {need[0]}.{need[1]} or newer: this is {sys.version_info[0]}.{sys.version_info[1]})"
+    return hint
 
 
 class _Group(click.Group):
@@ -66,11 +81,14 @@ class _Group(click.Group):
                 click.echo(f"hpctrain: error: {line}", err=True)
             ctx.exit(2)
         except ModuleNotFoundError as exc:
-            extra = EXTRA_OF.get((exc.name or "").partition(".")[0])
-            if extra is None:
+            from hpctrain.cli.common import MissingModules
+
+            names = exc.names if isinstance(exc, MissingModules) else [exc.name or ""]
+            extras = [EXTRA_OF[top] for name in names if (top := name.partition(".")[0]) in EXTRA_OF]
+            if len(extras) < len(names):
                 raise
-            click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {exc.name}, which this install "
-                       f"lacks: pip install 'hpctrain[{extra}]'", err=True)
+            click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {' and '.join(names)}, which this "
+                       f"install lacks: {install_hint(sorted(set(extras)))}", err=True)
             ctx.exit(2)
         except OSError as exc:  # a file or directory hpctrain must write (logs, job directory) refused, say
             click.echo(f"hpctrain: error: {exc}", err=True)

@@ -1,4 +1,5 @@
-"""What every command shares: the --site option, the console, opening a site, finding a job, warnings."""
+"""What every command shares: the --site option, the extras a command needs, the console, opening a site, finding a
+job, warnings."""
 
 from __future__ import annotations
 
@@ -16,6 +17,23 @@ site_option = click.option(
     "--site", "-s", metavar="NAME|PATH", default=None,
     help=f"site config: a name in site_configs/ (or ${SITE_DIR_ENV}) or a file; default ${SITE_ENV} or 'dev'",
 )
+
+
+class MissingModules(ModuleNotFoundError):
+    """Modules a command needs that this install lacks, all of them (see ``require``)."""
+
+    def __init__(self, names: list[str]):
+        super().__init__(f"no modules named {', '.join(names)}", name=names[0])
+        self.names = names
+
+
+def require(*modules: str) -> None:
+    """Stop unless every one of ``modules`` is installed, naming all that are not (and their extras) at once."""
+    from importlib.util import find_spec
+
+    missing = [m for m in modules if find_spec(m) is None]
+    if missing:
+        raise MissingModules(missing)
 
 
 def make_console() -> "Console":

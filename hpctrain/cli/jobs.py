@@ -140,6 +140,9 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             if as_json:
                 click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])}
                                        for r in rows]))
+            elif not rows:
+                console.print(f"no jobs of site {cfg.name} in the ledger" if show_all else
+                              f"no active jobs on site {cfg.name}; `hpctrain status --all` lists finished ones too")
             else:
                 console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
                 for job_id, found in alerts.items():
@@ -169,6 +172,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
     from hpctrain.jobs.stragglers import latest
+    from hpctrain.ledger.attempts import outcome
 
     cfg, ledger, client = open_site(site)
     with ledger:
@@ -204,13 +208,15 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         console.print(f"  waits: {detail['waiting']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
     attempts = Table(title="attempts", title_justify="left")
-    for col in ("task", "attempt", "state", "cause", "ckpt steps", "then", "nodes", "start", "end", "gpus", "exit"):
+    tasks = bool(row["is_array"])  # a plain job's runs have no task
+    for col in ("task",) * tasks + ("attempt", "state", "cause", "ckpt steps", "then", "nodes", "start", "end", "gpus",
+                                    "exit"):
         attempts.add_column(col)
     for a in detail["attempts"]:
-        then = {None: "-", 0: "stopped", 1: "requeued"}[a["requeued"]]
-        attempts.add_row(str(a["task_index"]), str(a["attempt"]), a["state"] or "-", a["cause"] or "-",
-                         _steps(a["step_start"], a["step_end"]), then, a["node_list"] or "-", _when(a["started_at"]),
-                         _when(a["ended_at"]), str(a["alloc_gpus"] or "-"), a["exit_code"] or "-")
+        attempts.add_row(*(str(a["task_index"]),) * tasks, str(a["attempt"]), a["state"] or "-", a["cause"] or "-",
+                         _steps(a["step_start"], a["step_end"]), outcome(a), a["node_list"] or "-",
+                         _when(a["started_at"]), _when(a["ended_at"]), str(a["alloc_gpus"] or "-"),
+                         a["exit_code"] or "-")
     console.print(attempts)
     for a in detail["attempts"]:
         if a["requeued"] == 0 and a["cause"] != "completed":

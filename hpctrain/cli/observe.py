@@ -28,7 +28,7 @@ def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
 @click.argument("job")
 @site_option
 @click.option("--name", "names", multiple=True, help="only this metric (repeatable)")
-@click.option("--task", type=int, default=None, help="only this array task")
+@click.option("--task", type=click.IntRange(0, 10**9), default=None, help="only this array task")
 @click.option("--tail", default=20, show_default=True, help="the last N steps (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="one object per step")
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without folding in new journal records")
@@ -138,10 +138,14 @@ def quota(site: str | None, accounts: tuple[str, ...], as_json: bool) -> None:
         return
     from rich.table import Table
 
+    from hpctrain.slurm.assoc_mgr import number
+
     table = Table(title=f"limits on {cfg.name}" + ("" if limits else ": none set"), title_justify="left")
     for col in ("where", "limit", "slurm", "value", "in use / spent", "left"):
         table.add_column(col, justify="right" if col in ("value", "in use / spent", "left") else "left")
     for lim in limits:
-        table.add_row(lim.scope, lim.what, lim.slurm_name, f"{lim.limit:g}",
-                      "-" if lim.how == "per job" else f"{lim.used:g}", "-" if lim.how == "per job" else f"{lim.left:g}")
+        budget = lim.unit == "GPU-minutes"  # in GPU-hours, as `hpctrain cost` shows budgets
+        amount = (lambda x: f"{x / 60:.1f}") if budget else number
+        used, left = ("-", "-") if lim.how == "per job" else (amount(lim.used), amount(lim.left))
+        table.add_row(lim.scope, "GPU-hours" if budget else lim.what, lim.slurm_name, amount(lim.limit), used, left)
     make_console().print(table)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from hpctrain.cli.common import site_option
+from hpctrain.cli.common import require, site_option
 
 
 @click.command()
@@ -45,6 +45,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
             data = job_data(ledger, job_id)  # read once: the page and the printed loss
             html, what, summary = job_report(ledger, cfg, job_id, data), f"job-{target}", loss_summary(data)
         else:
+            require("matplotlib", "optuna")
             html, what = sweep_report(ledger, cfg, target), f"sweep-{target}"
     path = Path(out or f"report-{what}.html")
     try:

@@ -1,4 +1,4 @@
-"""`hpctrain sweep start|tick|status|report` (imports only click at module load)."""
+"""`hpctrain sweep start|tick|cron|status|report` (imports only click at module load)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
-from hpctrain.cli.common import make_console, site_option
+from hpctrain.cli.common import make_console, require, site_option
+
+DEFAULT_LOG = Path("~/.local/state/hpctrain/sweep-tick.log")  # scripts/sweep-tick-cron's too
 
 
 @click.group()
@@ -46,6 +48,24 @@ def tick_command(sweeps: tuple[str, ...], site: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         _tick(cfg, ledger, client, list(sweeps) or None)
+
+
+@sweep.command()
+@site_option
+@click.option("--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks")
+@click.option("--log", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_LOG, show_default=True,
+              help="the file each tick's output is appended to")
+def cron(site: str | None, every: int, log: Path) -> None:
+    """Print the crontab line that ticks every active sweep with this installation of hpctrain: its interpreter,
+    run in this directory (where sweep specs' relative paths resolve, as for `sweep start`) with this shell's
+    PATH, Slurm configuration and hpctrain settings. Add it with `crontab -e`."""
+    import os
+
+    from hpctrain.config import load_site
+    from hpctrain.sweep.cron import crontab_line
+
+    load_site(site)  # a site that does not load here would fail every tick
+    click.echo(crontab_line(every, Path.cwd(), log, site, os.environ))
 
 
 def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
@@ -99,7 +119,7 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
     console = make_console()
     console.print(table)
     console.print(f"best: trial {top['number']} {swp.spec.metric}={top['value']:.6g} {json.dumps(top['params'])}"
-                  if top else "best: no completed trial yet")
+                  if top else f"best: {store.no_best(rows, swp.spec.metric)}")
 
 
 @sweep.command()
@@ -108,7 +128,8 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="directory for the PNG files (default: ./sweep-<SWEEP>)")
 def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
-    """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance."""
+    """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance (or say why not)."""
+    require("matplotlib", "optuna")
     from hpctrain.cli.common import open_site
     from hpctrain.sweep import store
     from hpctrain.report.sweep_plots import write_report
@@ -117,5 +138,5 @@ def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
     with ledger:
         swp = store.load(ledger, sweep_id)
         rows = store.trial_table(ledger, swp)
-    for path in write_report(swp.spec, rows, Path(out_dir or f"sweep-{swp.id}")):
-        click.echo(f"wrote {path}")
+    for path, why_not in write_report(swp.spec, rows, Path(out_dir or f"sweep-{swp.id}")):
+        click.echo(f"{path} not written: {why_not}" if why_not else f"wrote {path}")

@@ -28,6 +28,15 @@ _UNSETTLED = """j.site = :site AND j.usage_settled_at IS NULL AND (a.ended_at >=
   AND (:sweep_id IS NULL OR j.sweep_id = :sweep_id)"""
 
 
+def outcome(row: Mapping[str, Any]) -> str:
+    """What came after a run (an attempts row): "requeued", "completed", "stopped", or "-" while undecided."""
+    if row["requeued"] is None:
+        return "-"
+    if row["requeued"]:
+        return "requeued"
+    return "completed" if row["cause"] == "completed" else "stopped"
+
+
 class Attempts:
     """Rows of `attempts`, keyed by (job id, task index, attempt number)."""
 

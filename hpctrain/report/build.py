@@ -14,6 +14,7 @@ from hpctrain.jobs import stragglers
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.attempts import outcome
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines, stacked_bars
@@ -57,8 +58,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
     attempts = Table("attempts", ["task", "attempt", "state", "cause", "started", "ended", "GPUs",
                                   "ckpt step at start", "ckpt step at end", "then"])
     for a in data.attempts:
-        then = a["decision"] or ("-" if a["cause"] == "completed" else
-                                 {None: "-", 0: "stopped", 1: "requeued"}[a["requeued"]])
+        then = a["decision"] or outcome(a)
         attempts.rows.append([_or_dash(a["task_index"] if a["task_index"] >= 0 else None), a["attempt"],
                               a["state"] or "-", a["cause"] or "-", _when(a["started_at"]), _when(a["ended_at"]),
                               _or_dash(a["alloc_gpus"]), _or_dash(a["step_start"]), _or_dash(a["step_end"]), then])
@@ -88,13 +88,12 @@ def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
         ("trials", f"{len(rows)}{f' of at most {spec.max_trials}' if spec.max_trials else ''} "
                    f"({_counts(r['state'] for r in rows)})"),
         ("best trial", f"trial {top['number']}: {spec.metric} = {top['value']:.6g}, "
-                       f"{json.dumps(top['params'], sort_keys=True)}" if top else "no completed trial yet"),
+                       f"{json.dumps(top['params'], sort_keys=True)}" if top else store.no_best(rows, spec.metric)),
         *_usage_facts(overall(totals(_usage(ledger, site_cfg, sweep_id=swp.id), "sweep"))),
     ]
-    importance = importance_png(spec, rows)
     plots = [
         Plot(f"{spec.metric} by trial", metric_png(spec, rows) if top else None),
-        Plot("parameter importance", importance, "" if importance else "too few completed trials to tell"),
+        Plot("parameter importance", *importance_png(spec, rows)),
         _plot(f"{spec.metric} vs step", spec.metric, _labelled(curves, "trial")),
     ]
     trials = Table("trials", ["trial", "parameters", "state", spec.metric, "GPU-hours", "note"],

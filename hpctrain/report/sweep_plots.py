@@ -30,25 +30,27 @@ def metric_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> bytes:
     return png(fig)
 
 
-def importance_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> bytes | None:
-    """Each parameter's importance for the metric; None while too few trials have completed to tell."""
+def importance_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> tuple[bytes | None, str]:
+    """Each parameter's importance for the metric (Optuna's evaluator), or None and why it cannot tell yet."""
     done = _completed(rows)
     scores = importance(spec, [TrialRecord(r["number"], r["params"], "completed", r["value"]) for r in done])
     if not scores:
-        return None
+        return None, (f"parameter importance needs 2 completed trials with different values of {spec.metric} "
+                      f"({len(done)} reported it, {len({r['value'] for r in done})} different value(s))")
     fig, ax = figure(7, 1.6 + 0.4 * len(scores))  # room for the title and axis with one parameter
     names = sorted(scores, key=scores.get)
     ax.barh(names, [scores[n] for n in names])
     ax.set(xlabel="importance (fANOVA)", title=f"sweep {spec.name}: parameter importance for {spec.metric}")
-    return png(fig)
+    return png(fig), ""
 
 
-def write_report(spec: SweepSpec, rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
-    """Write ``metric.png`` and (with enough completed trials) ``importance.png`` into ``out_dir``."""
+def write_report(spec: SweepSpec, rows: list[dict[str, Any]], out_dir: Path) -> list[tuple[Path, str]]:
+    """Write ``metric.png`` and ``importance.png`` into ``out_dir`` where there is something to plot; each file
+    with why it was not written ("" where it was)."""
+    metric = (metric_png(spec, rows), "") if _completed(rows) else (None, f"no completed trial reported {spec.metric}")
+    plots = {"metric.png": metric, "importance.png": importance_png(spec, rows)}
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, data in (("metric.png", metric_png(spec, rows)), ("importance.png", importance_png(spec, rows))):
+    for name, (data, _) in plots.items():
         if data is not None:
             (out_dir / name).write_bytes(data)
-            written.append(out_dir / name)
-    return written
+    return [(out_dir / name, why) for name, (_, why) in plots.items()]

@@ -2,4 +2,6 @@
 
 from hpctrain.slurm.client import SlurmClient
 
-__all__ = ["SlurmClient"]
+CONF_ENV = "SLURM_CONF"  # where Slurm's commands find slurm.conf (else their compiled-in default)
+
+__all__ = ["CONF_ENV", "SlurmClient"]

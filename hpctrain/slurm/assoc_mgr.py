@@ -145,5 +145,5 @@ class Limit:
 
 
 def number(x: float) -> str:
-    """1.0 -> '1', 2.5 -> '2.5'."""
-    return f"{x:g}"
+    """1.0 -> '1', 2.5 -> '2.5', 1e7 -> '10000000' (never an exponent)."""
+    return f"{x:.0f}" if float(x).is_integer() or abs(x) >= 1e6 else f"{x:g}"

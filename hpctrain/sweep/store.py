@@ -118,3 +118,12 @@ def best(rows: list[dict[str, Any]], direction: str) -> dict[str, Any] | None:
     done = [r for r in rows if r["state"] == "completed" and r["value"] is not None]
     pick = min if direction == "minimize" else max
     return pick(done, key=lambda r: r["value"]) if done else None
+
+
+def no_best(rows: list[dict[str, Any]], metric: str) -> str:
+    """Why ``best`` found no trial: none has completed yet, or none of those that did reported the metric."""
+    completed = sum(r["state"] == "completed" for r in rows)
+    if not completed:
+        return "no completed trial yet"
+    return (f"no completed trial reported the sweep's metric {metric!r} ({completed} completed; a trial reports it "
+            f"with hpctrain.runtime.log_metrics)")
