@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 # Set by the user on the login node (and exported to the job: the site config it runs under).
 SITE_ENV = "HPCTRAIN_SITE"
@@ -159,10 +160,13 @@ class JobEnvironment:
     def task_layout(self) -> TaskLayout:
         """This srun task's place in its step; KeyError naming the first variable missing outside a task."""
         env = self.env
-        return TaskLayout(int(env["SLURM_PROCID"]), int(env["SLURM_LOCALID"]),
-                          int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
-                          env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"],
-                          int(env.get("SLURM_NODEID", "0")))
+        return TaskLayout(
+            int(env["SLURM_PROCID"]),
+            int(env["SLURM_LOCALID"]),
+            int(env.get("SLURM_STEP_NUM_TASKS") or env["SLURM_NTASKS"]),
+            env.get("SLURM_STEP_TASKS_PER_NODE") or env["SLURM_TASKS_PER_NODE"],
+            int(env.get("SLURM_NODEID", "0")),
+        )
 
     @property
     def job_id(self) -> int | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Literal
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.contract import JobPaths
@@ -82,14 +83,20 @@ class Doctor:
         """The controller's release, and what hpctrain does differently because of it."""
         features = SlurmFeatures.from_config(self._config)  # as SlurmClient.features(), from the cached config
         supported = features.version.at_least(22, 5)
-        return Check("slurm version", "PASS" if supported else "WARN",
-                     f"{features.version}: {'; '.join(features.notes())}" + ("" if supported else "; hpctrain is tested on 22.05+"))
+        return Check(
+            "slurm version",
+            "PASS" if supported else "WARN",
+            f"{features.version}: {'; '.join(features.notes())}"
+            + ("" if supported else "; hpctrain is tested on 22.05+"),
+        )
 
     def _accounting(self) -> Check:
         clusters = [r["cluster"] for r in self.client.sacctmgr("cluster", fields="cluster")]
         name = self._config.get("ClusterName", "?")
         if name not in clusters:
-            return Check("accounting", "FAIL", f"cluster {name!r} is not registered in slurmdbd (has: {', '.join(clusters)})")
+            return Check(
+                "accounting", "FAIL", f"cluster {name!r} is not registered in slurmdbd (has: {', '.join(clusters)})"
+            )
         return Check("accounting", "PASS", f"slurmdbd knows cluster {name!r}")
 
     @cached_property
@@ -103,15 +110,21 @@ class Doctor:
             label = f"partition {name}"
             got = parts.get(name)
             if got is None:
-                yield Check(label, "FAIL", f"partition {name!r} (partitions.{name}) does not exist on the cluster (has: {', '.join(sorted(parts))})")
+                yield Check(
+                    label,
+                    "FAIL",
+                    f"partition {name!r} (partitions.{name}) does not exist on the cluster (has: {', '.join(sorted(parts))})",
+                )
                 continue
             members = [n for n in nodes if name in n.get("Partitions", "").split(",")]
             gpus = {n["NodeName"]: gpus_in_gres(n.get("Gres", "")) for n in members}
             short = sorted(n for n, g in gpus.items() if g < want.gpus_per_node)
             problems, notes = [], []
             if short:
-                problems.append(f"site config says {want.gpus_per_node} GPUs per node (partitions.{name}.gpus_per_node), "
-                                f"but {', '.join(short)} have {min(gpus[n] for n in short)}")
+                problems.append(
+                    f"site config says {want.gpus_per_node} GPUs per node (partitions.{name}.gpus_per_node), "
+                    f"but {', '.join(short)} have {min(gpus[n] for n in short)}"
+                )
             if got.get("State") != "UP":
                 notes.append(f"state {got.get('State')}")
             if want.nodes is not None and want.nodes != len(members):
@@ -129,11 +142,19 @@ class Doctor:
         mine = {r["account"] for r in self.client.sacctmgr("assoc", f"user={self.user}", fields="account,user")}
         missing = [a for a in self.site.accounts if a not in existing]
         if missing:
-            yield Check("accounts", "FAIL", f"account(s) {', '.join(map(repr, missing))} named in the site config (accounts) do not exist on the cluster (has: {', '.join(sorted(existing))})")
+            yield Check(
+                "accounts",
+                "FAIL",
+                f"account(s) {', '.join(map(repr, missing))} named in the site config (accounts) do not exist on the cluster (has: {', '.join(sorted(existing))})",
+            )
             return
         outside = [a for a in self.site.accounts if a not in mine]
         if len(outside) == len(self.site.accounts):
-            yield Check("accounts", "FAIL", f"user {self.user!r} belongs to none of the site's accounts ({', '.join(self.site.accounts)})")
+            yield Check(
+                "accounts",
+                "FAIL",
+                f"user {self.user!r} belongs to none of the site's accounts ({', '.join(self.site.accounts)})",
+            )
         elif outside:
             yield Check("accounts", "WARN", f"user {self.user!r} is not in {', '.join(outside)}")
         else:
@@ -148,7 +169,11 @@ class Doctor:
         cluster = self._cluster_qos
         missing = [q for q in self.site.qos if q not in cluster]
         for q in missing:
-            yield Check("qos", "FAIL", f"QOS {q!r} named in the site config (qos.{q}) does not exist on the cluster (has: {', '.join(sorted(cluster))})")
+            yield Check(
+                "qos",
+                "FAIL",
+                f"QOS {q!r} named in the site config (qos.{q}) does not exist on the cluster (has: {', '.join(sorted(cluster))})",
+            )
         if not missing:
             yield Check("qos", "PASS", ", ".join(self.site.qos))
 
@@ -164,7 +189,9 @@ class Doctor:
                     problems.append(f"QOS {name!r} is marked preemptible but PreemptType=preempt/none")
                 by = [other for other, r in cluster.items() if name in r["preempt"].split(",")]
                 if preempt_type == "preempt/qos" and not by:
-                    problems.append(f"QOS {name!r} is marked preemptible (qos.{name}.preemptible) but no QOS preempts it")
+                    problems.append(
+                        f"QOS {name!r} is marked preemptible (qos.{name}.preemptible) but no QOS preempts it"
+                    )
                 mode = cluster[name]["preemptmode"]
                 mode = conf.get("PreemptMode", "OFF") if mode == "cluster" else mode
                 if "REQUEUE" not in mode.upper():
@@ -173,7 +200,9 @@ class Doctor:
                 if victim in cluster and victim not in cluster[name]["preempt"].split(","):
                     warnings.append(f"site config says {name!r} preempts {victim!r}, the cluster does not")
         if "preempt_send_user_signal" not in conf.get("SlurmctldParameters", ""):
-            warnings.append("SlurmctldParameters lacks preempt_send_user_signal: preempted jobs get SIGTERM only (handled)")
+            warnings.append(
+                "SlurmctldParameters lacks preempt_send_user_signal: preempted jobs get SIGTERM only (handled)"
+            )
         relation = "; ".join(f"{n} preempts {r['preempt']}" for n, r in cluster.items() if r["preempt"]) or "none"
         if problems:
             yield Check("preemption", "FAIL", "; ".join(problems))
@@ -186,7 +215,9 @@ class Doctor:
         actual = self._config.get("MaxArraySize", "?")
         configured = self.site.slurm.max_array_size
         if configured is not None and str(configured) != actual:
-            return Check("array size", "WARN", f"site config says max_array_size={configured}, cluster MaxArraySize={actual}")
+            return Check(
+                "array size", "WARN", f"site config says max_array_size={configured}, cluster MaxArraySize={actual}"
+            )
         return Check("array size", "PASS", f"MaxArraySize={actual}")
 
     def _ledger(self) -> Check:
@@ -197,7 +228,9 @@ class Doctor:
             version = ledger.schema_version
         fs = filesystem_type(path)
         if fs in NETWORK_FILESYSTEMS:
-            return Check("ledger", "FAIL", f"{path} is on {fs}: SQLite must live on a local disk of the login node (ledger.path)")
+            return Check(
+                "ledger", "FAIL", f"{path} is on {fs}: SQLite must live on a local disk of the login node (ledger.path)"
+            )
         return Check("ledger", "PASS", f"{path} (schema v{version}, {fs})")
 
     def _paths(self) -> Iterable[Check]:
@@ -224,12 +257,20 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
     part = site.partitions.get(partition)
     if part is None:
         return [Check("network", "FAIL", f"partition {partition!r} is not in the site config")]
-    spec = JobSpec.model_validate({
-        "name": "hpctrain-preflight", "requeue": False,
-        "command": [str(site.launch.python or sys.executable), "-m", "hpctrain.launch.preflight"],
-        "resources": {"nodes": nodes, "tasks_per_node": 1, "gpus_per_node": 1 if part.gpus_per_node else 0,
-                      "time": 300, "partition": partition},
-    })
+    spec = JobSpec.model_validate(
+        {
+            "name": "hpctrain-preflight",
+            "requeue": False,
+            "command": [str(site.launch.python or sys.executable), "-m", "hpctrain.launch.preflight"],
+            "resources": {
+                "nodes": nodes,
+                "tasks_per_node": 1,
+                "gpus_per_node": 1 if part.gpus_per_node else 0,
+                "time": 300,
+                "partition": partition,
+            },
+        }
+    )
     try:
         sub = Submitter(site, ledger, client).submit(spec, "<hpctrain doctor --nccl>")
         state = wait_finished(ledger, client, site.name, sub.ledger_ids)[sub.ledger_ids[0]]
@@ -243,8 +284,13 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
         return [Check("network", "FAIL", f"preflight job {sub.slurm_ids[0]} ended {state}: {exc.strerror}: {output}")]
     reports = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("PREFLIGHT ")]
     if len(reports) != nodes:
-        return [Check("network", "FAIL", f"{len(reports)} of {nodes} nodes reported, job {sub.slurm_ids[0]} "
-                                         f"ended {state} (log: {output})")]
+        return [
+            Check(
+                "network",
+                "FAIL",
+                f"{len(reports)} of {nodes} nodes reported, job {sub.slurm_ids[0]} ended {state} (log: {output})",
+            )
+        ]
     checks = []
     ib_configured = bool(site.network_env.get("NCCL_IB_HCA"))
     reports.sort(key=lambda r: r["rank"])
@@ -255,12 +301,20 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
         elif r["missing"]:
             checks.append(Check(name, "FAIL", "; ".join(r["missing"])))
         elif r["backend"] == "nccl" and ib_configured and r.get("transport") != "ib":
-            checks.append(Check(name, "FAIL", f"NCCL used {r.get('transport')}, not InfiniBand, although NCCL_IB_HCA is set"))
+            checks.append(
+                Check(name, "FAIL", f"NCCL used {r.get('transport')}, not InfiniBand, although NCCL_IB_HCA is set")
+            )
         elif r["backend"] == "nccl":
             checks.append(Check(name, "PASS", f"NCCL all-reduce over {r.get('transport')} across {nodes} nodes"))
         else:
-            checks.append(Check(name, "PASS", f"no CUDA here: gloo all-reduce ok across {nodes} nodes (sum {r['sum']}); "
-                                              "NCCL transport not checked"))
+            checks.append(
+                Check(
+                    name,
+                    "PASS",
+                    f"no CUDA here: gloo all-reduce ok across {nodes} nodes (sum {r['sum']}); "
+                    "NCCL transport not checked",
+                )
+            )
     measured = next((r for r in reports if r.get("bandwidth")), None)  # every rank reports the same figures
     if measured:
         checks.append(bandwidth_check(measured["backend"], measured["bandwidth"], part.fabric_gb_s, partition))
@@ -276,12 +330,16 @@ def bandwidth_check(backend: str, sizes: list[dict], fabric_gb_s: float | None, 
         return Check("network bandwidth", "SKIP", f"{what}: one rank crosses no fabric")
     measured = f"bus bandwidth {busbw:.3g} GB/s"
     if fabric_gb_s is None:
-        return Check("network bandwidth", "PASS", f"{measured} ({what}); set partitions.{partition}.fabric_gb_s "
-                                                  "to compare it with the fabric")
+        return Check(
+            "network bandwidth",
+            "PASS",
+            f"{measured} ({what}); set partitions.{partition}.fabric_gb_s to compare it with the fabric",
+        )
     share = busbw / fabric_gb_s
     verdict: Verdict = "PASS" if share >= FABRIC_WARN_SHARE else "WARN"
-    return Check("network bandwidth", verdict, f"{measured}, {100 * share:.0f} % of the fabric's {fabric_gb_s:g} GB/s "
-                                               f"({what})")
+    return Check(
+        "network bandwidth", verdict, f"{measured}, {100 * share:.0f} % of the fabric's {fabric_gb_s:g} GB/s ({what})"
+    )
 
 
 def filesystem_type(path: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from hpctrain.contract import JobPaths
 from hpctrain.slurm.states import NO_MORE_RUNS
 
+
 def names(spec: dict[str, Any]) -> list[str]:
     """The secret entries of a spec as JSON data (the ledger's spec_json, the job's spec.json)."""
     return [name for name, entry in (spec.get("env") or {}).items() if entry.get("secret")]

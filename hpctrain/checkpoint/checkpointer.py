@@ -8,20 +8,28 @@ import socket
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
-from hpctrain.checkpoint.commit import (await_fragments, commit, remove, stale_dirs, write_failure, write_fragment,
-                                        write_skip)
+from hpctrain.checkpoint.commit import (
+    await_fragments,
+    commit,
+    remove,
+    stale_dirs,
+    write_failure,
+    write_fragment,
+    write_skip,
+)
 from hpctrain.checkpoint.manifest import Manifest, sha256
 from hpctrain.checkpoint.naming import MANIFEST, tmp_name
 from hpctrain.checkpoint.resume import Restored, load_latest
 from hpctrain.checkpoint.retention import Retention, apply_retention
 from hpctrain.checkpoint.rng import capture_rng_state
-from hpctrain.checkpoint.tree import flatten
 from hpctrain.checkpoint.snapshot import COPY_MODES, HostBuffers, Snapshot
+from hpctrain.checkpoint.tree import flatten
 from hpctrain.checkpoint.writer import plan, write_pieces
 from hpctrain.contract import JobEnvironment
 from hpctrain.errors import CheckpointError
@@ -43,11 +51,23 @@ class Checkpointer:
     Manifests and rank fragments (RNG states, lineage) are created with ``mode``: owner-only by default.
     """
 
-    def __init__(self, directory: str | Path, *, rank: int = 0, world_size: int = 1, attempt: str | None = None,
-                 writes_replicated: bool | None = None, committer: int = 0, retention: Retention | None = None,
-                 layout: dict[str, Any] | None = None, lineage: dict[str, Any] | None = None,
-                 journal: Journal | Literal["env"] | None = "env", if_busy: str = "wait",
-                 commit_timeout_s: float = 600.0, mode: int = 0o600):
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        attempt: str | None = None,
+        writes_replicated: bool | None = None,
+        committer: int = 0,
+        retention: Retention | None = None,
+        layout: dict[str, Any] | None = None,
+        lineage: dict[str, Any] | None = None,
+        journal: Journal | Literal["env"] | None = "env",
+        if_busy: str = "wait",
+        commit_timeout_s: float = 600.0,
+        mode: int = 0o600,
+    ):
         if if_busy not in ("wait", "skip"):
             raise ValueError(f"if_busy must be 'wait' or 'skip', not {if_busy!r}")
         if not 0 <= rank < world_size or not 0 <= committer < world_size:
@@ -75,9 +95,16 @@ class Checkpointer:
     def is_committer(self) -> bool:
         return self.rank == self.committer
 
-    def save(self, step: int, state: Any, *, cursor: dict[str, Any] | None = None,
-             metrics: dict[str, float] | None = None, async_: bool = False,
-             copy: str = "now") -> Future[Path | None]:
+    def save(
+        self,
+        step: int,
+        state: Any,
+        *,
+        cursor: dict[str, Any] | None = None,
+        metrics: dict[str, float] | None = None,
+        async_: bool = False,
+        copy: str = "now",
+    ) -> Future[Path | None]:
         """Save ``state`` (a mapping of tensors, Shards, nested containers and JSON values) as step ``step``.
 
         Sync: returns once committed. Async: the write and commit run on a background thread, from
@@ -102,8 +129,13 @@ class Checkpointer:
             self.wait()
             leaves, skeleton = flatten(state)
             pieces = plan(leaves, self.writes_replicated)
-            rank_info = {"tree": skeleton, "cursor": cursor, "rng": capture_rng_state(),
-                         "host": socket.gethostname(), "pid": os.getpid()}
+            rank_info = {
+                "tree": skeleton,
+                "cursor": cursor,
+                "rng": capture_rng_state(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+            }
             job = (step, tmp, rank_info, dict(metrics or {}), async_, time.monotonic())
             if not async_:  # accelerator tensors still go through the reused pinned buffers
                 return _done(self._write_and_commit(self._buffers.snapshot(pieces, "now", host=False), *job))
@@ -127,8 +159,16 @@ class Checkpointer:
         inflight, self._inflight, self._snapshot = self._inflight, None, None
         return inflight.result() if inflight is not None else None
 
-    def _write_and_commit(self, snapshot: Snapshot, step: int, tmp: Path, rank_info: dict[str, Any],
-                          metrics: dict[str, float], async_: bool, started: float) -> Path | None:
+    def _write_and_commit(
+        self,
+        snapshot: Snapshot,
+        step: int,
+        tmp: Path,
+        rank_info: dict[str, Any],
+        metrics: dict[str, float],
+        async_: bool,
+        started: float,
+    ) -> Path | None:
         with self._announcing_failure(tmp):
             tmp.mkdir(parents=True, exist_ok=True)
             try:
@@ -143,17 +183,31 @@ class Checkpointer:
         if fragments is None:
             log.info("checkpoint of step %d abandoned: a rank skipped it", step)
             return None
-        header = {"step": step, "created": time.time(), "attempt": self.attempt, "world_size": self.world_size,
-                  "layout": self.layout, "lineage": self.lineage, "metrics": metrics}
+        header = {
+            "step": step,
+            "created": time.time(),
+            "attempt": self.attempt,
+            "world_size": self.world_size,
+            "layout": self.layout,
+            "lineage": self.lineage,
+            "metrics": metrics,
+        }
         tag = tmp.name.partition(".tmp-")[2]
         final = commit(tmp, fragments, header, tag, mode=self.mode)
         if self.journal:
             metric = self.retention.metric if self.retention.metric in metrics else None
             self.journal.write(
-                "checkpoint", step=step, path=str(final), state="committed", bytes=Manifest.read(final).stored_bytes,
-                duration_s=round(time.monotonic() - started, 3), manifest_sha256=sha256(final / MANIFEST),
-                metric_name=metric, metric_value=metrics[metric] if metric else None,
-                note=f"{'async' if async_ else 'sync'} save by {self.world_size} rank(s)")
+                "checkpoint",
+                step=step,
+                path=str(final),
+                state="committed",
+                bytes=Manifest.read(final).stored_bytes,
+                duration_s=round(time.monotonic() - started, 3),
+                manifest_sha256=sha256(final / MANIFEST),
+                metric_name=metric,
+                metric_value=metrics[metric] if metric else None,
+                note=f"{'async' if async_ else 'sync'} save by {self.world_size} rank(s)",
+            )
         try:
             apply_retention(self.directory, self.retention, tag, self.journal)
             # listed now: a later save's tmp directory must not be taken for a stale one
@@ -177,8 +231,9 @@ class Checkpointer:
 
         Call on the main thread, on every rank; checkpoints saved after it record it as their parent.
         """
-        restored = load_latest(self.directory, like, rank=self.rank, to=to,
-                               journal=self.journal if self.is_committer else None)
+        restored = load_latest(
+            self.directory, like, rank=self.rank, to=to, journal=self.journal if self.is_committer else None
+        )
         if restored is not None:
             self.lineage["parent"] = restored.path.name
         return restored
@@ -192,7 +247,7 @@ class Checkpointer:
             self._cleaner.shutdown()
             self._buffers.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -219,5 +274,7 @@ def _agree_attempt(world_size: int) -> str:
         box = [uuid.uuid4().hex[:12]]
         dist.broadcast_object_list(box, src=0)
         return box[0]
-    raise CheckpointError("several ranks but no attempt id: pass attempt=, run under torchrun or Slurm, "
-                          "or initialise torch.distributed first")
+    raise CheckpointError(
+        "several ranks but no attempt id: pass attempt=, run under torchrun or Slurm, "
+        "or initialise torch.distributed first"
+    )

@@ -63,8 +63,10 @@ def await_fragments(tmp: Path, world_size: int, timeout_s: float) -> list[dict[s
         if not missing:
             return [json.loads((tmp / f"rank-{r}.json").read_text(encoding="utf-8")) for r in range(world_size)]
         if time.monotonic() > deadline:
-            raise CheckpointError(f"{tmp}: rank(s) {missing} did not finish writing within {timeout_s:g} s "
-                                  "(crashed, or not calling save() for this step); not committed")
+            raise CheckpointError(
+                f"{tmp}: rank(s) {missing} did not finish writing within {timeout_s:g} s "
+                "(crashed, or not calling save() for this step); not committed"
+            )
         time.sleep(pause)
         pause = min(pause * 2, 0.2)
 
@@ -84,8 +86,9 @@ def commit(tmp: Path, fragments: list[dict[str, Any]], header: dict[str, Any], t
             quick_check(old.path)
         except NewerFormatError as exc:
             discard(tmp, step, tag)
-            raise CheckpointError(f"{exc}: not saving step {step} over a checkpoint of a newer hpctrain; "
-                                  "upgrade hpctrain or move it away") from None
+            raise CheckpointError(
+                f"{exc}: not saving step {step} over a checkpoint of a newer hpctrain; upgrade hpctrain or move it away"
+            ) from None
         except CheckpointError as exc:
             log.warning("replacing invalid checkpoint: %s", exc)
             discard(old.path, step, tag)
@@ -111,8 +114,11 @@ def write_groups(tmp: Path, manifest: dict[str, Any], mode: int) -> None:
     nested = {parent for name in manifest["tensors"] for parent in Path(TENSORS, name).parents if parent.parts}
     for node in sorted({Path(), Path(TENSORS), *nested}):
         (tmp / node).mkdir(exist_ok=True)
-        write_json_atomic(tmp / node / ZARR_NODE, {"zarr_format": 3, "node_type": "group",
-                                                   "attributes": {} if node.parts else attributes}, mode)
+        write_json_atomic(
+            tmp / node / ZARR_NODE,
+            {"zarr_format": 3, "node_type": "group", "attributes": {} if node.parts else attributes},
+            mode,
+        )
 
 
 def to_trash(path: Path, step: int, tag: str) -> Path:
@@ -134,9 +140,11 @@ def stale_dirs(directory: Path, attempt: str, committed_step: int) -> list[Path]
     Tags are ``<attempt>.<save number>``; tmp directories of this attempt beyond the committed step
     may still be receiving writes from other ranks and are left alone.
     """
-    return [d.path for d in list_dirs(directory, kind=None)
-            if d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt
-                                                           or d.step <= committed_step))]
+    return [
+        d.path
+        for d in list_dirs(directory, kind=None)
+        if d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt or d.step <= committed_step))
+    ]
 
 
 def remove(paths: list[Path]) -> None:

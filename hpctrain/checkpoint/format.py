@@ -9,10 +9,11 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import crc32c
 import ml_dtypes
@@ -21,8 +22,20 @@ import tensorstore as ts
 
 from hpctrain.errors import CheckpointError
 
-_NATIVE = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-           "float16", "float32", "float64")
+_NATIVE = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "float32",
+    "float64",
+)
 # zarr-python 3.1 cannot read these: stored as unsigned ints of the same width, real dtype in the attributes.
 _STORED_AS_UINT = ("bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
@@ -51,7 +64,7 @@ class TensorMeta:
     chunks: tuple[int, ...]
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TensorMeta":
+    def from_json(cls, d: dict[str, Any]) -> TensorMeta:
         return cls(tuple(d["shape"]), d["dtype"], tuple(d["chunks"]))
 
     def to_json(self) -> dict[str, Any]:
@@ -82,7 +95,7 @@ class TensorMeta:
         offset, shape = box
         lo = tuple(o // c * c for o, c in zip(offset, self.chunks))
         hi = tuple(min(-(-(o + n) // c) * c, s) for o, n, c, s in zip(offset, shape, self.chunks, self.shape))
-        return lo, tuple(h - l for h, l in zip(hi, lo))
+        return lo, tuple(high - low for high, low in zip(hi, lo))
 
 
 def checksum(a: np.ndarray | memoryview) -> int:
@@ -110,7 +123,7 @@ def chunk_runs(meta: TensorMeta, box: Box, array: np.ndarray) -> Iterator[tuple[
     for index in meta.chunks_in(box):
         offset, shape = meta.chunk_box(index)
         start = (offset[0] - box[0][0]) * row if array.ndim else 0
-        yield index, flat[start:start + math.prod(shape) * array.itemsize]
+        yield index, flat[start : start + math.prod(shape) * array.itemsize]
 
 
 def box_slices(box: Box, origin: tuple[int, ...] | None = None) -> tuple[slice, ...]:

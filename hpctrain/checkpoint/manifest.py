@@ -53,8 +53,9 @@ def merge(fragments: list[dict[str, Any]], header: dict[str, Any]) -> dict[str, 
             meta = TensorMeta.from_json(t)
             entry = tensors.setdefault(name, {**meta.to_json(), "chunk_records": {}})
             if TensorMeta.from_json(entry) != meta:
-                raise CheckpointError(f"tensor {name!r}: rank {frag['rank']} wrote {meta}, another rank "
-                                      f"{TensorMeta.from_json(entry)}")
+                raise CheckpointError(
+                    f"tensor {name!r}: rank {frag['rank']} wrote {meta}, another rank {TensorMeta.from_json(entry)}"
+                )
             for chunk in t["chunks_written"]:
                 index = tuple(chunk["index"])
                 if index in entry["chunk_records"]:
@@ -65,14 +66,15 @@ def merge(fragments: list[dict[str, Any]], header: dict[str, Any]) -> dict[str, 
         meta = TensorMeta.from_json(entry)
         missing = math.prod(meta.grid) - len(entry["chunk_records"])
         if missing:
-            raise CheckpointError(f"tensor {name!r}: {missing} of {math.prod(meta.grid)} chunks written by no rank "
-                                  "(a shard passed with write=False on every rank that holds it?)")
+            raise CheckpointError(
+                f"tensor {name!r}: {missing} of {math.prod(meta.grid)} chunks written by no rank "
+                "(a shard passed with write=False on every rank that holds it?)"
+            )
         entry["chunk_records"] = sorted(entry["chunk_records"].values(), key=lambda c: c["index"])
     per_rank = {str(f["rank"]): {k: v for k, v in f.items() if k not in ("tensors", "rank")} for f in fragments}
     for frag in fragments:
         per_rank[str(frag["rank"])]["wrote"] = sorted(frag["tensors"])
-    return {"format": FORMAT, "version": VERSION, **header, "tensors": dict(sorted(tensors.items())),
-            "ranks": per_rank}
+    return {"format": FORMAT, "version": VERSION, **header, "tensors": dict(sorted(tensors.items())), "ranks": per_rank}
 
 
 def sha256(path: Path) -> str:
@@ -87,7 +89,7 @@ class Manifest:
     data: dict[str, Any]
 
     @classmethod
-    def read(cls, ckpt: Path) -> "Manifest":
+    def read(cls, ckpt: Path) -> Manifest:
         file = ckpt / MANIFEST
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
@@ -101,7 +103,8 @@ class Manifest:
         if version != VERSION:
             newer = isinstance(version, int) and version > VERSION
             raise (NewerFormatError if newer else CheckpointError)(
-                f"{file}: format version {version}, this hpctrain reads {VERSION}")
+                f"{file}: format version {version}, this hpctrain reads {VERSION}"
+            )
         manifest = cls(ckpt, data)
         try:
             manifest._check()
@@ -128,8 +131,11 @@ class Manifest:
     @cached_property
     def tensors(self) -> dict[str, TensorEntry]:
         return {
-            name: TensorEntry(name, TensorMeta.from_json(t),
-                              {tuple(c["index"]): ChunkRecord(c["rank"], c["crc32c"]) for c in t["chunk_records"]})
+            name: TensorEntry(
+                name,
+                TensorMeta.from_json(t),
+                {tuple(c["index"]): ChunkRecord(c["rank"], c["crc32c"]) for c in t["chunk_records"]},
+            )
             for name, t in self.data["tensors"].items()
         }
 
@@ -143,8 +149,10 @@ class Manifest:
         try:
             return self.ranks[rank]
         except KeyError:
-            raise CheckpointError(f"{self.path}: written by {len(self.ranks)} ranks, has no rank {rank}; "
-                                  "pass like= to load into another layout") from None
+            raise CheckpointError(
+                f"{self.path}: written by {len(self.ranks)} ranks, has no rank {rank}; "
+                "pass like= to load into another layout"
+            ) from None
 
     @property
     def stored_bytes(self) -> int:

@@ -71,8 +71,9 @@ def load_agreed(directory: Path, like: Any, *, rank: int, newer_than: int = -1) 
             try:
                 state = load(status.dir.path, like, rank=rank)
                 saved = status.manifest.ranks.get(rank, {})
-                restored = Restored(status.dir.path, step, state, saved.get("cursor"), saved.get("rng"),
-                                    status.manifest)
+                restored = Restored(
+                    status.dir.path, step, state, saved.get("cursor"), saved.get("rng"), status.manifest
+                )
             except CheckpointError as exc:
                 log.warning("memory-tier checkpoint not usable: %s", exc)
         if all_reduce_int(int(restored is not None), "min"):

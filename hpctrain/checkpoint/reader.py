@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from hpctrain.checkpoint.format import (Box, array_spec, as_numpy, box_slices, checksum, chunk_key, chunk_runs,
-                                        contiguous_chunks, dtype_name, empty, is_host, is_tensor, numpy_dtype,
-                                        to_storage, to_torch, ts_context, ts_message)
+from hpctrain.checkpoint.format import (
+    Box,
+    array_spec,
+    as_numpy,
+    box_slices,
+    checksum,
+    chunk_key,
+    chunk_runs,
+    contiguous_chunks,
+    dtype_name,
+    empty,
+    is_host,
+    is_tensor,
+    numpy_dtype,
+    to_storage,
+    to_torch,
+    ts_context,
+    ts_message,
+)
 from hpctrain.checkpoint.manifest import Manifest, TensorEntry
 from hpctrain.checkpoint.naming import TENSORS
 from hpctrain.checkpoint.tree import Shard, flatten, leaf_nodes, plain_values, unflatten
@@ -56,8 +73,10 @@ def check_files(m: Manifest, entry: TensorEntry, box: Box | None = None) -> None
         except FileNotFoundError:
             raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: file missing") from None
         if size != entry.meta.chunk_file_bytes:
-            raise CheckpointError(f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: {size} bytes, "
-                                  f"expected {entry.meta.chunk_file_bytes} (truncated or overwritten)")
+            raise CheckpointError(
+                f"{m.path}: tensor {entry.name!r} chunk {chunk_key(index)}: {size} bytes, "
+                f"expected {entry.meta.chunk_file_bytes} (truncated or overwritten)"
+            )
 
 
 def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = False) -> Iterator[np.ndarray]:
@@ -76,11 +95,18 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
         check_files(m, r.entry, r.box)
         aligned = r.entry.meta.aligned_box(r.box)
         into_out = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
-        targets.append((aligned, r.out if into_out else empty(aligned[1], numpy_dtype(r.entry.meta.dtype),
-                                                              torch_memory=torch_memory)))
+        targets.append(
+            (
+                aligned,
+                r.out if into_out else empty(aligned[1], numpy_dtype(r.entry.meta.dtype), torch_memory=torch_memory),
+            )
+        )
         direct.append(contiguous_chunks(r.entry.meta, aligned))
-    stores = {r.entry.name: ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True, context=ts_context())
-              for r, (_, target), d in zip(requests, targets, direct) if target.size and not d}
+    stores = {
+        r.entry.name: ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True, context=ts_context())
+        for r, (_, target), d in zip(requests, targets, direct)
+        if target.size and not d
+    }
     pool = ThreadPoolExecutor(_READ_STREAMS, thread_name_prefix="hpctrain-ckpt-read")
     try:
         # per request: {chunk index: its direct read, whose result is its checksum} or {None: tensorstore's read}
@@ -89,8 +115,12 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
             if not target.size:
                 reads.append({})
             elif d:
-                reads.append({index: pool.submit(_read_chunk, m, r.entry, index, run)
-                              for index, run in chunk_runs(r.entry.meta, aligned, target)})
+                reads.append(
+                    {
+                        index: pool.submit(_read_chunk, m, r.entry, index, run)
+                        for index, run in chunk_runs(r.entry.meta, aligned, target)
+                    }
+                )
             else:
                 with _naming(m, r.entry):
                     source = stores[r.entry.name].result()[box_slices(aligned)]
@@ -126,8 +156,9 @@ def _finish(m: Manifest, r: _Request, aligned: Box, target: np.ndarray, reads: d
     for index in r.entry.meta.chunks_in(r.box):
         crc = crcs[index] if index in crcs else checksum(target[box_slices(r.entry.meta.chunk_box(index), aligned[0])])
         if crc != r.entry.chunks[index].crc32c:
-            raise CheckpointError(f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: "
-                                  "checksum mismatch (data corrupt)")
+            raise CheckpointError(
+                f"{m.path}: tensor {r.entry.name!r} chunk {chunk_key(index)}: checksum mismatch (data corrupt)"
+            )
     if target is r.out:
         return target
     if r.out is not None:
@@ -186,8 +217,10 @@ def _target_request(m: Manifest, path: str, leaf: Any) -> _Request:
     data, box = (leaf.data, leaf.box) if isinstance(leaf, Shard) else (leaf, ((0,) * leaf.ndim, tuple(leaf.shape)))
     global_shape = tuple(leaf.global_shape) if isinstance(leaf, Shard) else box[1]
     if (global_shape, dtype_name(data)) != (entry.meta.shape, entry.meta.dtype):
-        raise CheckpointError(f"{m.path}: tensor {path!r} is {entry.meta.dtype} {list(entry.meta.shape)}, "
-                              f"the target is {dtype_name(data)} {list(global_shape)}")
+        raise CheckpointError(
+            f"{m.path}: tensor {path!r} is {entry.meta.dtype} {list(entry.meta.shape)}, "
+            f"the target is {dtype_name(data)} {list(global_shape)}"
+        )
     return _Request(entry, box, as_numpy(data) if is_host(data) else None)
 
 

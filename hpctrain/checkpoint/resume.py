@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from hpctrain.checkpoint.manifest import Manifest, NewerFormatError
 from hpctrain.checkpoint.naming import StepDir, list_dirs
@@ -40,8 +41,10 @@ def _resumable(directory: str | Path, *, full: bool = False) -> Iterator[Status]
     back in time, and its later saves would overwrite the newer work."""
     for status in statuses(directory, full=full):
         if status.newer:
-            raise CheckpointError(f"{status.problem}: written by a newer hpctrain; upgrade hpctrain to resume "
-                                  "from it (or move it away to resume from an older checkpoint)")
+            raise CheckpointError(
+                f"{status.problem}: written by a newer hpctrain; upgrade hpctrain to resume "
+                "from it (or move it away to resume from an older checkpoint)"
+            )
         yield status
 
 
@@ -76,8 +79,15 @@ class Restored:
     manifest: Manifest
 
 
-def load_latest(directory: str | Path, like: Any = None, *, rank: int = 0, to: str = "torch",
-                journal: Journal | None = None, agree: Callable[[bool], bool] | None = None) -> Restored | None:
+def load_latest(
+    directory: str | Path,
+    like: Any = None,
+    *,
+    rank: int = 0,
+    to: str = "torch",
+    journal: Journal | None = None,
+    agree: Callable[[bool], bool] | None = None,
+) -> Restored | None:
     """Load the newest checkpoint that loads cleanly on every rank; None if ``directory`` has none.
 
     A checkpoint whose chunks fail their checksums on any rank is reported and the previous one is
@@ -99,12 +109,15 @@ def load_latest(directory: str | Path, like: Any = None, *, rank: int = 0, to: s
             report_corrupt(status.dir.path, status.dir.step, problem, journal)
         if agree(problem is None):
             saved = status.manifest.ranks.get(rank, {})
-            return Restored(status.dir.path, status.manifest.step, state, saved.get("cursor"), saved.get("rng"),
-                            status.manifest)
+            return Restored(
+                status.dir.path, status.manifest.step, state, saved.get("cursor"), saved.get("rng"), status.manifest
+            )
         problems.append(problem or f"{status.dir.path}: failed to load on another rank")
     if problems:
-        raise CheckpointError(f"{directory}: none of its {len(problems)} checkpoints is usable (newest: "
-                              f"{problems[0]}); move them away to start afresh")
+        raise CheckpointError(
+            f"{directory}: none of its {len(problems)} checkpoints is usable (newest: "
+            f"{problems[0]}); move them away to start afresh"
+        )
     return None
 
 

@@ -36,10 +36,10 @@ class Retention:
     def doomed(self, scores: dict[int, float | None]) -> list[int]:
         """Steps to delete among valid checkpoints ``{step: metric value or None}``."""
         steps = sorted(scores)
-        keep = set(steps[-self.keep_last:])
+        keep = set(steps[-self.keep_last :])
         ranked = [s for s in steps if isinstance(scores[s], (int, float)) and not math.isnan(scores[s])]
         sign = 1 if self.mode == "min" else -1
-        keep.update(sorted(ranked, key=lambda s: (sign * scores[s], -s))[:self.keep_best])
+        keep.update(sorted(ranked, key=lambda s: (sign * scores[s], -s))[: self.keep_best])
         return [s for s in steps if s not in keep]
 
 

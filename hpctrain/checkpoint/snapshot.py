@@ -38,7 +38,7 @@ class _Watched:
     version: int
 
     @staticmethod
-    def of(pieces: list[Piece]) -> list["_Watched"]:
+    def of(pieces: list[Piece]) -> list[_Watched]:
         return [_Watched(p.name, p.data, p.data._version) for p in pieces if hasattr(p.data, "_version")]
 
 
@@ -46,8 +46,10 @@ def _check_unchanged(watched: list[_Watched], what: str) -> None:
     changed = sorted({w.name for w in watched if w.tensor._version != w.version})
     if changed:
         more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
-        raise CheckpointError(f"tensor {changed[0]!r}{more} was changed in place while {what}; this save is "
-                              "abandoned: call Checkpointer.wait_snapshot() before changing saved tensors")
+        raise CheckpointError(
+            f"tensor {changed[0]!r}{more} was changed in place while {what}; this save is "
+            "abandoned: call Checkpointer.wait_snapshot() before changing saved tensors"
+        )
 
 
 @dataclass
@@ -109,8 +111,13 @@ class HostBuffers:
             if is_host(p.data) and not host:
                 buf = p.data
             elif is_host(p.data):
-                buf = self._buffer(old, p, lambda: empty(tuple(p.data.shape), numpy_dtype(p.meta.dtype),
-                                                         torch_memory=not isinstance(p.data, np.ndarray)))
+                buf = self._buffer(
+                    old,
+                    p,
+                    lambda p=p: empty(
+                        tuple(p.data.shape), numpy_dtype(p.meta.dtype), torch_memory=not isinstance(p.data, np.ndarray)
+                    ),
+                )
                 blocks = _blocks(buf, as_numpy(p.data))
                 if copy == "background" and isinstance(p.data, np.ndarray):
                     for block in blocks:  # no version counter to catch a change: copied before save returns
@@ -120,7 +127,7 @@ class HostBuffers:
             else:
                 import torch
 
-                buf = self._buffer(old, p, lambda: torch.empty(p.data.shape, dtype=p.data.dtype, pin_memory=True))
+                buf = self._buffer(old, p, lambda p=p: torch.empty(p.data.shape, dtype=p.data.dtype, pin_memory=True))
                 snap._events.append(self._from_device(buf, p.data))
             snap.pieces.append(replace(p, data=buf))
         if copy == "now":
@@ -161,4 +168,4 @@ def _blocks(dst: np.ndarray, src: np.ndarray) -> list[tuple[np.ndarray, np.ndarr
     if not src.flags.c_contiguous or src.nbytes <= _COPY_BLOCK:
         return [(dst, src)]
     d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)
-    return [(d[i:i + _COPY_BLOCK], s[i:i + _COPY_BLOCK]) for i in range(0, s.size, _COPY_BLOCK)]
+    return [(d[i : i + _COPY_BLOCK], s[i : i + _COPY_BLOCK]) for i in range(0, s.size, _COPY_BLOCK)]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -59,8 +59,10 @@ def _walk(node: Any, path: tuple[str, ...], leaves: dict[str, Any]) -> Any:
         items = []
         for key, child in node.items():
             if isinstance(key, bool) or not isinstance(key, (str, int)) or not _COMPONENT.match(str(key)):
-                raise CheckpointError(f"state key {key!r} at {name or '<root>'!r}: use str or int keys of "
-                                      "letters, digits and _.+=,@- (not starting with '.')")
+                raise CheckpointError(
+                    f"state key {key!r} at {name or '<root>'!r}: use str or int keys of "
+                    "letters, digits and _.+=,@- (not starting with '.')"
+                )
             items.append([key, _walk(child, (*path, str(key)), leaves)])
         return {"dict": items}
     if isinstance(node, (list, tuple)):
@@ -68,8 +70,10 @@ def _walk(node: Any, path: tuple[str, ...], leaves: dict[str, Any]) -> Any:
         return {kind: [_walk(child, (*path, str(i)), leaves) for i, child in enumerate(node)]}
     value = node.item() if isinstance(node, np.generic) else node
     if not isinstance(value, _SCALARS):
-        raise CheckpointError(f"state value at {name!r} has type {type(node).__name__}: "
-                              "only tensors, Shards, dicts, lists, tuples and JSON scalars can be saved")
+        raise CheckpointError(
+            f"state value at {name!r} has type {type(node).__name__}: "
+            "only tensors, Shards, dicts, lists, tuples and JSON scalars can be saved"
+        )
     leaves[name] = value
     return {"leaf": "value", "path": name, "value": value}
 

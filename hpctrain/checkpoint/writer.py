@@ -4,18 +4,33 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import tensorstore as ts
 
-from hpctrain.checkpoint.format import (Box, TensorMeta, array_spec, as_numpy, box_slices, checksum, chunk_key,
-                                        chunk_runs, contiguous_chunks, dtype_name, is_tensor, numpy_dtype,
-                                        to_storage, ts_context, ts_message)
+from hpctrain.checkpoint.format import (
+    Box,
+    TensorMeta,
+    array_spec,
+    as_numpy,
+    box_slices,
+    checksum,
+    chunk_key,
+    chunk_runs,
+    contiguous_chunks,
+    dtype_name,
+    is_tensor,
+    numpy_dtype,
+    to_storage,
+    ts_context,
+    ts_message,
+)
 from hpctrain.checkpoint.naming import TENSORS
 from hpctrain.checkpoint.tree import Shard
 from hpctrain.errors import CheckpointError
@@ -67,12 +82,16 @@ def _shard_piece(name: str, shard: Shard) -> Piece:
     meta = TensorMeta(global_shape, dtype_name(shard.data), chunks)
     numpy_dtype(meta.dtype)
     if not (len(shape) == len(offset) == len(global_shape) == len(chunks)):
-        raise CheckpointError(f"shard of {name!r}: shape {shape}, offset {offset}, global shape {global_shape} "
-                              f"and chunks {chunks} differ in rank")
+        raise CheckpointError(
+            f"shard of {name!r}: shape {shape}, offset {offset}, global shape {global_shape} "
+            f"and chunks {chunks} differ in rank"
+        )
     index = tuple(o // c for o, c in zip(offset, chunks))
     if any(o % c for o, c in zip(offset, chunks)) or meta.chunk_box(index) != (offset, shape):
-        raise CheckpointError(f"shard of {name!r} at offset {offset} with shape {shape} is not one cell of a "
-                              f"regular grid of {chunks} over {global_shape} (pass chunks= on smaller edge shards)")
+        raise CheckpointError(
+            f"shard of {name!r} at offset {offset} with shape {shape} is not one cell of a "
+            f"regular grid of {chunks} over {global_shape} (pass chunks= on smaller edge shards)"
+        )
     return Piece(name, meta, offset, shard.data)
 
 
@@ -88,10 +107,16 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     """
     arrays = [(p, as_numpy(p.data)) for p in pieces]
     direct = [a.flags.c_contiguous and contiguous_chunks(p.meta, p.box) for p, a in arrays]
-    opened = [None if d and any(p.offset) else
-              ts.open(array_spec(root / TENSORS / p.name, p.meta), context=ts_context(),
-                      **({"open": True, "assume_metadata": True} if any(p.offset) else {"create": True}))
-              for (p, _), d in zip(arrays, direct)]
+    opened = [
+        None
+        if d and any(p.offset)
+        else ts.open(
+            array_spec(root / TENSORS / p.name, p.meta),
+            context=ts_context(),
+            **({"open": True, "assume_metadata": True} if any(p.offset) else {"create": True}),
+        )
+        for (p, _), d in zip(arrays, direct)
+    ]
     records: dict[str, dict[str, Any]] = {}
     written = []
     pool = ThreadPoolExecutor(_WRITE_STREAMS, thread_name_prefix="hpctrain-ckpt-write")
@@ -101,8 +126,11 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
             indices = list(p.meta.chunks_in(p.box)) if a.size else []
             with _naming(p, root):
                 # tensorstore's pieces are checksummed here while it writes them
-                crcs = ([future.result() for future in chunk_writes] if chunk_writes
-                        else [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices])
+                crcs = (
+                    [future.result() for future in chunk_writes]
+                    if chunk_writes
+                    else [checksum(a[box_slices(p.meta.chunk_box(i), p.offset)]) for i in indices]
+                )
                 for future in other_writes:
                     future.result()
             record = records.setdefault(p.name, {**p.meta.to_json(), "chunks_written": []})
@@ -114,15 +142,18 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
     return records
 
 
-def _start(root: Path, piece: Piece, a: np.ndarray, direct: bool, store: Any,
-           pool: ThreadPoolExecutor) -> tuple[list[Any], list[Any]]:
+def _start(
+    root: Path, piece: Piece, a: np.ndarray, direct: bool, store: Any, pool: ThreadPoolExecutor
+) -> tuple[list[Any], list[Any]]:
     """Issue the piece's writes: (direct chunk writes, whose results are the chunks' checksums, in chunk
     order; the other futures, tensorstore's, the metadata's included)."""
     if direct:
         array_dir = root / TENSORS / piece.name
         size = piece.meta.chunk_file_bytes
-        chunks = [pool.submit(_write_chunk, array_dir / chunk_key(i), run, size)
-                  for i, run in (chunk_runs(piece.meta, piece.box, a) if a.size else [])]
+        chunks = [
+            pool.submit(_write_chunk, array_dir / chunk_key(i), run, size)
+            for i, run in (chunk_runs(piece.meta, piece.box, a) if a.size else [])
+        ]
         return chunks, [store] if store is not None else []
     if not a.size:
         return [], [store]
@@ -144,7 +175,7 @@ def _write_chunk(path: Path, data: memoryview, size: int) -> int:
     try:
         done = 0
         while done < len(data):
-            done += os.write(fd, data[done:done + _WRITE_BLOCK])
+            done += os.write(fd, data[done : done + _WRITE_BLOCK])
             os.posix_fadvise(fd, 0, done, os.POSIX_FADV_DONTNEED)  # on Linux this starts writeback too
         if size > done:
             os.ftruncate(fd, size)

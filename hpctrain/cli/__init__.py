@@ -13,7 +13,6 @@ import click
 from hpctrain import __version__
 from hpctrain.errors import HpctrainError
 
-
 # name -> "module:attribute" of a click command or group, imported on first use.
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "hpctrain.cli.doctor:doctor",
@@ -40,9 +39,12 @@ LAZY_COMMANDS: dict[str, str] = {
 
 
 # top-level module -> the extra (setup.cfg) that installs it: login-node installs leave these out
-EXTRA_OF = {**dict.fromkeys(("numpy", "tensorstore", "crc32c", "ml_dtypes", "zarr"), "ckpt"),
-            **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
-            "optuna": "sweep", "matplotlib": "report"}
+EXTRA_OF = {
+    **dict.fromkeys(("numpy", "tensorstore", "crc32c", "ml_dtypes", "zarr"), "ckpt"),
+    **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
+    "optuna": "sweep",
+    "matplotlib": "report",
+}
 # extra -> the oldest Python it installs on, where newer than hpctrain's own 3.10 (setup.cfg): tensorstore has no
 # release for 3.10 from 0.1.79 on
 EXTRA_PYTHON = dict.fromkeys(("ckpt", "train", "all"), (3, 11))
@@ -87,8 +89,11 @@ class _Group(click.Group):
             extras = [EXTRA_OF[top] for name in names if (top := name.partition(".")[0]) in EXTRA_OF]
             if len(extras) < len(names):
                 raise
-            click.echo(f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {' and '.join(names)}, which this "
-                       f"install lacks: {install_hint(sorted(set(extras)))}", err=True)
+            click.echo(
+                f"hpctrain: error: `hpctrain {ctx.invoked_subcommand}` needs {' and '.join(names)}, which this "
+                f"install lacks: {install_hint(sorted(set(extras)))}",
+                err=True,
+            )
             ctx.exit(2)
         except OSError as exc:  # a file or directory hpctrain must write (logs, job directory) refused, say
             click.echo(f"hpctrain: error: {exc}", err=True)

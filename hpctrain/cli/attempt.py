@@ -67,8 +67,15 @@ def start() -> None:
         history[-1].cause = "requeued"
         go, why = policy.decide(fill_end_steps(history, step))
         if not go:
-            journal.write("attempt_end", attempt=number, cause="refused", step_end=step, exit_code=REFUSED,
-                          requeued=False, message=why)
+            journal.write(
+                "attempt_end",
+                attempt=number,
+                cause="refused",
+                step_end=step,
+                exit_code=REFUSED,
+                requeued=False,
+                message=why,
+            )
             _forget_secrets(env)
             _release_chunks(env)
             click.echo(f"hpctrain: not running: {why}", err=True)
@@ -104,8 +111,17 @@ def end(exit_code: int, signal_name: str | None) -> None:
         why = f"{this.cause}; requeued by Slurm"
     if go and exclude:
         why += f", without {','.join(exclude)}"
-    journal.write("attempt_end", attempt=number, cause=this.cause, step_end=this.step_end, exit_code=exit_code,
-                  signal=signal_name, requeued=go, message=why, **({"excluded": exclude} if exclude else {}))
+    journal.write(
+        "attempt_end",
+        attempt=number,
+        cause=this.cause,
+        step_end=this.step_end,
+        exit_code=exit_code,
+        signal=signal_name,
+        requeued=go,
+        message=why,
+        **({"excluded": exclude} if exclude else {}),
+    )
     if not go and not requeued_by_slurm:
         _forget_secrets(env)
         _release_chunks(env)
@@ -140,12 +156,21 @@ def restart(exit_code: int) -> None:
         click.echo(f"hpctrain: no restart in this allocation: {nodes.describe()}", err=True)
         sys.exit(1)
     step = latest_committed_step(policy.checkpoint_dir(task))
-    why = (f"the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this allocation, "
-           + (f"from checkpoint step {step}" if step is not None else "from its own checkpoints, if any")
-           + (" or a newer one in the memory tier" if policy.memory_tier else "")
-           + (f", {nodes.describe()}" if nodes is not None else ""))
-    journal.write("step_restart", attempt=number, step_restart=done + 1, exit_code=exit_code, step=step, message=why,
-                  **({"nodes": nodes.chosen, "left_out": nodes.lost()} if nodes is not None else {}))
+    why = (
+        f"the job step failed (exit {exit_code}): restart {done + 1} of {policy.in_place} in this allocation, "
+        + (f"from checkpoint step {step}" if step is not None else "from its own checkpoints, if any")
+        + (" or a newer one in the memory tier" if policy.memory_tier else "")
+        + (f", {nodes.describe()}" if nodes is not None else "")
+    )
+    journal.write(
+        "step_restart",
+        attempt=number,
+        step_restart=done + 1,
+        exit_code=exit_code,
+        step=step,
+        message=why,
+        **({"nodes": nodes.chosen, "left_out": nodes.lost()} if nodes is not None else {}),
+    )
     click.echo(f"hpctrain: {why}", err=True)
 
 

@@ -56,16 +56,27 @@ def ls(directory: Path) -> None:
     rows = []
     for s in statuses(directory):
         m = s.manifest
-        rows.append((s.dir.step, s.dir.path.name, _problem(s.problem, s.dir.path),
-                     _size(m.stored_bytes) if m else "", len(m.tensors) if m else "", m.data["world_size"] if m else "",
-                     time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.data["created"])) if m else "",
-                     json.dumps(m.data.get("metrics") or {}) if m else ""))
-    _print_table(f"checkpoints in {directory}", ("step", "name", "state", "size", "tensors", "ranks", "created",
-                                                 "metrics"), rows)
+        rows.append(
+            (
+                s.dir.step,
+                s.dir.path.name,
+                _problem(s.problem, s.dir.path),
+                _size(m.stored_bytes) if m else "",
+                len(m.tensors) if m else "",
+                m.data["world_size"] if m else "",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.data["created"])) if m else "",
+                json.dumps(m.data.get("metrics") or {}) if m else "",
+            )
+        )
+    _print_table(
+        f"checkpoints in {directory}", ("step", "name", "state", "size", "tensors", "ranks", "created", "metrics"), rows
+    )
     unfinished = list_dirs(directory, kind="tmp") + list_dirs(directory, kind="trash")
     if unfinished:
-        click.echo(f"{len(unfinished)} unfinished or abandoned save/delete director(ies): "
-                   + ", ".join(d.path.name for d in unfinished))
+        click.echo(
+            f"{len(unfinished)} unfinished or abandoned save/delete director(ies): "
+            + ", ".join(d.path.name for d in unfinished)
+        )
 
 
 @ckpt.command()
@@ -93,15 +104,19 @@ def verify(path: Path) -> None:
             record_corrupt(path, getattr(named, "step", -1), str(exc), journal)
             raise
         chunks = sum(len(e.chunks) for e in m.tensors.values())
-        click.echo(f"ok: {path} (step {m.step}): {len(m.tensors)} tensors, {chunks} chunks, "
-                   f"{_size(m.stored_bytes)} verified")
+        click.echo(
+            f"ok: {path} (step {m.step}): {len(m.tensors)} tensors, {chunks} chunks, {_size(m.stored_bytes)} verified"
+        )
         return
     found = list(statuses(path, full=True))
     for s in found:
         if s.problem and not s.newer:
             record_corrupt(s.dir.path, s.dir.step, s.problem, journal)
-    _print_table(f"verify {path}", ("step", "name", "result"),
-                 [(s.dir.step, s.dir.path.name, _problem(s.problem, s.dir.path)) for s in found])
+    _print_table(
+        f"verify {path}",
+        ("step", "name", "result"),
+        [(s.dir.step, s.dir.path.name, _problem(s.problem, s.dir.path)) for s in found],
+    )
     bad = [s for s in found if s.problem]
     if bad:
         raise CheckpointError(f"{len(bad)} of {len(found)} checkpoints in {path} failed verification")
@@ -121,16 +136,27 @@ def inspect(path: Path, as_json: bool) -> None:
         click.echo(json.dumps(m.data, indent=2))
         return
     d = m.data
-    click.echo(f"{path}: step {m.step}, {d['world_size']} rank(s), attempt {d['attempt']}, "
-               f"created {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(d['created']))}, "
-               f"{_size(m.stored_bytes)}")
+    click.echo(
+        f"{path}: step {m.step}, {d['world_size']} rank(s), attempt {d['attempt']}, "
+        f"created {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(d['created']))}, "
+        f"{_size(m.stored_bytes)}"
+    )
     for key in ("layout", "lineage", "metrics"):
         click.echo(f"{key}: {json.dumps(d.get(key) or {})}")
     for rank, info in sorted(m.ranks.items()):
         click.echo(f"rank {rank} on {info.get('host')}: cursor {json.dumps(info.get('cursor'))}")
-    rows = [(e.name, e.meta.dtype, list(e.meta.shape), list(e.meta.chunks), len(e.chunks),
-             ",".join(map(str, sorted({c.rank for c in e.chunks.values()}))),
-             _size(e.meta.chunk_file_bytes * len(e.chunks))) for e in m.tensors.values()]
+    rows = [
+        (
+            e.name,
+            e.meta.dtype,
+            list(e.meta.shape),
+            list(e.meta.chunks),
+            len(e.chunks),
+            ",".join(map(str, sorted({c.rank for c in e.chunks.values()}))),
+            _size(e.meta.chunk_file_bytes * len(e.chunks)),
+        )
+        for e in m.tensors.values()
+    ]
     _print_table("tensors", ("name", "dtype", "shape", "chunks", "#chunks", "written by rank", "stored"), rows)
 
 

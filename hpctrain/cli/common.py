@@ -14,7 +14,10 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 site_option = click.option(
-    "--site", "-s", metavar="NAME|PATH", default=None,
+    "--site",
+    "-s",
+    metavar="NAME|PATH",
+    default=None,
     help=f"site config: a name in site_configs/ (or ${SITE_DIR_ENV}) or a file; default ${SITE_ENV} or 'dev'",
 )
 
@@ -36,7 +39,7 @@ def require(*modules: str) -> None:
         raise MissingModules(missing)
 
 
-def make_console() -> "Console":
+def make_console() -> Console:
     """A rich console; wide when output is not a terminal, so piped tables are not squeezed to 80 columns."""
     from rich.console import Console
 
@@ -88,5 +91,8 @@ def account_budgets(cfg: Any, ledger: Any) -> dict[str, Any]:
     from hpctrain.slurm import SlurmClient
     from hpctrain.slurm.assoc_mgr import GPU
 
-    return {lim.account(): lim for lim in quota_limits(cfg, SlurmClient.for_site(cfg), ledger)
-            if lim.slurm_name == f"GrpTRESMins:{GPU}" and lim.scope.startswith("account ")}
+    return {
+        lim.account(): lim
+        for lim in quota_limits(cfg, SlurmClient.for_site(cfg), ledger)
+        if lim.slurm_name == f"GrpTRESMins:{GPU}" and lim.scope.startswith("account ")
+    }

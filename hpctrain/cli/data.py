@@ -32,8 +32,9 @@ def pack(src: Path, out: Path, shard_size: str, prefix: str) -> None:
         raise click.BadParameter(str(exc), param_hint="--shard-size") from None
     index = pack_npy_dir(src, out, shard_bytes=shard_bytes, prefix=prefix)
     size = sum(s.bytes for s in index.shards)
-    click.echo(f"packed {index.total_samples} samples into {len(index.shards)} shards "
-               f"({size / 2**20:.1f} MiB): {index.path}")
+    click.echo(
+        f"packed {index.total_samples} samples into {len(index.shards)} shards ({size / 2**20:.1f} MiB): {index.path}"
+    )
 
 
 @data.command()
@@ -68,14 +69,21 @@ def index_shards(out: Path, locations: tuple[str, ...], jobs: int) -> None:
     from hpctrain.data.verify import index_shards as write_index
 
     index = write_index(out, locations, jobs=jobs)
-    click.echo(f"indexed {index.total_samples} samples in {len(index.shards)} shards "
-               f"({sum(s.bytes for s in index.shards) / 2**20:.1f} MiB): {index.path}")
+    click.echo(
+        f"indexed {index.total_samples} samples in {len(index.shards)} shards "
+        f"({sum(s.bytes for s in index.shards) / 2**20:.1f} MiB): {index.path}"
+    )
 
 
 @data.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--src", "roots", multiple=True, type=click.Path(exists=True, file_okay=False, path_type=Path),
-              help="a directory of .py files (repeatable; default: this Python's standard library)")
+@click.option(
+    "--src",
+    "roots",
+    multiple=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="a directory of .py files (repeatable; default: this Python's standard library)",
+)
 @click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-size", default="8M", show_default=True, help="text to take at most, e.g. 8M")
 @click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
@@ -92,7 +100,9 @@ def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=name) from None
     index = pack_text(out, roots, seq_len, sizes["--max-size"], sizes["--shard-size"])
-    click.echo(f"wrote {index.total_samples} sequences of {seq_len + 1} bytes in {len(index.shards)} shards: {index.path}")
+    click.echo(
+        f"wrote {index.total_samples} sequences of {seq_len + 1} bytes in {len(index.shards)} shards: {index.path}"
+    )
 
 
 @data.command()
@@ -113,4 +123,6 @@ def synth(out: Path, count: int, seq_len: int, vocab: int, seed: int, shard_size
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shard-size") from None
     index = pack_token_dataset(out, Model(seq_len=seq_len, vocab=vocab), seed, count, shard_bytes)
-    click.echo(f"wrote {index.total_samples} sequences of {seq_len + 1} tokens in {len(index.shards)} shards: {index.path}")
+    click.echo(
+        f"wrote {index.total_samples} sequences of {seq_len + 1} tokens in {len(index.shards)} shards: {index.path}"
+    )

@@ -16,5 +16,7 @@ def examples(dest: Path) -> None:
 
     folder, written, kept = copy_examples(dest)
     click.echo(f"{folder}: {len(written)} file(s) written" + (f", {len(kept)} already there (kept)" if kept else ""))
-    click.echo(f"run them from {dest}: hpctrain submit scripts/examples/gpt-tiny.toml, "
-               "hpctrain sweep start scripts/examples/sweep-quadratic.toml")
+    click.echo(
+        f"run them from {dest}: hpctrain submit scripts/examples/gpt-tiny.toml, "
+        "hpctrain sweep start scripts/examples/sweep-quadratic.toml"
+    )

@@ -49,10 +49,19 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
             click.echo("\n".join(sub.scripts), nl=False)
             return
         if as_json:
-            click.echo(json.dumps({"ledger_ids": sub.ledger_ids, "slurm_ids": sub.slurm_ids,
-                                   "account": sub.placement.account, "partition": sub.placement.partition,
-                                   "qos": sub.placement.qos, "reason": sub.placement.reason,
-                                   "waits": list(sub.placement.waits)}))
+            click.echo(
+                json.dumps(
+                    {
+                        "ledger_ids": sub.ledger_ids,
+                        "slurm_ids": sub.slurm_ids,
+                        "account": sub.placement.account,
+                        "partition": sub.placement.partition,
+                        "qos": sub.placement.qos,
+                        "reason": sub.placement.reason,
+                        "waits": list(sub.placement.waits),
+                    }
+                )
+            )
         else:
             for lid, sid in zip(sub.ledger_ids, sub.slurm_ids):
                 click.echo(f"submitted {spec.name}: ledger id {lid}, slurm job {sid}")
@@ -79,8 +88,9 @@ def _array_option(text: str) -> Any:
             raise ValueError
         return ArraySpec(count=int(m[1]), throttle=int(m[2]) if m[2] else None)
     except (ValueError, ValidationError):
-        raise click.BadParameter(f"expected N or N%T, whole numbers from 1 (N at most 100000), got {text!r}",
-                                 param_hint="--array") from None
+        raise click.BadParameter(
+            f"expected N or N%T, whole numbers from 1 (N at most 100000), got {text!r}", param_hint="--array"
+        ) from None
 
 
 WAITS_EVERY_S = 60.0
@@ -94,8 +104,17 @@ def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
         table.add_column(col)
     for r in rows:
         tasks = r["task_states"].replace(",", " ") if r["task_states"] else "-"
-        table.add_row(str(r["id"]), r["name"], r["slurm_job_id"] or "-", r["state"], tasks, str(r["restarts"]),
-                      str(r["preemptions"]), f"{r['account']}/{r['qos']}", _when(r["submitted_at"]))
+        table.add_row(
+            str(r["id"]),
+            r["name"],
+            r["slurm_job_id"] or "-",
+            r["state"],
+            tasks,
+            str(r["restarts"]),
+            str(r["preemptions"]),
+            f"{r['account']}/{r['qos']}",
+            _when(r["submitted_at"]),
+        )
     return table
 
 
@@ -104,21 +123,40 @@ def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
 @click.option("--all", "show_all", is_flag=True, help="include finished jobs")
 @click.option("--json", "as_json", is_flag=True, help="print rows as JSON")
 @click.option("--watch", is_flag=True, help="keep polling, backing off while nothing changes")
-@click.option("--interval", default=5.0, show_default=True, callback=lambda c, p, v: _seconds(p, v),
-              help="first poll interval (s) with --watch")
-@click.option("--max-interval", default=300.0, show_default=True, callback=lambda c, p, v: _seconds(p, v),
-              help="longest poll interval (s) with --watch")
+@click.option(
+    "--interval",
+    default=5.0,
+    show_default=True,
+    callback=lambda c, p, v: _seconds(p, v),
+    help="first poll interval (s) with --watch",
+)
+@click.option(
+    "--max-interval",
+    default=300.0,
+    show_default=True,
+    callback=lambda c, p, v: _seconds(p, v),
+    help="longest poll interval (s) with --watch",
+)
 @click.option("--count", type=click.IntRange(1, 10**9), default=None, help="stop --watch after this many polls")
 @click.option("--no-refresh", is_flag=True, help="show the ledger as it is, without asking Slurm")
 @click.option("--limit", type=click.IntRange(1, 10**9), default=200, show_default=True, help="rows shown")
-def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interval: float, max_interval: float,
-           count: int | None, no_refresh: bool, limit: int) -> None:
+def status(
+    site: str | None,
+    show_all: bool,
+    as_json: bool,
+    watch: bool,
+    interval: float,
+    max_interval: float,
+    count: int | None,
+    no_refresh: bool,
+    limit: int,
+) -> None:
     """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
     running jobs that stalled or wait on data are flagged."""
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.pending import waiting
-    from hpctrain.jobs.reconcile import reconcile
     from hpctrain.jobs.poll import job_summaries, next_interval
+    from hpctrain.jobs.reconcile import reconcile
 
     cfg, ledger, client = open_site(site)
     console = make_console()
@@ -138,11 +176,15 @@ def status(site: str | None, show_all: bool, as_json: bool, watch: bool, interva
             pending = {r["id"] for r in rows if r["state"] == "PENDING"}
             waits = {job_id: why for job_id, why in waits.items() if job_id in pending}
             if as_json:
-                click.echo(json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])}
-                                       for r in rows]))
+                click.echo(
+                    json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])} for r in rows])
+                )
             elif not rows:
-                console.print(f"no jobs of site {cfg.name} in the ledger" if show_all else
-                              f"no active jobs on site {cfg.name}; `hpctrain status --all` lists finished ones too")
+                console.print(
+                    f"no jobs of site {cfg.name} in the ledger"
+                    if show_all
+                    else f"no active jobs on site {cfg.name}; `hpctrain status --all` lists finished ones too"
+                )
             else:
                 console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
                 for job_id, found in alerts.items():
@@ -192,31 +234,55 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         slow = latest(ledger, row["id"])
     detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
     measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
-    goodput = {run: good for run, good in job_goodput(detail["attempts"], segments, time.time()).items()
-               if run in measured}
-    detail["goodput"] = [{"task_index": task, "attempt": attempt, "seconds": good.seconds, "queue_s": good.queue_s}
-                         for (task, attempt), good in goodput.items()]
+    goodput = {
+        run: good for run, good in job_goodput(detail["attempts"], segments, time.time()).items() if run in measured
+    }
+    detail["goodput"] = [
+        {"task_index": task, "attempt": attempt, "seconds": good.seconds, "queue_s": good.queue_s}
+        for (task, attempt), good in goodput.items()
+    ]
     if as_json:
         click.echo(json.dumps(detail, default=str))
         return
     from rich.table import Table
 
     console = make_console()
-    console.print(f"[bold]{row['name']}[/] ledger id {row['id']}, slurm job {row['slurm_job_id']}: [bold]{row['state']}[/]")
+    console.print(
+        f"[bold]{row['name']}[/] ledger id {row['id']}, slurm job {row['slurm_job_id']}: [bold]{row['state']}[/]"
+    )
     console.print(f"  {row['partition']}/{row['qos']} as {row['account']}: {row['choice_reason']}")
     if detail["waiting"]:
         console.print(f"  waits: {detail['waiting']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
     attempts = Table(title="attempts", title_justify="left")
     tasks = bool(row["is_array"])  # a plain job's runs have no task
-    for col in ("task",) * tasks + ("attempt", "state", "cause", "ckpt steps", "then", "nodes", "start", "end", "gpus",
-                                    "exit"):
+    for col in ("task",) * tasks + (
+        "attempt",
+        "state",
+        "cause",
+        "ckpt steps",
+        "then",
+        "nodes",
+        "start",
+        "end",
+        "gpus",
+        "exit",
+    ):
         attempts.add_column(col)
     for a in detail["attempts"]:
-        attempts.add_row(*(str(a["task_index"]),) * tasks, str(a["attempt"]), a["state"] or "-", a["cause"] or "-",
-                         _steps(a["step_start"], a["step_end"]), outcome(a), a["node_list"] or "-",
-                         _when(a["started_at"]), _when(a["ended_at"]), str(a["alloc_gpus"] or "-"),
-                         a["exit_code"] or "-")
+        attempts.add_row(
+            *(str(a["task_index"]),) * tasks,
+            str(a["attempt"]),
+            a["state"] or "-",
+            a["cause"] or "-",
+            _steps(a["step_start"], a["step_end"]),
+            outcome(a),
+            a["node_list"] or "-",
+            _when(a["started_at"]),
+            _when(a["ended_at"]),
+            str(a["alloc_gpus"] or "-"),
+            a["exit_code"] or "-",
+        )
     console.print(attempts)
     for a in detail["attempts"]:
         if a["requeued"] == 0 and a["cause"] != "completed":
@@ -251,8 +317,10 @@ def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None
 
         now = code_state(Path(code["entry_point"])) if Path(code["entry_point"]).exists() else {}
         changed = [k for k in ("commit", "dirty", "diff_sha256", "file_sha256") if now.get(k) != code.get(k)]
-        click.echo("code now: " + ("as recorded" if not changed else
-                                   "differs (" + ", ".join(f"{k} {now.get(k)!r}" for k in changed) + ")"))
+        click.echo(
+            "code now: "
+            + ("as recorded" if not changed else "differs (" + ", ".join(f"{k} {now.get(k)!r}" for k in changed) + ")")
+        )
     if original is not None:
         diff = differences(json.loads(original["lineage_json"] or "{}"), recorded)
         click.echo(f"rerun of job {original['id']}: " + ("identical lineage" if not diff else "lineage differs"))
@@ -270,10 +338,15 @@ def rerun(job: str, site: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         done = submit_again(cfg, ledger, client, find_job(ledger, job))
-    click.echo(f"rerun of job {done.original}: ledger id {done.submission.ledger_ids[0]}, "
-               f"slurm job {done.submission.slurm_ids[0]}")
-    click.echo("lineage: identical" if not done.differences else
-               "lineage differs:\n" + "\n".join(f"  {d}" for d in done.differences))
+    click.echo(
+        f"rerun of job {done.original}: ledger id {done.submission.ledger_ids[0]}, "
+        f"slurm job {done.submission.slurm_ids[0]}"
+    )
+    click.echo(
+        "lineage: identical"
+        if not done.differences
+        else "lineage differs:\n" + "\n".join(f"  {d}" for d in done.differences)
+    )
 
 
 @click.command()
@@ -323,8 +396,10 @@ def reconcile(site: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         result = warn(run_reconcile(ledger, client, cfg.name))
-    click.echo(f"reconciled: {result.changed_jobs} job(s) changed state, "
-               f"{result.records} new record(s) from {result.journals} journal(s)")
+    click.echo(
+        f"reconciled: {result.changed_jobs} job(s) changed state, "
+        f"{result.records} new record(s) from {result.journals} journal(s)"
+    )
     for d in result.decisions:
         task = f" task {d.task_index}" if d.task_index >= 0 else ""
         click.echo(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}")

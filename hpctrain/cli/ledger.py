@@ -15,10 +15,21 @@ def ledger() -> None:
 
 
 @ledger.command()
-@click.option("--older-than", "days", type=click.FloatRange(min=0), default=365.0, show_default=True,
-              help="move the jobs that ended more than this many days ago")
-@click.option("--to", "target", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="the archive ledger (made if missing); default: beside the ledger, <name>-archive.db")
+@click.option(
+    "--older-than",
+    "days",
+    type=click.FloatRange(min=0),
+    default=365.0,
+    show_default=True,
+    help="move the jobs that ended more than this many days ago",
+)
+@click.option(
+    "--to",
+    "target",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="the archive ledger (made if missing); default: beside the ledger, <name>-archive.db",
+)
 @site_option
 def archive(days: float, target: Path | None, site: str | None) -> None:
     """Move old jobs, with their runs, metrics, events, checkpoints and sweeps, into an archive ledger."""
@@ -31,8 +42,10 @@ def archive(days: float, target: Path | None, site: str | None) -> None:
     with led:
         target = target or led.path.with_name(f"{led.path.stem}-archive.db")
         done = move(led, target, time.time() - days * 86400)
-    click.echo(f"moved {done.jobs} jobs ({done.rows} rows) that ended over {days:g} days ago into {done.target}; "
-               "`hpctrain ledger vacuum` gives the space back to the disk")
+    click.echo(
+        f"moved {done.jobs} jobs ({done.rows} rows) that ended over {days:g} days ago into {done.target}; "
+        "`hpctrain ledger vacuum` gives the space back to the disk"
+    )
 
 
 @ledger.command()

@@ -32,8 +32,9 @@ def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
 @click.option("--tail", default=20, show_default=True, help="the last N steps (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="one object per step")
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without folding in new journal records")
-def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None, tail: int, as_json: bool,
-            no_refresh: bool) -> None:
+def metrics(
+    job: str, site: str | None, names: tuple[str, ...], task: int | None, tail: int, as_json: bool, no_refresh: bool
+) -> None:
     """Step metrics of JOB (loss, lr, step time, data wait, tokens/s, ...) from the ledger."""
     from hpctrain.cli.common import find_job
 
@@ -43,7 +44,9 @@ def metrics(job: str, site: str | None, names: tuple[str, ...], task: int | None
         found = ledger.metrics.of_job(row["id"], task, names)
     steps: dict[tuple[int, int], dict[str, Any]] = {}
     for m in found:
-        steps.setdefault((m["task_index"], m["step"]), {"task": m["task_index"], "step": m["step"]})[m["name"]] = m["value"]
+        steps.setdefault((m["task_index"], m["step"]), {"task": m["task_index"], "step": m["step"]})[m["name"]] = m[
+            "value"
+        ]
     shown = list(steps.values())[-tail:] if tail else list(steps.values())
     if as_json:
         click.echo("\n".join(json.dumps(s) for s in shown))
@@ -86,13 +89,27 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
         runs = usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts)
         groups = totals(runs, by)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
-    rows = [{by: g.key, "jobs": len(g.jobs), "runs": g.runs, "gpu_hours": g.gpu_hours,
-             "lost_gpu_hours": g.lost_gpu_hours, "goodput": g.goodput, "cause_gpu_hours": g.causes,
-             "queued_after_requeue_s": g.queue_s, "cost": g.cost} for g in groups]
+    rows = [
+        {
+            by: g.key,
+            "jobs": len(g.jobs),
+            "runs": g.runs,
+            "gpu_hours": g.gpu_hours,
+            "lost_gpu_hours": g.lost_gpu_hours,
+            "goodput": g.goodput,
+            "cause_gpu_hours": g.causes,
+            "queued_after_requeue_s": g.queue_s,
+            "cost": g.cost,
+        }
+        for g in groups
+    ]
     for r in rows:
         if (budget := budgets.get(r[by])) is not None:
-            r.update(budget_gpu_hours=budget.limit / 60, budget_spent_gpu_hours=budget.used / 60,
-                     budget_left_gpu_hours=budget.left / 60)
+            r.update(
+                budget_gpu_hours=budget.limit / 60,
+                budget_spent_gpu_hours=budget.used / 60,
+                budget_left_gpu_hours=budget.left / 60,
+            )
     if as_json:
         click.echo(json.dumps(rows))
         return
@@ -104,18 +121,38 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", *cause_cols, "cost", *budget_cols):
         table.add_column(col, justify="left" if col == by else "right")
     for r in rows:
-        budget = [f"{r[k]:.1f}" if k in r else "-" for k in
-                  ("budget_gpu_hours", "budget_spent_gpu_hours", "budget_left_gpu_hours")] if budgets else []
+        budget = (
+            [
+                f"{r[k]:.1f}" if k in r else "-"
+                for k in ("budget_gpu_hours", "budget_spent_gpu_hours", "budget_left_gpu_hours")
+            ]
+            if budgets
+            else []
+        )
         lost = [f"{r['cause_gpu_hours'].get(c, 0.0):.3f}" for c in LOST] + [f"{r['queued_after_requeue_s'] / 3600:.3f}"]
-        table.add_row(str(r[by] if r[by] is not None else "-"), str(r["jobs"]), str(r["runs"]), f"{r['gpu_hours']:.3f}",
-                      f"{r['lost_gpu_hours']:.3f}", percent(r["goodput"]), *(lost if causes else []),
-                      f"{r['cost']:.2f}", *budget)
-    table.add_row("total", str(sum(r["jobs"] for r in rows)), str(sum(r["runs"] for r in rows)),
-                  f"{sum(r['gpu_hours'] for r in rows):.3f}", f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
-                  percent(goodput(runs)), *([""] * len(cause_cols)), f"{sum(r['cost'] for r in rows):.2f}",
-                  *(["", "", ""] if budgets else []))
+        table.add_row(
+            str(r[by] if r[by] is not None else "-"),
+            str(r["jobs"]),
+            str(r["runs"]),
+            f"{r['gpu_hours']:.3f}",
+            f"{r['lost_gpu_hours']:.3f}",
+            percent(r["goodput"]),
+            *(lost if causes else []),
+            f"{r['cost']:.2f}",
+            *budget,
+        )
+    table.add_row(
+        "total",
+        str(sum(r["jobs"] for r in rows)),
+        str(sum(r["runs"] for r in rows)),
+        f"{sum(r['gpu_hours'] for r in rows):.3f}",
+        f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
+        percent(goodput(runs)),
+        *([""] * len(cause_cols)),
+        f"{sum(r['cost'] for r in rows):.2f}",
+        *(["", "", ""] if budgets else []),
+    )
     make_console().print(table)
-
 
 
 @click.command()

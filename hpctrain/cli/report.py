@@ -12,20 +12,35 @@ from hpctrain.cli.common import require, site_option
 
 @click.command()
 @click.argument("target", metavar="[JOB|SWEEP]", required=False)
-@click.option("--account", metavar="[NAME]", is_flag=False, flag_value="", default=None,
-              help="GPU-hours of account NAME over time (every account without NAME)")
-@click.option("--since", type=click.DateTime(["%Y-%m-%d"]), metavar="YYYY-MM-DD", default=None,
-              help="with --account: from this day on (local time; default: all time)")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="the HTML file (default: report-job-<JOB>.html, report-sweep-<SWEEP>.html, "
-                   "report-account-<NAME>.html or report-accounts.html)")
+@click.option(
+    "--account",
+    metavar="[NAME]",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    help="GPU-hours of account NAME over time (every account without NAME)",
+)
+@click.option(
+    "--since",
+    type=click.DateTime(["%Y-%m-%d"]),
+    metavar="YYYY-MM-DD",
+    default=None,
+    help="with --account: from this day on (local time; default: all time)",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="the HTML file (default: report-job-<JOB>.html, report-sweep-<SWEEP>.html, "
+    "report-account-<NAME>.html or report-accounts.html)",
+)
 @site_option
 def report(target: str | None, account: str | None, since: datetime | None, out: str | None, site: str | None) -> None:
     """Write a self-contained HTML page with PNG plots, viewable without a server: a job by ledger id (loss,
     throughput, checkpoint durations, data wait; its first and last loss are printed too), a sweep by name, or
     GPU-hours per account over time."""
-    from hpctrain.errors import HpctrainError
     from hpctrain.cli.common import account_budgets, find_job, open_site
+    from hpctrain.errors import HpctrainError
     from hpctrain.report import account_report, job_report, loss_summary, sweep_report
     from hpctrain.report.collect import job_data
 
@@ -37,8 +52,9 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     summary: list[str] = []
     with ledger:
         if account is not None:
-            html = account_report(ledger, cfg, account or None, since.timestamp() if since else None,
-                                  account_budgets(cfg, ledger))
+            html = account_report(
+                ledger, cfg, account or None, since.timestamp() if since else None, account_budgets(cfg, ledger)
+            )
             what = f"account-{account}" if account else "accounts"
         elif target.isascii() and target.isdigit():
             job_id = find_job(ledger, target)["id"]

@@ -32,8 +32,10 @@ def start(spec_path: str, site: str | None, tick: bool) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         swp, created = store.register(ledger, spec, Path(spec_path))
-        click.echo(f"sweep {swp.id}: {'registered' if created else 'already registered'} "
-                   f"({spec.method}, up to {spec.max_trials} trials, {spec.max_parallel} at once)")
+        click.echo(
+            f"sweep {swp.id}: {'registered' if created else 'already registered'} "
+            f"({spec.method}, up to {spec.max_trials} trials, {spec.max_parallel} at once)"
+        )
         if tick:
             _tick(cfg, ledger, client, [swp.id])
 
@@ -53,8 +55,13 @@ def tick_command(sweeps: tuple[str, ...], site: str | None) -> None:
 @sweep.command()
 @site_option
 @click.option("--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks")
-@click.option("--log", type=click.Path(dir_okay=False, path_type=Path), default=DEFAULT_LOG, show_default=True,
-              help="the file each tick's output is appended to")
+@click.option(
+    "--log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_LOG,
+    show_default=True,
+    help="the file each tick's output is appended to",
+)
 def cron(site: str | None, every: int, log: Path) -> None:
     """Print the crontab line that ticks every active sweep with this installation of hpctrain: its interpreter,
     run in this directory (where sweep specs' relative paths resolve, as for `sweep start`) with this shell's
@@ -72,13 +79,20 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
     from hpctrain.sweep.tick import tick_all, tick_lock
 
     with tick_lock(ledger.path):
-        results = tick_all(ledger, client, cfg, sweep_ids,
-                           on_warning=lambda w: click.echo(f"hpctrain: warning: {w}", err=True))
+        results = tick_all(
+            ledger, client, cfg, sweep_ids, on_warning=lambda w: click.echo(f"hpctrain: warning: {w}", err=True)
+        )
     for r in results:
         if r.error is not None:
-            click.echo(f"hpctrain: error: sweep {r.sweep}: {r.error}; marked FAILED, later ticks leave it out", err=True)
+            click.echo(
+                f"hpctrain: error: sweep {r.sweep}: {r.error}; marked FAILED, later ticks leave it out", err=True
+            )
             continue
-        parts = [f"{len(r.submitted)} submitted", f"{len(r.resubmitted)} resubmitted", f"{len(r.stopped)} stopped early"]
+        parts = [
+            f"{len(r.submitted)} submitted",
+            f"{len(r.resubmitted)} resubmitted",
+            f"{len(r.stopped)} stopped early",
+        ]
         click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")
         if r.capped:
             click.echo(f"  {r.capped}")
@@ -107,32 +121,48 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"sweep": swp.id, "state": swp.state, "trials": rows, "best": top}))
         return
-    table = Table(title=f"sweep {swp.id} ({swp.spec.method}, {swp.state}): {swp.spec.direction} {swp.spec.metric}",
-                  title_justify="left")
+    table = Table(
+        title=f"sweep {swp.id} ({swp.spec.method}, {swp.state}): {swp.spec.direction} {swp.spec.metric}",
+        title_justify="left",
+    )
     for col in ("trial", "params", "state", swp.spec.metric, "GPU-h", "slurm id", "note"):
         table.add_column(col)
     for r in rows:
         slurm = f"{r['slurm_job_id']}_{r['task_index']}" if r["slurm_job_id"] else "-"
-        table.add_row(str(r["number"]), json.dumps(r["params"], sort_keys=True), r["state"],
-                      "-" if r["value"] is None else f"{r['value']:.6g}", f"{r['gpu_hours']:.2f}", slurm,
-                      r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else ""))
+        table.add_row(
+            str(r["number"]),
+            json.dumps(r["params"], sort_keys=True),
+            r["state"],
+            "-" if r["value"] is None else f"{r['value']:.6g}",
+            f"{r['gpu_hours']:.2f}",
+            slurm,
+            r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else ""),
+        )
     console = make_console()
     console.print(table)
-    console.print(f"best: trial {top['number']} {swp.spec.metric}={top['value']:.6g} {json.dumps(top['params'])}"
-                  if top else f"best: {store.no_best(rows, swp.spec.metric)}")
+    console.print(
+        f"best: trial {top['number']} {swp.spec.metric}={top['value']:.6g} {json.dumps(top['params'])}"
+        if top
+        else f"best: {store.no_best(rows, swp.spec.metric)}"
+    )
 
 
 @sweep.command()
 @click.argument("sweep_id", metavar="SWEEP")
 @site_option
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="directory for the PNG files (default: ./sweep-<SWEEP>)")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="directory for the PNG files (default: ./sweep-<SWEEP>)",
+)
 def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
     """Write PNG plots of SWEEP: metric by trial with the best so far, and parameter importance (or say why not)."""
     require("matplotlib", "optuna")
     from hpctrain.cli.common import open_site
-    from hpctrain.sweep import store
     from hpctrain.report.sweep_plots import write_report
+    from hpctrain.sweep import store
 
     _, ledger, _ = open_site(site)
     with ledger:

@@ -6,15 +6,15 @@ import itertools
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelWrapValidatorHandler, model_validator
 
 from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
 from hpctrain.config.shell import check_shell_command
-from hpctrain.config.types import (ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName,
-                                   check_not_option)
+from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName, check_not_option
 from hpctrain.contract import PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -63,8 +63,10 @@ def _not_json(value: Any) -> Loc | None:
 def _json_value(value: Any) -> Any:
     """Array parameters and hyperparameters travel as JSON (params.jsonl, $HPCTRAIN_PARAMS, spec.json, the ledger)."""
     if (inner := _not_json(value)) is not None:
-        raise ValueError("expected JSON data: text, a finite number, true or false, null, or a list or a table (text "
-                         "keys) of them" + (f"; {format_loc(inner)} is not" if inner else ""))
+        raise ValueError(
+            "expected JSON data: text, a finite number, true or false, null, or a list or a table (text "
+            "keys) of them" + (f"; {format_loc(inner)} is not" if inner else "")
+        )
     return value
 
 
@@ -83,9 +85,14 @@ def _argv(value: list[str]) -> list[str]:
 
 class Resources(StrictModel):
     nodes: int = Field(1, ge=1, description="nodes the job step runs on")
-    spare_nodes: int = Field(0, ge=0, description=(
-        "more nodes allocated and held in reserve: a step restarted in the allocation (retry.in_place) runs on them "
-        "in place of a node that failed or was excluded, in the same layout"))
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        description=(
+            "more nodes allocated and held in reserve: a step restarted in the allocation (retry.in_place) runs on them "
+            "in place of a node that failed or was excluded, in the same layout"
+        ),
+    )
     gpus_per_node: int = Field(0, ge=0)
     tasks_per_node: int | None = Field(None, ge=1, description="default: one per GPU, else 1")
     cpus_per_task: int = Field(1, ge=1)
@@ -150,15 +157,24 @@ class HangPolicy(StrictModel):
     """How long each phase of a rank may go without progress before it counts as hung (0: never; unset in a
     job spec: the site's [hang])."""
 
-    startup_s: FiniteFloat | None = Field(None, ge=0, le=MAX_TIMEOUT_S, description=(
-        "process start to the first training step (imports, rendezvous, checkpoint load)"))
-    step_s: FiniteFloat | None = Field(None, ge=0, le=MAX_TIMEOUT_S, description=(
-        "one training step, a synchronous checkpoint save included"))
+    startup_s: FiniteFloat | None = Field(
+        None,
+        ge=0,
+        le=MAX_TIMEOUT_S,
+        description=("process start to the first training step (imports, rendezvous, checkpoint load)"),
+    )
+    step_s: FiniteFloat | None = Field(
+        None, ge=0, le=MAX_TIMEOUT_S, description=("one training step, a synchronous checkpoint save included")
+    )
 
-    def over(self, defaults: "HangPolicy") -> "HangPolicy":
+    def over(self, defaults: HangPolicy) -> HangPolicy:
         """These timeouts, ``defaults``' where unset, 0 where both are."""
-        return HangPolicy(**{name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), 0)
-                             for name in HangPolicy.model_fields})
+        return HangPolicy(
+            **{
+                name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), 0)
+                for name in HangPolicy.model_fields
+            }
+        )
 
 
 class CheckpointPolicy(StrictModel):
@@ -168,8 +184,11 @@ class CheckpointPolicy(StrictModel):
     keep_last: int = Field(3, ge=1)
     async_save: bool = Field(True, alias="async")
     memory_every_steps: int | None = Field(
-        None, ge=1, description="also checkpoint to node-local memory (site checkpoint.memory_dir) this often, for "
-                                "restarts inside the allocation (retry.in_place)")
+        None,
+        ge=1,
+        description="also checkpoint to node-local memory (site checkpoint.memory_dir) this often, for "
+        "restarts inside the allocation (retry.in_place)",
+    )
 
 
 class ArraySpec(StrictModel):
@@ -177,7 +196,8 @@ class ArraySpec(StrictModel):
 
     params: list[dict[str, JsonValue]] = Field(default_factory=list, description="explicit parameter sets")
     grid: dict[str, Annotated[list[JsonValue], Field(min_length=1)]] = Field(
-        default_factory=dict, description="cartesian product of these lists")
+        default_factory=dict, description="cartesian product of these lists"
+    )
     count: int | None = Field(None, ge=1, le=MAX_ARRAY_TASKS, description="plain copies, when there are no parameters")
     throttle: int | None = Field(None, ge=1, le=MAX_ARRAY_TASKS, description="at most this many tasks at once (%N)")
 
@@ -199,8 +219,12 @@ class ArraySpec(StrictModel):
 
 class Dependency(StrictModel):
     after: list[SlurmJobId] = Field(default_factory=list, description="Slurm job ids this job waits for")
-    after_jobs: list[LedgerId] = Field(default_factory=list, description=(
-        "ledger ids this job waits for (every chunk of each one's submission), resolved to Slurm ids at submit"))
+    after_jobs: list[LedgerId] = Field(
+        default_factory=list,
+        description=(
+            "ledger ids this job waits for (every chunk of each one's submission), resolved to Slurm ids at submit"
+        ),
+    )
     kind: Literal["afterok", "afterany", "afternotok"] = "afterok"
     singleton: bool = False
 
@@ -208,13 +232,22 @@ class Dependency(StrictModel):
 class RetryPolicy(StrictModel):
     """Which stopped runs hpctrain requeues, and when it gives up."""
 
-    on_error: bool = Field(False, description="also requeue after an error exit or OOM kill (preemption, time "
-                                               "limit and node failure always are, while requeue is on)")
-    max_stalled_attempts: int = Field(3, ge=1, description="give up after this many consecutive attempts "
-                                                           "without checkpoint progress")
-    in_place: int = Field(0, ge=0, le=100, description="restarts of a failed job step (a rank that exits non-zero "
-                                                    "or is killed) inside the same allocation, from the newest "
-                                                    "checkpoint, before the run ends and the rules above decide")
+    on_error: bool = Field(
+        False,
+        description="also requeue after an error exit or OOM kill (preemption, time "
+        "limit and node failure always are, while requeue is on)",
+    )
+    max_stalled_attempts: int = Field(
+        3, ge=1, description="give up after this many consecutive attempts without checkpoint progress"
+    )
+    in_place: int = Field(
+        0,
+        ge=0,
+        le=100,
+        description="restarts of a failed job step (a rank that exits non-zero "
+        "or is killed) inside the same allocation, from the newest "
+        "checkpoint, before the run ends and the rules above decide",
+    )
 
 
 class EnvVar(StrictModel):
@@ -229,7 +262,7 @@ class EnvVar(StrictModel):
         return {"value": data} if isinstance(data, str) else data
 
     @model_validator(mode="after")
-    def _value_or_secret(self) -> "EnvVar":
+    def _value_or_secret(self) -> EnvVar:
         if self.value is None and not self.secret:
             raise ValueError("expected a value, or secret = true to take it from the submitting environment")
         return self
@@ -238,8 +271,10 @@ class EnvVar(StrictModel):
 class Container(StrictModel):
     """The image the job's tasks run in, with the site's runtime (site `[containers]`)."""
 
-    image: ImageRef = Field(description="pyxis: an enroot image ('nvcr.io#nvidia/pytorch:24.05-py3') or .sqsh file; "
-                                        "Apptainer: a .sif file or a sandbox directory")
+    image: ImageRef = Field(
+        description="pyxis: an enroot image ('nvcr.io#nvidia/pytorch:24.05-py3') or .sqsh file; "
+        "Apptainer: a .sif file or a sandbox directory"
+    )
     mounts: list[BindPath] = Field(default_factory=list, description="more host paths, after the site's binds")
     workdir: ExpandedPath | None = Field(None, description="inside the container (default: the job's workdir)")
 
@@ -247,18 +282,26 @@ class Container(StrictModel):
 class JobSpec(StrictModel):
     name: str = Field(pattern=JOB_NAME)
     command: Annotated[list[str], AfterValidator(_argv)] = Field(
-        min_length=1, description="argv run once per task, e.g. ['python', 'train.py']")
+        min_length=1, description="argv run once per task, e.g. ['python', 'train.py']"
+    )
     workdir: ExpandedPath | None = None
-    setup: list[SetupLine] = Field(default_factory=list, description=(
-        "shell lines run before the command, after the site's setup: `module load ...`, `source env.sh`"))
+    setup: list[SetupLine] = Field(
+        default_factory=list,
+        description=("shell lines run before the command, after the site's setup: `module load ...`, `source env.sh`"),
+    )
     resources: Resources = Field(default_factory=Resources)
     parallel: Parallel = Field(default_factory=Parallel)
     model: Model | None = None
     data: Data = Field(default_factory=Data)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     hyperparameters: dict[str, JsonValue] = Field(default_factory=dict)
-    seed: int = Field(0, ge=0, lt=2**32, description="0 to 2**32 - 1, as numpy's generators take (torch's overflow "
-                                                     "past 2**64 with the numbers the trainer derives from it)")
+    seed: int = Field(
+        0,
+        ge=0,
+        lt=2**32,
+        description="0 to 2**32 - 1, as numpy's generators take (torch's overflow "
+        "past 2**64 with the numbers the trainer derives from it)",
+    )
     env: dict[str, EnvVar] = Field(default_factory=dict)
     launcher: Literal["srun", "none"] = Field("srun", description="srun: one task per GPU; none: run once")
     container: Container | None = None
@@ -270,7 +313,7 @@ class JobSpec(StrictModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _paths_without_secrets(cls, data: Any, handler: ModelWrapValidatorHandler["JobSpec"]) -> "JobSpec":
+    def _paths_without_secrets(cls, data: Any, handler: ModelWrapValidatorHandler[JobSpec]) -> JobSpec:
         """Path fields expand ``$NAME`` from the submitting environment, never a secret's."""
         env = data.get("env") if isinstance(data, dict) else None
         names = [k for k, v in env.items() if isinstance(v, dict) and v.get("secret")] if isinstance(env, dict) else []
@@ -286,14 +329,20 @@ class JobSpec(StrictModel):
             if sum(map(bool, (a.params, a.grid, a.count))) != 1:
                 yield ("array",), "expected exactly one of params, grid or count"
             elif a.size > MAX_ARRAY_TASKS:
-                yield ("array", "grid" if a.grid else "params"), (
-                    f"{a.size} tasks, more than the {MAX_ARRAY_TASKS} one submission may have")
+                yield (
+                    ("array", "grid" if a.grid else "params"),
+                    (f"{a.size} tasks, more than the {MAX_ARRAY_TASKS} one submission may have"),
+                )
         if self.resources.spare_nodes and not (self.retry.in_place and self.launcher == "srun"):
-            yield ("resources", "spare_nodes"), (
-                "spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'")
+            yield (
+                ("resources", "spare_nodes"),
+                ("spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'"),
+            )
         if self.checkpoint.memory_every_steps and not self.retry.in_place:
-            yield ("checkpoint", "memory_every_steps"), (
-                "the memory tier serves restarts inside the allocation only: set retry.in_place too")
+            yield (
+                ("checkpoint", "memory_every_steps"),
+                ("the memory tier serves restarts inside the allocation only: set retry.in_place too"),
+            )
         yield from self._layout_problems()
 
     def _layout_problems(self) -> Iterator[tuple[Loc, str]]:
@@ -301,18 +350,27 @@ class JobSpec(StrictModel):
         r, p, m = self.resources, self.parallel, self.model
         total = r.nodes * r.ntasks_per_node
         if p.world_size > 1 and p.world_size != total:
-            yield ("parallel",), (
-                f"dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.world_size} must equal "
-                f"nodes*tasks_per_node = {r.nodes}*{r.ntasks_per_node} = {total}"
+            yield (
+                ("parallel",),
+                (
+                    f"dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {p.world_size} must equal "
+                    f"nodes*tasks_per_node = {r.nodes}*{r.ntasks_per_node} = {total}"
+                ),
             )
         if r.ntasks_per_node % p.tp:
-            yield ("parallel", "tp"), (
-                f"tp = {p.tp} must divide the {r.ntasks_per_node} tasks per node (tensor-parallel peers share a node)"
+            yield (
+                ("parallel", "tp"),
+                (
+                    f"tp = {p.tp} must divide the {r.ntasks_per_node} tasks per node (tensor-parallel peers share a node)"
+                ),
             )
         if p.global_batch is not None and p.global_batch != p.samples_per_step:
-            yield ("parallel", "global_batch"), (
-                f"global_batch = {p.global_batch} must equal micro_batch*grad_accum*dp = "
-                f"{p.micro_batch}*{p.grad_accum}*{p.dp} = {p.samples_per_step}"
+            yield (
+                ("parallel", "global_batch"),
+                (
+                    f"global_batch = {p.global_batch} must equal micro_batch*grad_accum*dp = "
+                    f"{p.micro_batch}*{p.grad_accum}*{p.dp} = {p.samples_per_step}"
+                ),
             )
         if m is not None:
             if m.layers % p.pp:
@@ -324,7 +382,7 @@ class JobSpec(StrictModel):
             if m.hidden % m.heads:
                 yield ("model", "hidden"), f"hidden = {m.hidden} must be divisible by heads = {m.heads}"
 
-    def with_params(self, params: dict[str, Any], where: str = f"${PARAMS_ENV}") -> "JobSpec":
+    def with_params(self, params: dict[str, Any], where: str = f"${PARAMS_ENV}") -> JobSpec:
         """This spec with an array task's (a sweep trial's) parameters applied: ``lr`` sets hyperparameters.lr,
         a dotted key such as ``parallel.micro_batch`` any other field."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)

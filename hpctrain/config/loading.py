@@ -6,10 +6,11 @@ import json
 import os
 import re
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -204,8 +205,10 @@ def expand_vars(text: str) -> str:
     def sub(m: re.Match[str]) -> str:
         name = m.group(1) or m.group(3)
         if name in _SECRET_VARS.get():
-            raise ValueError(f"${name} is a secret (env.{name}): a path is written into the batch script, spec.json "
-                             "and the ledger, so it cannot hold one")
+            raise ValueError(
+                f"${name} is a secret (env.{name}): a path is written into the batch script, spec.json "
+                "and the ledger, so it cannot hold one"
+            )
         value = os.environ.get(name)
         if value:
             return value

@@ -28,6 +28,8 @@ def check_shell_command(value: str) -> str:
         raise ValueError(f"not a complete shell command ({said}): it would swallow the rest of the batch script")
     # A command that ends there makes a lone ';' on the next line a syntax error; one that goes on takes it in.
     if _bash_says(value + "\n;")[0] == 0:
-        raise ValueError("not a complete shell command (it goes on into the next line, as after a trailing '\\'): "
-                         "it would swallow the rest of the batch script")
+        raise ValueError(
+            "not a complete shell command (it goes on into the next line, as after a trailing '\\'): "
+            "it would swallow the rest of the batch script"
+        )
     return value

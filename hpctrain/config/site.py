@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator, Literal
+from typing import Literal
 
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
 from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.config.types import (
+    ENV_NAME,
+    SLURM_NAME,
+    SLURM_NAME_RULE,
+    BindPath,
+    ExpandedPath,
+    FileMode,
+    MiB,
+    Program,
+    ProgramPath,
+    Seconds,
+    ShellCommand,
+    SlurmName,
+)
 from hpctrain.contract import LEDGER_ENV, SITE_DIR_ENV, SITE_ENV
-from hpctrain.config.types import (ENV_NAME, SLURM_NAME, SLURM_NAME_RULE, BindPath, ExpandedPath, FileMode, MiB,
-                                   Program, ProgramPath, Seconds, ShellCommand, SlurmName)
 from hpctrain.errors import ConfigError
 
 
@@ -35,10 +48,15 @@ class Partition(StrictModel):
     nodes: int | None = Field(None, ge=1)
     max_time: Seconds | None = None
     gpu_request: Literal["gpus-per-node", "gres"] = "gpus-per-node"
-    fabric_gb_s: FiniteFloat | None = Field(None, gt=0, description=(
-        "all-reduce bus bandwidth (GB/s, nccl-tests' busbw) the inter-node fabric gives one GPU per node, as "
-        "`hpctrain doctor --nccl` measures it: about the line rate of the NICs nearest one GPU, e.g. 50 for "
-        "one 400 Gb/s NDR port; the doctor warns below half of it (None: the measurement is not judged)"))
+    fabric_gb_s: FiniteFloat | None = Field(
+        None,
+        gt=0,
+        description=(
+            "all-reduce bus bandwidth (GB/s, nccl-tests' busbw) the inter-node fabric gives one GPU per node, as "
+            "`hpctrain doctor --nccl` measures it: about the line rate of the NICs nearest one GPU, e.g. 50 for "
+            "one 400 Gb/s NDR port; the doctor warns below half of it (None: the measurement is not judged)"
+        ),
+    )
 
 
 class Qos(StrictModel):
@@ -53,8 +71,12 @@ class Defaults(StrictModel):
     qos: SlurmName = "normal"
     preemptible_qos: SlurmName | None = None
     time: Seconds = 3600
-    signal_lead_s: int = Field(120, ge=10, le=65535, description=(
-        "seconds of notice before the time limit (sbatch --signal takes at most 65535)"))
+    signal_lead_s: int = Field(
+        120,
+        ge=10,
+        le=65535,
+        description=("seconds of notice before the time limit (sbatch --signal takes at most 65535)"),
+    )
 
 
 class Paths(StrictModel):
@@ -70,10 +92,15 @@ class LedgerConfig(StrictModel):
 
 
 class CheckpointConfig(StrictModel):
-    mode: FileMode = Field(0o600, description="permissions of the checkpoint manifests and rank fragments hpctrain "
-                                              "writes (RNG states, lineage; TOML: 0o640 to share with the group)")
-    memory_dir: ExpandedPath = Field(Path("/dev/shm"), description="node-local memory (or disk) for the "
-                                                                  "checkpoint memory tier (checkpoint.memory_every_steps)")
+    mode: FileMode = Field(
+        0o600,
+        description="permissions of the checkpoint manifests and rank fragments hpctrain "
+        "writes (RNG states, lineage; TOML: 0o640 to share with the group)",
+    )
+    memory_dir: ExpandedPath = Field(
+        Path("/dev/shm"),
+        description="node-local memory (or disk) for the checkpoint memory tier (checkpoint.memory_every_steps)",
+    )
 
 
 class Alerts(StrictModel):
@@ -84,7 +111,9 @@ class Alerts(StrictModel):
 
 
 class Launch(StrictModel):
-    python: ProgramPath | None = Field(None, description="Python with hpctrain on the compute nodes (default: the submitting one)")
+    python: ProgramPath | None = Field(
+        None, description="Python with hpctrain on the compute nodes (default: the submitting one)"
+    )
     master_port_range: tuple[int, int] = Field((20000, 29999), strict=False)  # TOML gives a list
 
 
@@ -92,11 +121,16 @@ class Containers(StrictModel):
     """How jobs that name a container image run on this cluster."""
 
     runtime: Literal["pyxis", "apptainer"] | None = Field(
-        None, description="pyxis/enroot (srun --container-*) or Apptainer (apptainer exec); None: no containers")
+        None, description="pyxis/enroot (srun --container-*) or Apptainer (apptainer exec); None: no containers"
+    )
     binds: list[BindPath] = Field(default_factory=list, description="host paths every container sees: src[:dst[:ro]]")
     apptainer: Program = Field("apptainer", description="the apptainer command on the compute nodes")
-    apptainer_options: list[str] = Field(default_factory=list, description=(
-        "more `apptainer exec` options, e.g. --cleanenv, or --no-privs where root may not hold every capability"))
+    apptainer_options: list[str] = Field(
+        default_factory=list,
+        description=(
+            "more `apptainer exec` options, e.g. --cleanenv, or --no-privs where root may not hold every capability"
+        ),
+    )
     python: Program = Field("python3", description="the Python inside images, with hpctrain installed")
 
 
@@ -156,7 +190,10 @@ class SiteConfig(StrictModel):
                 yield ("gpu_hour_price", name), _unknown("partition", name, self.partitions)
         lo, hi = self.launch.master_port_range
         if not 1024 <= lo < hi <= 65535:
-            yield ("launch", "master_port_range"), f"expected [low, high] with 1024 <= low < high <= 65535, got [{lo}, {hi}]"
+            yield (
+                ("launch", "master_port_range"),
+                f"expected [low, high] with 1024 <= low < high <= 65535, got [{lo}, {hi}]",
+            )
 
 
 def _unknown(kind: str, value: str, known: Iterable[str]) -> str:

@@ -28,8 +28,12 @@ def check_slurm_name(value: str) -> str:
 def check_bind_path(value: str) -> str:
     """A container mount 'src[:dst[:ro|rw]]' of absolute paths (pyxis and Apptainer both join them with commas)."""
     parts = value.split(":")
-    if not 1 <= len(parts) <= 3 or not all(p.startswith("/") for p in parts[:2]) or \
-            (len(parts) == 3 and parts[2] not in ("ro", "rw")) or re.search(r"[,\s]", value):
+    if (
+        not 1 <= len(parts) <= 3
+        or not all(p.startswith("/") for p in parts[:2])
+        or (len(parts) == 3 and parts[2] not in ("ro", "rw"))
+        or re.search(r"[,\s]", value)
+    ):
         raise ValueError("expected 'src[:dst[:ro|rw]]' with absolute paths and no commas or spaces")
     return value
 
@@ -44,8 +48,10 @@ def check_not_option(value: _Arg) -> _Arg:
     """A program, image or argument that another program reads: one starting with '-' would be read as an option
     (``./-name`` names such a file)."""
     if str(value).startswith("-"):
-        raise ValueError(f"{str(value)!r} starts with '-', which the program it is given to reads as an option "
-                         "(write a file of that name as './-...')")
+        raise ValueError(
+            f"{str(value)!r} starts with '-', which the program it is given to reads as an option "
+            "(write a file of that name as './-...')"
+        )
     return value
 
 

@@ -9,8 +9,13 @@ from __future__ import annotations
 from hpctrain.lazy import lazy_exports
 
 _EXPORTS = {
-    "ShardIndex": "index", "ShardInfo": "index", "load_index": "index",
-    "pack": "packing", "pack_npy_dir": "packing", "verify_index": "verify", "index_shards": "verify",
+    "ShardIndex": "index",
+    "ShardInfo": "index",
+    "load_index": "index",
+    "pack": "packing",
+    "pack_npy_dir": "packing",
+    "verify_index": "verify",
+    "index_shards": "verify",
     "ShardLoader": "loader",
 }
 __all__ = sorted(_EXPORTS)

@@ -91,9 +91,15 @@ def load_index(path: str | Path) -> ShardIndex:
 def _shard(path: Path, i: int, entry: Any) -> ShardInfo:
     try:
         shard = ShardInfo(**entry)
-        valid = (isinstance(shard.name, str) and "/" not in shard.name and isinstance(shard.samples, int)
-                 and shard.samples >= 0 and isinstance(shard.bytes, int) and isinstance(shard.sha256, str)
-                 and (shard.url is None or isinstance(shard.url, str) and is_url(shard.url)))
+        valid = (
+            isinstance(shard.name, str)
+            and "/" not in shard.name
+            and isinstance(shard.samples, int)
+            and shard.samples >= 0
+            and isinstance(shard.bytes, int)
+            and isinstance(shard.sha256, str)
+            and (shard.url is None or isinstance(shard.url, str) and is_url(shard.url))
+        )
     except TypeError:
         valid = False
     if not valid:

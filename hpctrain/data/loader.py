@@ -5,8 +5,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import signal
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from torch.utils.data import DataLoader, default_collate
 
@@ -71,32 +72,53 @@ class ShardLoader:
     time): a batch is then valid only until the next one is asked for, so copy what must outlive a step.
     """
 
-    def __init__(self, index: ShardIndex | str | Path, *, batch_size: int, dp_rank: int = 0, dp_size: int = 1,
-                 workers: int = 2, seed: int = 0, shuffle_buffer: int = 1000, decode: bool = True,
-                 collate: Callable[[list[Sample]], Any] | None = None, max_quarantined_fraction: float = 0.05,
-                 prefetch_factor: int = 2, journal: Journal | None = None, reuse_buffers: bool = False):
+    def __init__(
+        self,
+        index: ShardIndex | str | Path,
+        *,
+        batch_size: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        workers: int = 2,
+        seed: int = 0,
+        shuffle_buffer: int = 1000,
+        decode: bool = True,
+        collate: Callable[[list[Sample]], Any] | None = None,
+        max_quarantined_fraction: float = 0.05,
+        prefetch_factor: int = 2,
+        journal: Journal | None = None,
+        reuse_buffers: bool = False,
+    ):
         if reuse_buffers and (decode or collate is not None):
             raise ValueError("reuse_buffers needs decode=False and the default collate (batches of stored bytes)")
         if not 0 <= dp_rank < dp_size or batch_size < 1 or workers < 0:
-            raise ValueError(f"need 0 <= dp_rank < dp_size, batch_size >= 1, workers >= 0; got "
-                             f"dp_rank={dp_rank} dp_size={dp_size} batch_size={batch_size} workers={workers}")
+            raise ValueError(
+                f"need 0 <= dp_rank < dp_size, batch_size >= 1, workers >= 0; got "
+                f"dp_rank={dp_rank} dp_size={dp_size} batch_size={batch_size} workers={workers}"
+            )
         self.index = index if isinstance(index, ShardIndex) else load_index(index)
         if self.index.total_samples < dp_size:
-            raise DataError(f"{self.index.path}: {self.index.total_samples} samples cannot feed {dp_size} "
-                            "data-parallel ranks")
+            raise DataError(
+                f"{self.index.path}: {self.index.total_samples} samples cannot feed {dp_size} data-parallel ranks"
+            )
         self.batch_size, self.dp_rank, self.dp_size, self.workers = batch_size, dp_rank, dp_size, workers
         self.seed, self.shuffle_buffer, self.decode = seed, shuffle_buffer, decode
         self.collate = collate or (default_collate if decode else collate_bytes)
         self.prefetch_factor = prefetch_factor
         self.reuse_buffers = reuse_buffers and workers > 0
         self.stats = LoaderStats()
-        self.quarantine = Quarantine(self.index, journal if journal is not None else Journal.from_env(),
-                                     max_quarantined_fraction)
+        self.quarantine = Quarantine(
+            self.index, journal if journal is not None else Journal.from_env(), max_quarantined_fraction
+        )
         self.quarantine.check()
         if pipes := sum(not seekable(self.index.location(s)) for s in self.index.shards):
-            log.info("%s: %d of %d shards are pipe: commands, which cannot seek: reading one from sample k (on resume, "
-                     "or where the epoch's plan splits it between readers) reads and discards the bytes before k",
-                     self.index.path, pipes, len(self.index.shards))
+            log.info(
+                "%s: %d of %d shards are pipe: commands, which cannot seek: reading one from sample k (on resume, "
+                "or where the epoch's plan splits it between readers) reads and discards the bytes before k",
+                self.index.path,
+                pipes,
+                len(self.index.shards),
+            )
         self._start_epoch(0)
 
     def __len__(self) -> int:
@@ -107,11 +129,27 @@ class ShardLoader:
         # A worker's buffers: its batches in flight (the DataLoader's prefetch, the one it fills among them), the one
         # the training loop holds.
         buffers = Buffers(self.workers, self.prefetch_factor + 1) if self.reuse_buffers else None
-        job = EpochJob(self.index, self._plan, list(self._positions), self._next_worker, self.seed, self.epoch,
-                       self.shuffle_buffer, self.batch_size, self.decode, self.collate, buffers)
-        items = DataLoader(EpochDataset(job), batch_size=None, collate_fn=as_is, num_workers=self.workers,
-                           prefetch_factor=self.prefetch_factor if self.workers else None,
-                           worker_init_fn=init_worker if self.workers else None)
+        job = EpochJob(
+            self.index,
+            self._plan,
+            list(self._positions),
+            self._next_worker,
+            self.seed,
+            self.epoch,
+            self.shuffle_buffer,
+            self.batch_size,
+            self.decode,
+            self.collate,
+            buffers,
+        )
+        items = DataLoader(
+            EpochDataset(job),
+            batch_size=None,
+            collate_fn=as_is,
+            num_workers=self.workers,
+            prefetch_factor=self.prefetch_factor if self.workers else None,
+            worker_init_fn=init_worker if self.workers else None,
+        )
         since = self.stats.waiting()
         for item in items:
             self._consume(item)
@@ -126,10 +164,21 @@ class ShardLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where the training loop is (not the workers, which run ahead); JSON-ready for checkpoints."""
-        positions = tuple((self._shard_name(segs, seg), offset)
-                          for segs, (seg, offset) in zip(self._plan, self._positions))
-        return LoaderState(self.index.digest, self.seed, self.epoch, self.dp_rank, self.dp_size, self.workers,
-                           self.batch_size, self.shuffle_buffer, self._next_worker, positions).to_dict()
+        positions = tuple(
+            (self._shard_name(segs, seg), offset) for segs, (seg, offset) in zip(self._plan, self._positions)
+        )
+        return LoaderState(
+            self.index.digest,
+            self.seed,
+            self.epoch,
+            self.dp_rank,
+            self.dp_size,
+            self.workers,
+            self.batch_size,
+            self.shuffle_buffer,
+            self._next_worker,
+            positions,
+        ).to_dict()
 
     def exact_state(self, states: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
         """The first of ``states`` (say, every rank's of a checkpoint written with another parallel layout)
@@ -147,8 +196,10 @@ class ShardLoader:
         """
         saved = LoaderState.from_dict(state)
         if saved.index != self.index.digest:
-            raise DataError(f"loader state was saved for another dataset (index digest {saved.index}, "
-                            f"{self.index.path} has {self.index.digest})")
+            raise DataError(
+                f"loader state was saved for another dataset (index digest {saved.index}, "
+                f"{self.index.path} has {self.index.digest})"
+            )
         if saved.seed != self.seed:
             raise DataError(f"loader state was saved with seed {saved.seed}, this loader has seed {self.seed}")
         mine = {k: getattr(self, k) for k in saved.layout}
@@ -158,9 +209,11 @@ class ShardLoader:
             self._next_worker = saved.next_worker
             return
         if not approximate:
-            raise DataError(f"loader state was saved with {_fmt(saved.layout)}, this loader has {_fmt(mine)}: "
-                            f"exact resume is impossible; resume with approximate=True to continue epoch "
-                            f"{saved.epoch} at the same fraction (some samples may repeat or be missed)")
+            raise DataError(
+                f"loader state was saved with {_fmt(saved.layout)}, this loader has {_fmt(mine)}: "
+                f"exact resume is impossible; resume with approximate=True to continue epoch "
+                f"{saved.epoch} at the same fraction (some samples may repeat or be missed)"
+            )
         old_plan = self._plan_for(saved.epoch, saved.dp_rank, saved.dp_size, max(saved.workers, 1), saved.batch_size)
         done = sum(consumed(segs, self._position(saved, segs, w)) for w, segs in enumerate(old_plan))
         fraction = done / sum(s.length for segs in old_plan for s in segs)
@@ -179,8 +232,15 @@ class ShardLoader:
         return max(self.workers, 1)
 
     def _plan_for(self, epoch: int, dp_rank: int, dp_size: int, lanes: int, batch_size: int) -> list[list[Segment]]:
-        return plan_epoch([s.samples for s in self.index.shards], seed=self.seed, epoch=epoch, dp_rank=dp_rank,
-                          dp_size=dp_size, workers=lanes, batch_size=batch_size)
+        return plan_epoch(
+            [s.samples for s in self.index.shards],
+            seed=self.seed,
+            epoch=epoch,
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            workers=lanes,
+            batch_size=batch_size,
+        )
 
     def _start_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -218,8 +278,9 @@ class ShardLoader:
         for i, segment in enumerate(segments):
             if self.index.shards[segment.shard].name == shard and offset < segment.length:
                 return i, offset
-        raise DataError(f"loader state: worker {worker} at {shard} offset {offset} is not in its share "
-                        f"of epoch {saved.epoch}")
+        raise DataError(
+            f"loader state: worker {worker} at {shard} offset {offset} is not in its share of epoch {saved.epoch}"
+        )
 
 
 def _fmt(layout: dict[str, int]) -> str:

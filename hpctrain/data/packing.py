@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import webdataset as wds
 
@@ -37,8 +38,13 @@ class _HashingFile:
         self._fh.close()
 
 
-def pack(samples: Iterable[Mapping[str, Any]], out_dir: str | Path, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
-         prefix: str = "shard") -> ShardIndex:
+def pack(
+    samples: Iterable[Mapping[str, Any]],
+    out_dir: str | Path,
+    *,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    prefix: str = "shard",
+) -> ShardIndex:
     """Write ``samples`` (webdataset dicts: "__key__" plus one entry per extension, e.g. "npy": array
     or bytes) to ``out_dir/<prefix>-NNNNNN.tar`` shards of about ``shard_bytes`` each, and the index."""
     out = Path(out_dir)
@@ -54,15 +60,23 @@ def pack(samples: Iterable[Mapping[str, Any]], out_dir: str | Path, *, shard_byt
         return files[name]
 
     # ShardWriter closes only files it opened itself; `post` runs once a shard is complete.
-    with wds.ShardWriter(str(out / f"{prefix}-%06d.tar"), maxsize=shard_bytes, opener=opener,
-                         post=lambda name: files[name].close(), verbose=0, mtime=0) as writer:
+    with wds.ShardWriter(
+        str(out / f"{prefix}-%06d.tar"),
+        maxsize=shard_bytes,
+        opener=opener,
+        post=lambda name: files[name].close(),
+        verbose=0,
+        mtime=0,
+    ) as writer:
         previous = None
         for sample in itertools.chain([first], samples):
             previous = _check_key(sample, previous)
             writer.write(sample)
             files[writer.fname].samples += 1
-    index = ShardIndex(out / INDEX_NAME, tuple(
-        ShardInfo(Path(name).name, f.samples, f.bytes, f.sha256.hexdigest()) for name, f in files.items()))
+    index = ShardIndex(
+        out / INDEX_NAME,
+        tuple(ShardInfo(Path(name).name, f.samples, f.bytes, f.sha256.hexdigest()) for name, f in files.items()),
+    )
     index.write()
     return index
 
@@ -71,8 +85,10 @@ def _check_key(sample: Mapping[str, Any], previous: str | None) -> str:
     """Keys become tar member names "<key>.<ext>": readers split at the first dot and merge equal neighbours."""
     key = sample.get("__key__")
     if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1] or key == previous:
-        raise DataError(f"sample key {key!r}: expected a non-empty string without '.' in its last path "
-                        f"part, different from the previous sample's")
+        raise DataError(
+            f"sample key {key!r}: expected a non-empty string without '.' in its last path "
+            f"part, different from the previous sample's"
+        )
     return key
 
 
@@ -88,7 +104,8 @@ def npy_samples(src_dir: str | Path) -> Iterator[dict[str, Any]]:
         yield {"__key__": path.relative_to(src).with_suffix("").as_posix(), "npy": path.read_bytes()}
 
 
-def pack_npy_dir(src_dir: str | Path, out_dir: str | Path, *, shard_bytes: int = DEFAULT_SHARD_BYTES,
-                 prefix: str = "shard") -> ShardIndex:
+def pack_npy_dir(
+    src_dir: str | Path, out_dir: str | Path, *, shard_bytes: int = DEFAULT_SHARD_BYTES, prefix: str = "shard"
+) -> ShardIndex:
     """Pack a directory of ``.npy`` files, stored byte for byte (no re-encoding)."""
     return pack(npy_samples(src_dir), out_dir, shard_bytes=shard_bytes, prefix=prefix)

@@ -15,8 +15,8 @@ by two readers; seeking to its first sample costs only tar headers (see tarshard
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from webdataset.filters import shuffle
 
@@ -57,8 +57,9 @@ def worker_lengths(samples: int, workers: int, batch_size: int) -> list[int]:
     return lengths
 
 
-def plan_epoch(counts: Sequence[int], *, seed: int, epoch: int, dp_rank: int, dp_size: int,
-               workers: int, batch_size: int) -> list[list[Segment]]:
+def plan_epoch(
+    counts: Sequence[int], *, seed: int, epoch: int, dp_rank: int, dp_size: int, workers: int, batch_size: int
+) -> list[list[Segment]]:
     """The segments each worker of ``dp_rank`` reads in ``epoch``, in reading order (``workers`` >= 1)."""
     order = shard_order(len(counts), seed, epoch)
     per_rank = sum(counts) // dp_size

@@ -39,11 +39,19 @@ class Quarantine:
         if shard.name not in self._recorded_here:
             folder = self.index.quarantine_dir
             folder.mkdir(exist_ok=True)
-            write_json_atomic(folder / f"{shard.name}.json",
-                              {"shard": shard.name, "reason": reason, "skipped_samples": skipped, "time": time.time()})
+            write_json_atomic(
+                folder / f"{shard.name}.json",
+                {"shard": shard.name, "reason": reason, "skipped_samples": skipped, "time": time.time()},
+            )
             if self.journal is not None:
-                self.journal.write("shard_quarantined", message=f"{self.index.location(shard)}: {reason}",
-                                   shard=shard.name, reason=reason, skipped_samples=skipped, index=str(self.index.path))
+                self.journal.write(
+                    "shard_quarantined",
+                    message=f"{self.index.location(shard)}: {reason}",
+                    shard=shard.name,
+                    reason=reason,
+                    skipped_samples=skipped,
+                    index=str(self.index.path),
+                )
             self._recorded_here.add(shard.name)
         self.check()
 
@@ -52,8 +60,10 @@ class Quarantine:
         fraction = self.fraction()
         if fraction <= self.max_fraction:
             return
-        message = (f"{self.index.path}: quarantined shards hold {fraction:.1%} of the samples, more than "
-                   f"max_quarantined_fraction {self.max_fraction:.1%}; review {self.index.quarantine_dir}")
+        message = (
+            f"{self.index.path}: quarantined shards hold {fraction:.1%} of the samples, more than "
+            f"max_quarantined_fraction {self.max_fraction:.1%}; review {self.index.quarantine_dir}"
+        )
         if self.journal is not None:
             self.journal.write("data_needs_review", message=message, index=str(self.index.path), fraction=fraction)
         raise DataError(message)

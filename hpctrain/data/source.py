@@ -116,8 +116,14 @@ class _Pipe(_Stream):
     def __init__(self, location: str):
         super().__init__(location)
         self._stderr = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen(location.removeprefix(PIPE), shell=True, bufsize=0, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=self._stderr)
+        self._proc = subprocess.Popen(
+            location.removeprefix(PIPE),
+            shell=True,
+            bufsize=0,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+        )
 
     def _readinto(self, buffer: memoryview) -> int:
         assert self._proc.stdout is not None

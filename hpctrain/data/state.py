@@ -35,7 +35,7 @@ class LoaderState:
         return {"version": VERSION, **data}
 
     @classmethod
-    def from_dict(cls, data: Any) -> "LoaderState":
+    def from_dict(cls, data: Any) -> LoaderState:
         """DataError naming the first problem when ``data`` is not a state this version wrote."""
         if not isinstance(data, dict) or data.get("version") != VERSION:
             raise DataError(f"loader state: expected a version {VERSION} ShardLoader state")
@@ -49,8 +49,10 @@ class LoaderState:
             values[f.name] = value
         state = cls(**values)
         if len(state.positions) != max(state.workers, 1) or not 0 <= state.next_worker < len(state.positions):
-            raise DataError(f"loader state: {len(state.positions)} positions and next_worker {state.next_worker} "
-                            f"do not fit {state.workers} workers")
+            raise DataError(
+                f"loader state: {len(state.positions)} positions and next_worker {state.next_worker} "
+                f"do not fit {state.workers} workers"
+            )
         return state
 
 

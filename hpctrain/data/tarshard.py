@@ -18,8 +18,9 @@ import itertools
 import os
 import re
 import tarfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, NamedTuple, Sequence
+from typing import Any, BinaryIO, NamedTuple
 
 from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.data.source import open_shard
@@ -71,8 +72,9 @@ class Member:
 
     def _check(self, got: int) -> None:
         if got != self.size:
-            raise DataError(f"{self.location}: {got} of {self.size} bytes at byte {self.offset}: the shard "
-                            "changed while being read")
+            raise DataError(
+                f"{self.location}: {got} of {self.size} bytes at byte {self.offset}: the shard changed while being read"
+            )
 
 
 RawSample = dict[str, bytes | Member | str]
@@ -109,7 +111,7 @@ class Shard:
             self._file.close()
             raise
 
-    def __enter__(self) -> "Shard":
+    def __enter__(self) -> Shard:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -265,7 +267,7 @@ def _pax(data: bytes) -> dict[str, str] | None:
             space = data.index(b" ", at)
             if not data[at:space].isdigit() or (length := int(data[at:space])) <= space - at:
                 return None
-            keyword, _, value = data[space + 1:at + length - 1].partition(b"=")
+            keyword, _, value = data[space + 1 : at + length - 1].partition(b"=")
             records[keyword.decode()] = value.decode("utf-8", "surrogateescape")
             at += length
     except ValueError:  # UnicodeDecodeError too

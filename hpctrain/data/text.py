@@ -9,8 +9,8 @@ the same files give the same shards and index, byte for byte.
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from hpctrain.errors import DataError
 
@@ -29,9 +29,14 @@ def text_files(roots: Iterable[Path], suffixes: tuple[str, ...] = (".py",)) -> l
     for root in roots:
         if not root.is_dir():
             raise DataError(f"{root}: not a directory")
-        found += sorted((p for p in root.rglob("*") if p.suffix in suffixes and p.is_file()
-                         and not set(p.relative_to(root).parts) & SKIPPED),
-                        key=lambda p: p.relative_to(root).as_posix())
+        found += sorted(
+            (
+                p
+                for p in root.rglob("*")
+                if p.suffix in suffixes and p.is_file() and not set(p.relative_to(root).parts) & SKIPPED
+            ),
+            key=lambda p: p.relative_to(root).as_posix(),
+        )
     if not found:
         raise DataError(f"no {'/'.join(suffixes)} files under {', '.join(map(str, roots))}")
     return found
@@ -54,7 +59,7 @@ def sequences(text: bytes, seq_len: int) -> Iterator[bytes]:
     """Consecutive, non-overlapping pieces of ``seq_len + 1`` bytes (the remainder is dropped)."""
     size = seq_len + 1
     for start in range(0, len(text) - size + 1, size):
-        yield text[start:start + size]
+        yield text[start : start + size]
 
 
 def pack_text(out_dir: Path, roots: Iterable[Path], seq_len: int, max_bytes: int, shard_bytes: int):
@@ -64,6 +69,8 @@ def pack_text(out_dir: Path, roots: Iterable[Path], seq_len: int, max_bytes: int
     from hpctrain.data.packing import pack
 
     text = text_stream(text_files(list(roots) or [stdlib_dir()]), max_bytes)
-    samples = ({"__key__": f"{i:09d}", "npy": np.frombuffer(seq, dtype=np.uint8).astype(np.int64)}
-               for i, seq in enumerate(sequences(text, seq_len)))
+    samples = (
+        {"__key__": f"{i:09d}", "npy": np.frombuffer(seq, dtype=np.uint8).astype(np.int64)}
+        for i, seq in enumerate(sequences(text, seq_len))
+    )
     return pack(samples, out_dir, shard_bytes=shard_bytes)

@@ -4,9 +4,10 @@ indexing shards that already exist, local or behind URLs."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from hpctrain.data.index import ShardIndex, ShardInfo

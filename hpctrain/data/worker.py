@@ -11,9 +11,10 @@ arrive wrapped in its traceback).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
@@ -192,8 +193,10 @@ def _metadata(key: str) -> bool:
 
 def _layout(samples: list[Sample]) -> dict[str, list[Any]]:
     """Per field, its samples' end offsets (the byte fields) or values (metadata)."""
-    return {key: [s[key] for s in samples] if _metadata(key)
-            else list(itertools.accumulate(len(s[key]) for s in samples)) for key in samples[0]}
+    return {
+        key: [s[key] for s in samples] if _metadata(key) else list(itertools.accumulate(len(s[key]) for s in samples))
+        for key in samples[0]
+    }
 
 
 def _size(fields: dict[str, list[Any]]) -> int:
@@ -206,7 +209,7 @@ def _fill(whole: torch.Tensor, samples: list[Sample], fields: dict[str, list[Any
         if _metadata(key):
             continue
         for sample, start, end in zip(samples, [0, *ends], ends):
-            view, value = flat[at + start:at + end], sample[key]
+            view, value = flat[at + start : at + end], sample[key]
             if isinstance(value, Member):
                 value.read_into(view)
             else:
@@ -222,7 +225,7 @@ def _unpack(whole: torch.Tensor, fields: dict[str, list[Any]]) -> dict[str, Any]
         if _metadata(key):
             batch[key] = spec
             continue
-        batch[key] = (whole[at:at + spec[-1]], torch.tensor([0, *spec]))
+        batch[key] = (whole[at : at + spec[-1]], torch.tensor([0, *spec]))
         at += spec[-1]
     return batch
 

@@ -29,8 +29,9 @@ class HpctrainCallback(TrainerCallback):
         self.guard = guard or PreemptionGuard()
         self.stopped = False
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-                    **kwargs: Any) -> TrainerControl:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         if self.guard.should_stop():
             control.should_save = control.should_training_stop = self.stopped = True
         return control

@@ -55,6 +55,9 @@ class HpctrainCallback(L.Callback):
 def last_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
     """The newest ``step-N.ckpt`` in ``checkpoint_dir``: the callback's, and a `ModelCheckpoint`'s saved with
     ``filename="step-{step}", auto_insert_metric_name=False``; None on a first run."""
-    found = [(int(m[1]), p) for p in Path(checkpoint_dir).glob("step-*.ckpt")
-             if (m := re.fullmatch(r"step-(\d+)\.ckpt", p.name))]
+    found = [
+        (int(m[1]), p)
+        for p in Path(checkpoint_dir).glob("step-*.ckpt")
+        if (m := re.fullmatch(r"step-(\d+)\.ckpt", p.name))
+    ]
     return str(max(found)[1]) if found else None

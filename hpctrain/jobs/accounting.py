@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.jobs.goodput import GPU_CAUSES, Goodput, job_goodput
 
@@ -56,7 +57,7 @@ class Usage:
     lost_from: float | None = None  # an interrupted run's last checkpoint (its start without one): work redone after
 
 
-def settle(ledger: "Ledger", site: str, now: float | None = None, limit: int | None = None) -> int:
+def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | None = None) -> int:
     """Measure and keep the runs of the site's jobs (at most ``limit``) that have settled since the last call; how
     many jobs."""
     from hpctrain.ledger.jobs import JOURNAL_SETTLE_S, JOURNALS_READ_S
@@ -64,13 +65,13 @@ def settle(ledger: "Ledger", site: str, now: float | None = None, limit: int | N
     now = now or time.time()
     ids = ledger.usage.settleable(site, JOURNAL_SETTLE_S, now - JOURNALS_READ_S, limit)
     for i in range(0, len(ids), SETTLE_BATCH):
-        part = ids[i:i + SETTLE_BATCH]
+        part = ids[i : i + SETTLE_BATCH]
         runs = measure(ledger, ledger.attempts.usage_of(part, now), now)
         ledger.usage.keep(part, [_kept_row(site, u) for u in runs], now)
     return len(ids)
 
 
-def measure(ledger: "Ledger", rows: list[dict[str, Any]], now: float) -> list[Usage]:
+def measure(ledger: Ledger, rows: list[dict[str, Any]], now: float) -> list[Usage]:
     """Runs (the ledger's usage rows, every run of each job) whole: sacct's GPU-seconds (GPUs x elapsed without
     them; a running run's up to ``now``) split by goodput cause, the queue time after them, unpriced."""
     segments: dict[int, list[dict[str, Any]]] = defaultdict(list)
@@ -102,24 +103,73 @@ def _whole(r: dict[str, Any], good: Goodput, measured: bool, now: float) -> Usag
     causes["spare"] = spare
     lost_from = (r["last_checkpoint_at"] or start) if r["cause"] in INTERRUPTED and end is not None else None
     lost = gpus * max(0.0, end - lost_from) / 3600 if lost_from is not None else 0.0
-    return Usage(r["job_id"], r["task_index"], r["attempt"], r["name"], r["account"], r["user"], r["sweep_id"],
-                 r["partition"], gpus, start, end, r["cause"], hours, lost, 0.0, causes, measured, good.queue_s,
-                 lost_from)
+    return Usage(
+        r["job_id"],
+        r["task_index"],
+        r["attempt"],
+        r["name"],
+        r["account"],
+        r["user"],
+        r["sweep_id"],
+        r["partition"],
+        gpus,
+        start,
+        end,
+        r["cause"],
+        hours,
+        lost,
+        0.0,
+        causes,
+        measured,
+        good.queue_s,
+        lost_from,
+    )
 
 
 def _kept_row(site: str, u: Usage) -> dict[str, Any]:
     """A settled run as a row of the ledger's run_usage."""
-    return {"job_id": u.job_id, "task_index": u.task_index, "attempt": u.attempt, "site": site, "account": u.account,
-            "partition": u.partition, "gpus": u.gpus, "started_at": u.started_at, "ended_at": u.ended_at,
-            "cause": u.cause, "gpu_hours": u.gpu_hours, "lost_from": u.lost_from, "measured": int(u.measured),
-            "queue_s": u.queue_s, **{f"{c}_h": u.causes.get(c, 0.0) for c in GPU_CAUSES}}
+    return {
+        "job_id": u.job_id,
+        "task_index": u.task_index,
+        "attempt": u.attempt,
+        "site": site,
+        "account": u.account,
+        "partition": u.partition,
+        "gpus": u.gpus,
+        "started_at": u.started_at,
+        "ended_at": u.ended_at,
+        "cause": u.cause,
+        "gpu_hours": u.gpu_hours,
+        "lost_from": u.lost_from,
+        "measured": int(u.measured),
+        "queue_s": u.queue_s,
+        **{f"{c}_h": u.causes.get(c, 0.0) for c in GPU_CAUSES},
+    }
 
 
 def _from_kept(r: dict[str, Any]) -> Usage:
     """A whole run from its run_usage row (with its job's name, user and sweep)."""
-    return Usage(r["job_id"], r["task_index"], r["attempt"], r["name"], r["account"], r["user"], r["sweep_id"],
-                 r["partition"], r["gpus"], r["started_at"], r["ended_at"], r["cause"], r["gpu_hours"],
-                 0.0, 0.0, {c: r[f"{c}_h"] for c in GPU_CAUSES}, bool(r["measured"]), r["queue_s"], r["lost_from"])
+    return Usage(
+        r["job_id"],
+        r["task_index"],
+        r["attempt"],
+        r["name"],
+        r["account"],
+        r["user"],
+        r["sweep_id"],
+        r["partition"],
+        r["gpus"],
+        r["started_at"],
+        r["ended_at"],
+        r["cause"],
+        r["gpu_hours"],
+        0.0,
+        0.0,
+        {c: r[f"{c}_h"] for c in GPU_CAUSES},
+        bool(r["measured"]),
+        r["queue_s"],
+        r["lost_from"],
+    )
 
 
 def windowed(u: Usage, since: float, now: float, prices: dict[str, float]) -> Usage:
@@ -135,17 +185,29 @@ def windowed(u: Usage, since: float, now: float, prices: dict[str, float]) -> Us
     return u
 
 
-def usage(ledger: "Ledger", site: str, prices: dict[str, float], since: float | None = None,
-          now: float | None = None, *, account: str | None = None, job_id: int | None = None,
-          sweep_id: str | None = None) -> list[Usage]:
+def usage(
+    ledger: Ledger,
+    site: str,
+    prices: dict[str, float],
+    since: float | None = None,
+    now: float | None = None,
+    *,
+    account: str | None = None,
+    job_id: int | None = None,
+    sweep_id: str | None = None,
+) -> list[Usage]:
     """Every run of the site's jobs (of one account, job or sweep) that overlaps [since, now], its GPU-hours
     counted within that window, in order of start."""
     now, since = now or time.time(), since or 0.0
     settle(ledger, site, now)
-    kept = [_from_kept(r) for r in ledger.usage.runs(site, since, now, account=account, job_id=job_id,
-                                                     sweep_id=sweep_id)]
-    live = measure(ledger, ledger.attempts.unsettled_usage(site, since, now, account=account, job_id=job_id,
-                                                           sweep_id=sweep_id), now)
+    kept = [
+        _from_kept(r) for r in ledger.usage.runs(site, since, now, account=account, job_id=job_id, sweep_id=sweep_id)
+    ]
+    live = measure(
+        ledger,
+        ledger.attempts.unsettled_usage(site, since, now, account=account, job_id=job_id, sweep_id=sweep_id),
+        now,
+    )
     return sorted((windowed(u, since, now, prices) for u in kept + live), key=lambda u: u.started_at)
 
 
@@ -180,8 +242,17 @@ class Total:
         """Productive GPU time over the GPU time of the runs that say (None: no run does)."""
         return self.causes.get("productive", 0.0) / self.measured_gpu_hours if self.measured_gpu_hours else None
 
-    def add(self, jobs: Iterable[int], runs: int, gpu_hours: float, lost_gpu_hours: float, cost: float,
-            causes: dict[str, float], measured: bool, queue_s: float) -> None:
+    def add(
+        self,
+        jobs: Iterable[int],
+        runs: int,
+        gpu_hours: float,
+        lost_gpu_hours: float,
+        cost: float,
+        causes: dict[str, float],
+        measured: bool,
+        queue_s: float,
+    ) -> None:
         """Runs (one, or a sum of several) into the total."""
         self.jobs.update(jobs)
         self.runs += runs
@@ -227,43 +298,72 @@ class Summary:
     curves: dict[str, tuple[list[float], list[float]]]
 
 
-def summary(ledger: "Ledger", site: str, prices: dict[str, float], since: float | None = None,
-            now: float | None = None, account: str | None = None, points: int = CURVE_POINTS) -> Summary:
+def summary(
+    ledger: Ledger,
+    site: str,
+    prices: dict[str, float],
+    since: float | None = None,
+    now: float | None = None,
+    account: str | None = None,
+    points: int = CURVE_POINTS,
+) -> Summary:
     """The window's Summary for one account (None: every account): the settled runs summed by the ledger, the
     others measured here."""
     now, since = now or time.time(), since or 0.0
     settle(ledger, site, now)
-    live = [windowed(u, since, now, prices)
-            for u in measure(ledger, ledger.attempts.unsettled_usage(site, since, now, account=account), now)]
+    live = [
+        windowed(u, since, now, prices)
+        for u in measure(ledger, ledger.attempts.unsettled_usage(site, since, now, account=account), now)
+    ]
     groups: dict[object, Total] = {}
     kept = ledger.usage.groups(site, since, now, account)
     for g in kept:
         groups.setdefault(g["account"], Total(g["account"])).add(
-            (), g["runs"], g["gpu_hours"], g["lost_gpu_hours"], g["gpu_hours"] * prices.get(g["partition"] or "", 0.0),
-            {c: g[c] for c in GPU_CAUSES}, bool(g["measured"]), g["queue_s"])
+            (),
+            g["runs"],
+            g["gpu_hours"],
+            g["lost_gpu_hours"],
+            g["gpu_hours"] * prices.get(g["partition"] or "", 0.0),
+            {c: g[c] for c in GPU_CAUSES},
+            bool(g["measured"]),
+            g["queue_s"],
+        )
     for acct, job_id in ledger.usage.jobs(site, since, now, account):
         groups[acct].jobs.add(job_id)
-    days: dict[str, dict[str, float]] = {r["day"]: {c: r[c] for c in GPU_CAUSES}
-                                         for r in ledger.usage.by_day(site, since, now, account)}
+    days: dict[str, dict[str, float]] = {
+        r["day"]: {c: r[c] for c in GPU_CAUSES} for r in ledger.usage.by_day(site, since, now, account)
+    }
     for u in live:
         groups.setdefault(u.account, Total(u.account)).add_run(u)
         if u.measured:
-            day = days.setdefault(datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d"), dict.fromkeys(GPU_CAUSES, 0.0))
+            day = days.setdefault(
+                datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d"), dict.fromkeys(GPU_CAUSES, 0.0)
+            )
             for cause, hours in u.causes.items():
                 day[cause] += hours
     firsts = [g["first"] for g in kept] + [max(u.started_at, since) for u in live]
     t0 = since or min(firsts, default=now)
-    return Summary(sorted(groups.values(), key=lambda t: -t.gpu_hours), dict(sorted(days.items())),
-                   _curves(ledger.usage.curve(site, since, now, t0, _width(t0, now, points), account) if firsts else [],
-                           live, since, now, t0, points))
+    return Summary(
+        sorted(groups.values(), key=lambda t: -t.gpu_hours),
+        dict(sorted(days.items())),
+        _curves(
+            ledger.usage.curve(site, since, now, t0, _width(t0, now, points), account) if firsts else [],
+            live,
+            since,
+            now,
+            t0,
+            points,
+        ),
+    )
 
 
 def _width(t0: float, now: float, points: int) -> float:
     return (now - t0) / points if now > t0 else 1.0
 
 
-def _curves(kept: list[dict[str, Any]], live: list[Usage], since: float, now: float, t0: float,
-            points: int) -> dict[str, tuple[list[float], list[float]]]:
+def _curves(
+    kept: list[dict[str, Any]], live: list[Usage], since: float, now: float, t0: float, points: int
+) -> dict[str, tuple[list[float], list[float]]]:
     """Each account's running total of GPU-hours at t0 + k * width, k = 0..points, from the ledger's sums per sample
     (`RunUsage.curve`) and the ``live`` runs (cut to the window): at t, the runs ended by t count whole, a run under way counts
     rate * (t - its start), summed as t * (sum of rates) - (sum of rate * start)."""
@@ -299,5 +399,3 @@ def _curves(kept: list[dict[str, Any]], live: list[Usage], since: float, now: fl
 def _sample(x: float, t0: float, width: float) -> int:
     """The first sample at or after ``x`` (as RunUsage.curve computes it)."""
     return max(0, math.ceil((x - t0) / width))
-
-

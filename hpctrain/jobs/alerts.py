@@ -13,7 +13,9 @@ from hpctrain.ledger import Ledger
 RECENT_STEPS = 20
 
 
-def job_alerts(ledger: Ledger, jobs: list[dict[str, Any]], limits: Alerts, now: float | None = None) -> dict[int, list[str]]:
+def job_alerts(
+    ledger: Ledger, jobs: list[dict[str, Any]], limits: Alerts, now: float | None = None
+) -> dict[int, list[str]]:
     """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
     now = now or time.time()
     out: dict[int, list[str]] = {}
@@ -24,8 +26,10 @@ def job_alerts(ledger: Ledger, jobs: list[dict[str, Any]], limits: Alerts, now: 
         last = ledger.metrics.last_time(job["id"])
         since = last or ledger.attempts.last_start(job["id"])
         if since is not None and now - since > limits.stall_minutes * 60:
-            found.append(f"stalled: no training step for {(now - since) / 60:.0f} min"
-                         + ("" if last else " (none since the run started)"))
+            found.append(
+                f"stalled: no training step for {(now - since) / 60:.0f} min"
+                + ("" if last else " (none since the run started)")
+            )
         wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
         if wait is not None and wait > limits.data_wait_fraction:
             found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")

@@ -23,8 +23,9 @@ is not the job's GPU time: it is counted apart (``queue_s``).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "other")
 GPU_CAUSES = (*CAUSES, "spare")  # GPU-hours are split by these
@@ -45,8 +46,11 @@ class Goodput:
     def words(self) -> str:
         """`productive 35 s (35%), recomputed 15 s, ...` (causes with time only), and the queue after."""
         total = sum(self.seconds.values())
-        parts = [f"{c} {s:.0f} s" + (f" ({100 * s / total:.0f}%)" if c == "productive" and total else "")
-                 for c, s in self.seconds.items() if s >= 0.5 or c == "productive"]
+        parts = [
+            f"{c} {s:.0f} s" + (f" ({100 * s / total:.0f}%)" if c == "productive" and total else "")
+            for c, s in self.seconds.items()
+            if s >= 0.5 or c == "productive"
+        ]
         return ", ".join(parts) + (f"; then {self.queue_s:.0f} s in the queue" if self.queue_s else "")
 
 
@@ -58,8 +62,9 @@ def _tail(cause: str | None, last: bool, hung: bool) -> str:
     return "end" if cause == "completed" else "stop" if cause in STOPS else "other"
 
 
-def run_goodput(run: dict[str, Any], segments: list[dict[str, Any]], resumed_next: int | None, elapsed_s: float,
-                end: float) -> Goodput:
+def run_goodput(
+    run: dict[str, Any], segments: list[dict[str, Any]], resumed_next: int | None, elapsed_s: float, end: float
+) -> Goodput:
     """Split ``run`` (an attempts row) over ``elapsed_s`` seconds ending at ``end``: its ``segments`` in order,
     and the step the job's next run resumed from (None: none did)."""
     out = Goodput()
@@ -78,8 +83,11 @@ def run_goodput(run: dict[str, Any], segments: list[dict[str, Any]], resumed_nex
         out.add("startup", loaded - begin)
         redo = 0.0
         if resumed is not None and resumed < seg["last_step"]:
-            redo = seg["step_seconds"] * min(seg["last_step"] - max(resumed, seg["resumed_from"] or 0),
-                                             seg["steps"]) / seg["steps"]
+            redo = (
+                seg["step_seconds"]
+                * min(seg["last_step"] - max(resumed, seg["resumed_from"] or 0), seg["steps"])
+                / seg["steps"]
+            )
         out.add("recomputed", redo)
         out.add("productive", seg["step_seconds"] - redo)
         out.add("overhead", seg["last_step_at"] - loaded - seg["step_seconds"])
@@ -92,7 +100,9 @@ def run_goodput(run: dict[str, Any], segments: list[dict[str, Any]], resumed_nex
     return out
 
 
-def job_goodput(runs: list[dict[str, Any]], segments: Iterable[dict[str, Any]], now: float) -> dict[tuple[int, int], Goodput]:
+def job_goodput(
+    runs: list[dict[str, Any]], segments: Iterable[dict[str, Any]], now: float
+) -> dict[tuple[int, int], Goodput]:
     """Each started run of one job (attempts rows) by (task index, run number); ``segments`` are the job's."""
     by_run: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     for seg in segments:
@@ -104,7 +114,11 @@ def job_goodput(runs: list[dict[str, Any]], segments: Iterable[dict[str, Any]], 
         following = started[i + 1] if i + 1 < len(started) and started[i + 1]["task_index"] == key[0] else None
         nxt = by_run.get((key[0], following["attempt"])) if following else None
         end = run["ended_at"] or now
-        elapsed = run["elapsed_s"] if run["ended_at"] is not None and run["elapsed_s"] is not None else end - run["started_at"]
+        elapsed = (
+            run["elapsed_s"]
+            if run["ended_at"] is not None and run["elapsed_s"] is not None
+            else end - run["started_at"]
+        )
         segs = sorted(by_run.get(key, []), key=lambda s: s["step_restart"])
         good = run_goodput(run, segs, nxt[0]["resumed_from"] if nxt else None, elapsed, end)
         if following and run["ended_at"] is not None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hpctrain.contract import JobPaths
 from hpctrain.jobs.poll import Poller, next_interval
@@ -42,7 +43,8 @@ def run_starts(job_dir: Path, job_id: int) -> dict[int, list[RunStart]]:
     for _, r in Journal(JobPaths(job_dir).journal_dir).records(["attempt_start"]):
         if r.get("job_id") == job_id and "log" in r:
             starts.setdefault(r["task_index"], []).append(
-                RunStart(r["attempt"], r["log"], r["log_offset"], r.get("step"), r["time"]))
+                RunStart(r["attempt"], r["log"], r["log_offset"], r.get("step"), r["time"])
+            )
     return starts
 
 
@@ -68,21 +70,23 @@ class LogView:
         except FileNotFoundError:
             data = b""
         if not final:
-            data = data[:data.rfind(b"\n") + 1]
+            data = data[: data.rfind(b"\n") + 1]
         end = self.pos + len(data)
         # A run journaled after its first lines were read (while following) is marked where the reading is.
-        due = sorted((s for s in starts if s.log == self.path.name and s.attempt not in self.marked and s.offset <= end),
-                     key=lambda s: (s.offset, s.attempt))
+        due = sorted(
+            (s for s in starts if s.log == self.path.name and s.attempt not in self.marked and s.offset <= end),
+            key=lambda s: (s.offset, s.attempt),
+        )
         lines: list[str] = []
         cut = self.pos
         for run in due:
             at = max(run.offset, self.pos)
-            lines += self._lines(data[cut - self.pos:at - self.pos])
+            lines += self._lines(data[cut - self.pos : at - self.pos])
             cut, self.current = at, run.attempt
             self.marked.add(run.attempt)
             if self.attempt in (None, run.attempt):
                 lines.append(run.mark())
-        lines += self._lines(data[cut - self.pos:])
+        lines += self._lines(data[cut - self.pos :])
         self.pos = end
         return lines
 
@@ -95,8 +99,9 @@ class LogView:
         return [ln for ln in lines if (m := LABEL.match(ln)) and int(m[1]) == self.rank]
 
 
-def log_views(ledger: Ledger, job: dict[str, Any], task: int | None = None, attempt: int | None = None,
-              rank: int | None = None) -> list[LogView]:
+def log_views(
+    ledger: Ledger, job: dict[str, Any], task: int | None = None, attempt: int | None = None, rank: int | None = None
+) -> list[LogView]:
     """The job's logs: a plain job's, one per Slurm id it ran under (oldest first); an array's, one per task
     (only ``task``'s if given)."""
     paths = JobPaths(Path(job["job_dir"]))
@@ -106,9 +111,17 @@ def log_views(ledger: Ledger, job: dict[str, Any], task: int | None = None, atte
     return [LogView(p, -1, attempt, rank) for p in paths.outputs()]
 
 
-def show_logs(ledger: Ledger, client: SlurmClient, site: str, job: dict[str, Any], emit: Callable[[str], None],
-              task: int | None = None, attempt: int | None = None, rank: int | None = None,
-              follow: bool = False) -> None:
+def show_logs(
+    ledger: Ledger,
+    client: SlurmClient,
+    site: str,
+    job: dict[str, Any],
+    emit: Callable[[str], None],
+    task: int | None = None,
+    attempt: int | None = None,
+    rank: int | None = None,
+    follow: bool = False,
+) -> None:
     """Emit the job's log lines (with a "==> task N: file <==" header per file of an array); with ``follow``,
     go on as they are written until the job has finished."""
     poller, interval = Poller(ledger, client, site), 1.0

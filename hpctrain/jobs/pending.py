@@ -4,7 +4,8 @@ every supported release was seen to give (tests/slurm_outputs); any other is quo
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hpctrain.errors import SlurmError
 from hpctrain.slurm.assoc_mgr import GPU, Limit, number
@@ -61,8 +62,9 @@ def reason_key(reason: str) -> str:
     return reason.partition(", ")[0]
 
 
-def explain(reason: str | None, account: str | None = None, qos: str | None = None,
-            limits: list[Limit] | None = None) -> str | None:
+def explain(
+    reason: str | None, account: str | None = None, qos: str | None = None, limits: list[Limit] | None = None
+) -> str | None:
     """A sentence for a pending reason (None for none; "Slurm says 'X'" for one it does not know); with ``limits``,
     the numbers of the limit it names for the job's ``account`` or ``qos``."""
     if not reason or reason == "None":
@@ -74,8 +76,11 @@ def explain(reason: str | None, account: str | None = None, qos: str | None = No
     if key in LIMIT_REASONS and limits:
         on_assoc, name = LIMIT_REASONS[key]
         # The account's own limit or one above it (or the job's QOS's): the one with least left.
-        held = [lim for lim in limits if lim.slurm_name == name and (lim.qos() is None) == on_assoc
-                and lim.applies(account, qos)]
+        held = [
+            lim
+            for lim in limits
+            if lim.slurm_name == name and (lim.qos() is None) == on_assoc and lim.applies(account, qos)
+        ]
         if held:
             lim = min(held, key=lambda lim: lim.left)
             return f"{sentence}: {lim.scope}, {_numbers(lim)}"
@@ -105,5 +110,8 @@ def waiting(jobs: list[dict[str, Any]], client: SlurmClient, limits: Callable[[]
         if job is not None and job["id"] not in reasons and reason not in ("", "None"):
             reasons[job["id"]] = (reason, job.get("account"), job.get("qos"))
     known = limits() if any(reason_key(reason) in LIMIT_REASONS for reason, _, _ in reasons.values()) else []
-    return {job_id: text for job_id, (reason, account, qos) in reasons.items()
-            if (text := explain(reason, account, qos, known))}
+    return {
+        job_id: text
+        for job_id, (reason, account, qos) in reasons.items()
+        if (text := explain(reason, account, qos, known))
+    }

@@ -52,10 +52,21 @@ class Poller:
             history.requeue = policy.requeue
             for n, a in enumerate(history.attempts if attempts_known else ()):
                 self.ledger.attempts.record(
-                    job["id"], index, base + n, slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
-                    state=a.state, node_list=a.node_list, started_at=a.start, ended_at=a.end, exit_code=a.exit_code,
-                    alloc_gpus=a.gpus, reason=a.reason, elapsed_s=a.elapsed_s, gpu_s=a.gpu_s,
-                    idle_gpu_s=idle_gpu_seconds(a, policy.spare_gpus))
+                    job["id"],
+                    index,
+                    base + n,
+                    slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
+                    state=a.state,
+                    node_list=a.node_list,
+                    started_at=a.start,
+                    ended_at=a.end,
+                    exit_code=a.exit_code,
+                    alloc_gpus=a.gpus,
+                    reason=a.reason,
+                    elapsed_s=a.elapsed_s,
+                    gpu_s=a.gpu_s,
+                    idle_gpu_s=idle_gpu_seconds(a, policy.spare_gpus),
+                )
             if attempts_known:
                 self.ledger.attempts.drop_unstarted_from(job["id"], index, base + len(history.attempts))
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
@@ -73,8 +84,9 @@ class Poller:
         if attempts_known:
             starts = [a.start for h in tasks.values() for a in h.attempts if a.start]
             ends = [a.end for h in tasks.values() for a in h.attempts if a.end]
-            fields.update(started_at=min(starts, default=None),
-                          ended_at=max(ends, default=None) if state in TERMINAL else None)
+            fields.update(
+                started_at=min(starts, default=None), ended_at=max(ends, default=None) if state in TERMINAL else None
+            )
         if job["state"] != state or any(job.get(k) != v for k, v in fields.items()):
             self.ledger.jobs.set_state(job["id"], state, **fields)
             return True

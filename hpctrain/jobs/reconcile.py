@@ -40,5 +40,6 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     records = sum(ingest_journal(ledger, Journal(JobPaths(Path(d)).journal_dir)) for d in dirs)
     ledger.jobs.journals_read([i for ids in dirs.values() for i in ids], now)
     settle(ledger, site, now, limit=SETTLE_BATCH)  # cost and reports then sum them; they settle the rest
-    return ReconcileResult(changed, len(dirs), records, supervise(ledger, client, site) if supervise_runs else [],
-                           poller.warning)
+    return ReconcileResult(
+        changed, len(dirs), records, supervise(ledger, client, site) if supervise_runs else [], poller.warning
+    )

@@ -28,11 +28,14 @@ def stragglers(ranks: list[dict[str, Any]], factor: float = FACTOR) -> list[Stra
     fastest: dict[int, float] = {}
     for r in ranks:
         fastest[r["stage"]] = min(fastest.get(r["stage"], r["compute_s"]), r["compute_s"])
-    return [Straggler(r["rank"], r["node"], r["compute_s"] / fastest[r["stage"]]) for r in sorted(ranks, key=lambda r: r["rank"])
-            if fastest[r["stage"]] > 0 and r["compute_s"] >= factor * fastest[r["stage"]]]
+    return [
+        Straggler(r["rank"], r["node"], r["compute_s"] / fastest[r["stage"]])
+        for r in sorted(ranks, key=lambda r: r["rank"])
+        if fastest[r["stage"]] > 0 and r["compute_s"] >= factor * fastest[r["stage"]]
+    ]
 
 
-def latest(ledger: "Ledger", job_id: int) -> tuple[int, list[Straggler]] | None:
+def latest(ledger: Ledger, job_id: int) -> tuple[int, list[Straggler]] | None:
     """The step of the job's latest `ranks` record and the stragglers it shows; None if it has none."""
     event = ledger.last_event(job_id, "ranks")
     return (event["data"]["step"], stragglers(event["data"]["ranks"])) if event else None

@@ -22,6 +22,7 @@ from hpctrain.runtime.requeue import run_again
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import DIED, TERMINAL, array_state
 
+
 @dataclass
 class Decision:
     job_id: int
@@ -32,14 +33,20 @@ class Decision:
 
 def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
     """Decide every dead run whose last attempt nobody has decided on yet; returns what was done."""
-    return [_decide(ledger, client, ledger.jobs.get(job_id), task, ledger.attempts.of_task(job_id, task))
-            for job_id, task in ledger.jobs.undecided_deaths(site, DIED)]
+    return [
+        _decide(ledger, client, ledger.jobs.get(job_id), task, ledger.attempts.of_task(job_id, task))
+        for job_id, task in ledger.jobs.undecided_deaths(site, DIED)
+    ]
 
 
-def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: list[dict[str, Any]]) -> Decision:
+def _decide(
+    ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: list[dict[str, Any]]
+) -> Decision:
     policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
-    outcomes = fill_end_steps([Outcome(a["cause"], a["step_start"], a["step_end"]) for a in attempts],
-                              latest_committed_step(policy.checkpoint_dir(task)))
+    outcomes = fill_end_steps(
+        [Outcome(a["cause"], a["step_start"], a["step_end"]) for a in attempts],
+        latest_committed_step(policy.checkpoint_dir(task)),
+    )
     go, why = policy.decide(outcomes)
     if go:
         try:
@@ -48,12 +55,19 @@ def _decide(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int,
             return Decision(job["id"], task, False, f"requeue failed, will retry: {exc}")
     last = attempts[-1]
     with ledger.transaction():
-        ledger.attempts.record(job["id"], task, last["attempt"], step_end=outcomes[-1].step_end, requeued=int(go),
-                               decision=why)
+        ledger.attempts.record(
+            job["id"], task, last["attempt"], step_end=outcomes[-1].step_end, requeued=int(go), decision=why
+        )
         if go:
             _mark_requeued(ledger, job, task)
-        ledger.event("requeue" if go else "stopped", why, job_id=job["id"], task_index=task, attempt=last["attempt"],
-                     cause=last["cause"])
+        ledger.event(
+            "requeue" if go else "stopped",
+            why,
+            job_id=job["id"],
+            task_index=task,
+            attempt=last["attempt"],
+            cause=last["cause"],
+        )
     if not go and (task < 0 or not ledger.jobs.unsettled_tasks(job["id"], TERMINAL, DIED)):
         secret_file.remove(job["job_dir"], job["id"])  # the job will not run again
     return Decision(job["id"], task, go, why)
@@ -78,8 +92,10 @@ def _keep_secrets_file(job: dict[str, Any], target: str) -> list[str]:
         return names
     missing = sorted(k for k in names if os.environ.get(k) is None)
     if missing:
-        raise HpctrainError(f"job {target} has no secrets file left, and running it again needs the secret(s) "
-                            f"{', '.join(missing)} in this environment")
+        raise HpctrainError(
+            f"job {target} has no secrets file left, and running it again needs the secret(s) "
+            f"{', '.join(missing)} in this environment"
+        )
     secret_file.write(job["job_dir"], job["id"], {k: os.environ[k] for k in names})
     return names
 

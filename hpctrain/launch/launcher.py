@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.contract import JobEnvironment
@@ -24,23 +24,46 @@ def launch_env(site: SiteConfig, env: Mapping[str, str], nodes: list[str] | None
     return out
 
 
-def srun_argv(command: list[str], python: str = sys.executable, srun_options: Sequence[str] = (),
-              inside: Sequence[str] = ()) -> list[str]:
+def srun_argv(
+    command: list[str], python: str = sys.executable, srun_options: Sequence[str] = (), inside: Sequence[str] = ()
+) -> list[str]:
     """srun starts the allocation's tasks (one per GPU, or per slot on CPU); each runs the task shim, under
     ``inside`` (a container's `apptainer exec ... IMAGE`; pyxis comes as ``srun_options``). Each line of the log
     starts with its task's rank ("3: "), for `hpctrain logs --rank`."""
-    return ["srun", *srun_options, "--kill-on-bad-exit=1", "--label", "--", *inside, python, "-m", "hpctrain.launch.task",
-            "--", *command]
+    return [
+        "srun",
+        *srun_options,
+        "--kill-on-bad-exit=1",
+        "--label",
+        "--",
+        *inside,
+        python,
+        "-m",
+        "hpctrain.launch.task",
+        "--",
+        *command,
+    ]
 
 
 def placement_options(step: StepNodes, per_node: int) -> list[str]:
     """srun options that run ``per_node`` tasks on each of ``step.chosen``."""
-    return [f"--nodes={len(step.chosen)}", f"--ntasks={len(step.chosen) * per_node}",
-            f"--ntasks-per-node={per_node}", f"--nodelist={','.join(step.chosen)}"]
+    return [
+        f"--nodes={len(step.chosen)}",
+        f"--ntasks={len(step.chosen) * per_node}",
+        f"--ntasks-per-node={per_node}",
+        f"--nodelist={','.join(step.chosen)}",
+    ]
 
 
-def launch(site: SiteConfig, command: list[str], dry_run: bool = False, python: str = sys.executable,
-           srun_options: Sequence[str] = (), inside: Sequence[str] = (), nodes: int | None = None) -> None:
+def launch(
+    site: SiteConfig,
+    command: list[str],
+    dry_run: bool = False,
+    python: str = sys.executable,
+    srun_options: Sequence[str] = (),
+    inside: Sequence[str] = (),
+    nodes: int | None = None,
+) -> None:
     """Record the launch environment in the job's journal, then exec srun (signals then reach srun directly).
     With ``nodes``, the step runs on that many of the allocation's healthy nodes (`hpctrain.launch.nodes`)."""
     job = JobEnvironment()
@@ -61,8 +84,14 @@ def launch(site: SiteConfig, command: list[str], dry_run: bool = False, python: 
         return
     journal = Journal.from_env()
     if journal is not None:
-        journal.write("launch", message=f"{extra['MASTER_ADDR']}:{extra['MASTER_PORT']}",
-                      nodes=",".join(step.chosen) if step else job.node_list, ntasks=ntasks,
-                      left_out=step.lost() if step else {}, master_addr=extra["MASTER_ADDR"],
-                      master_port=extra["MASTER_PORT"], network_env=network)
+        journal.write(
+            "launch",
+            message=f"{extra['MASTER_ADDR']}:{extra['MASTER_PORT']}",
+            nodes=",".join(step.chosen) if step else job.node_list,
+            ntasks=ntasks,
+            left_out=step.lost() if step else {},
+            master_addr=extra["MASTER_ADDR"],
+            master_port=extra["MASTER_PORT"],
+            network_env=network,
+        )
     os.execvpe(argv[0], argv, {**os.environ, **extra})

@@ -10,8 +10,8 @@ without the nodes left out (see ``hpctrain attempt``).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.launch.rendezvous import expand_hostlist
@@ -55,8 +55,9 @@ def unhealthy(state: str) -> bool:
     return state.endswith("*") or state.rstrip("*~#!%$@^-").startswith(_UNHEALTHY)
 
 
-def choose(allocated: list[str], held: Iterable[str], states: dict[str, str], excluded: dict[str, str],
-           wanted: int) -> StepNodes:
+def choose(
+    allocated: list[str], held: Iterable[str], states: dict[str, str], excluded: dict[str, str], wanted: int
+) -> StepNodes:
     """The first ``wanted`` usable nodes of ``allocated`` (the allocation's nodes in Slurm's order, the batch
     host first): those Slurm still ``held`` for the job, healthy in ``states``, not ``excluded`` (node: why)."""
     held = set(held)
@@ -84,8 +85,9 @@ def excluded_nodes(journal: Journal | None, env: JobEnvironment) -> dict[str, st
     for _, rec in journal.records(kinds=("rank_failed",)) if journal is not None else ():
         if rec.get("attempt") == env.run_number and rec.get("task_index", -1) == env.task_index:
             steps.setdefault(rec["host"], set()).add(rec.get("step_restart", 0))
-    return {node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items()
-            if len(s) >= FAILURES_TO_EXCLUDE}
+    return {
+        node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items() if len(s) >= FAILURES_TO_EXCLUDE
+    }
 
 
 def step_nodes(client: SlurmClient, wanted: int, env: JobEnvironment | None = None) -> StepNodes:

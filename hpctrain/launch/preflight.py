@@ -17,8 +17,9 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.launch.rendezvous import task_env
@@ -32,7 +33,9 @@ GLOO_SIZES = (MiB, 4 * MiB, 16 * MiB)  # gloo runs on the CPU: smaller, to keep 
 WARMUP, ITERATIONS = 2, 10
 
 
-def missing_interfaces(env: dict[str, str], net_dir: str = "/sys/class/net", ib_dir: str = "/sys/class/infiniband") -> list[str]:
+def missing_interfaces(
+    env: dict[str, str], net_dir: str = "/sys/class/net", ib_dir: str = "/sys/class/infiniband"
+) -> list[str]:
     """Names in NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME / NCCL_IB_HCA that this node does not have."""
     problems = []
     for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
@@ -94,8 +97,15 @@ def all_reduce_bandwidth(sizes: Sequence[int], device: torch.device) -> list[dic
         seconds = torch.tensor([(time.perf_counter() - start) / ITERATIONS], dtype=torch.float64, device=device)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         algbw, busbw = bus_bandwidth(nbytes, seconds.item(), ranks)
-        results.append({"bytes": nbytes, "ranks": ranks, "seconds": seconds.item(),
-                        "algbw_gb_s": algbw / 1e9, "busbw_gb_s": busbw / 1e9})
+        results.append(
+            {
+                "bytes": nbytes,
+                "ranks": ranks,
+                "seconds": seconds.item(),
+                "algbw_gb_s": algbw / 1e9,
+                "busbw_gb_s": busbw / 1e9,
+            }
+        )
     return results
 
 
@@ -115,8 +125,11 @@ def all_reduce_check() -> dict[str, object]:
     dist.all_reduce(value)
     bandwidth = all_reduce_bandwidth(NCCL_SIZES if use_nccl else GLOO_SIZES, device)
     dist.destroy_process_group()
-    result: dict[str, object] = {"backend": "nccl" if use_nccl else "gloo", "sum": int(value.item()),
-                                 "bandwidth": bandwidth}
+    result: dict[str, object] = {
+        "backend": "nccl" if use_nccl else "gloo",
+        "sum": int(value.item()),
+        "bandwidth": bandwidth,
+    }
     if use_nccl:
         text = "".join(Path(p).read_text(errors="replace") for p in glob.glob(f"{log_dir}/nccl.*"))
         result["transport"] = nccl_transport(text)

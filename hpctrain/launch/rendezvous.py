@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import socket
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.errors import HpctrainError
@@ -75,8 +75,9 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def master_port(env: Mapping[str, str], port_range: tuple[int, int],
-                is_free: Callable[[int], bool] = port_is_free) -> int:
+def master_port(
+    env: Mapping[str, str], port_range: tuple[int, int], is_free: Callable[[int], bool] = port_is_free
+) -> int:
     """A port derived from the job (and array task) id, moved on to the next free one in the range.
 
     Jobs sharing a node have different ids, hence different starting ports; a step restarted in the
@@ -93,8 +94,12 @@ def master_port(env: Mapping[str, str], port_range: tuple[int, int],
     raise HpctrainError(f"no free port in launch.master_port_range {lo}-{hi}")
 
 
-def rendezvous_env(env: Mapping[str, str], port_range: tuple[int, int],
-                   is_free: Callable[[int], bool] = port_is_free, nodes: list[str] | None = None) -> dict[str, str]:
+def rendezvous_env(
+    env: Mapping[str, str],
+    port_range: tuple[int, int],
+    is_free: Callable[[int], bool] = port_is_free,
+    nodes: list[str] | None = None,
+) -> dict[str, str]:
     """MASTER_ADDR (the first of the step's ``nodes``, by default of the allocation's) and MASTER_PORT, computed
     once per job step."""
     nodes = nodes or expand_hostlist(JobEnvironment(env).node_list)
@@ -109,5 +114,9 @@ def task_env(env: Mapping[str, str]) -> dict[str, str]:
         task = JobEnvironment(env).task_layout
     except KeyError as exc:
         raise HpctrainError(f"{exc.args[0]} is not set: run this inside an srun task") from None
-    return {"RANK": str(task.rank), "LOCAL_RANK": str(task.local_rank), "WORLD_SIZE": str(task.world_size),
-            "LOCAL_WORLD_SIZE": str(tasks_on_node(task.tasks_per_node, task.node_index))}
+    return {
+        "RANK": str(task.rank),
+        "LOCAL_RANK": str(task.local_rank),
+        "WORLD_SIZE": str(task.world_size),
+        "LOCAL_WORLD_SIZE": str(tasks_on_node(task.tasks_per_node, task.node_index)),
+    }

@@ -40,8 +40,11 @@ def report_first_failure(status: int) -> None:
     except FileExistsError:
         return
     how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit {status}"
-    journal.write("rank_failed", exit_code=status, message=f"rank {env.rank} on {env.node}: {how}, the first of "
-                                                           f"its job step to fail")
+    journal.write(
+        "rank_failed",
+        exit_code=status,
+        message=f"rank {env.rank} on {env.node}: {how}, the first of its job step to fail",
+    )
 
 
 def main(argv: list[str]) -> None:

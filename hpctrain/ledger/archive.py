@@ -42,7 +42,7 @@ class Archived:
     target: Path
 
 
-def archive(ledger: "Ledger", target: Path, before: float) -> Archived:
+def archive(ledger: Ledger, target: Path, before: float) -> Archived:
     """Move the jobs that ended before ``before`` (and their sweeps, runs, metrics, events, checkpoints) into the
     ledger at ``target`` (made if missing). The rows are copied in one transaction and deleted from this ledger in
     a second only once they are there: a run stopped in between leaves them in both, and running it again ends it."""
@@ -58,16 +58,22 @@ def archive(ledger: "Ledger", target: Path, before: float) -> Archived:
         for name, sql in (("doomed_sweeps", _DOOMED_SWEEPS), ("doomed_jobs", _DOOMED_JOBS)):
             conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
             conn.execute(sql, {"before": before})
-        foreign = conn.execute("SELECT count(*) FROM doomed_jobs d JOIN main.jobs m ON m.id = d.id JOIN archive.jobs a "
-                               "ON a.id = d.id WHERE a.name IS NOT m.name OR a.submitted_at IS NOT m.submitted_at "
-                               "OR a.slurm_job_id IS NOT m.slurm_job_id").fetchone()[0]
+        foreign = conn.execute(
+            "SELECT count(*) FROM doomed_jobs d JOIN main.jobs m ON m.id = d.id JOIN archive.jobs a "
+            "ON a.id = d.id WHERE a.name IS NOT m.name OR a.submitted_at IS NOT m.submitted_at "
+            "OR a.slurm_job_id IS NOT m.slurm_job_id"
+        ).fetchone()[0]
         if foreign:
-            raise HpctrainError(f"{target}: holds {foreign} other jobs under the same ids: the archive of another "
-                                "ledger? Nothing was moved")
+            raise HpctrainError(
+                f"{target}: holds {foreign} other jobs under the same ids: the archive of another "
+                "ledger? Nothing was moved"
+            )
         wheres = _wheres()
         with ledger.transaction():
-            moved = sum(conn.execute(f"INSERT OR IGNORE INTO archive.{t} SELECT * FROM main.{t} WHERE {w}").rowcount
-                        for t, w in wheres.items())
+            moved = sum(
+                conn.execute(f"INSERT OR IGNORE INTO archive.{t} SELECT * FROM main.{t} WHERE {w}").rowcount
+                for t, w in wheres.items()
+            )
         with ledger.transaction():
             for table, where in reversed(wheres.items()):  # children before the rows they reference
                 conn.execute(f"DELETE FROM main.{table} WHERE {where}")
@@ -91,7 +97,7 @@ def _wheres() -> dict[str, str]:
     }
 
 
-def vacuum(ledger: "Ledger") -> tuple[int, int]:
+def vacuum(ledger: Ledger) -> tuple[int, int]:
     """Rebuild the ledger file without its free pages (needs as much free disk as the file, and no other writer
     meanwhile); the file's size before and after, in bytes."""
     path = Path(ledger.path)

@@ -4,7 +4,8 @@ taken after it (requeued or stopped), with the queries GPU-hours and alerts read
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, Collection, Mapping
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -40,13 +41,14 @@ def outcome(row: Mapping[str, Any]) -> str:
 class Attempts:
     """Rows of `attempts`, keyed by (job id, task index, attempt number)."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
     def record(self, job_id: int, task_index: int, attempt: int, **fields: Any) -> None:
         """Create or update one run's row with ``fields`` (Slurm's view, or the decision taken after it)."""
-        self.ledger.upsert("attempts", {"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields},
-                           pk=PK)
+        self.ledger.upsert(
+            "attempts", {"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields}, pk=PK
+        )
 
     def of_task(self, job_id: int, task_index: int) -> list[dict[str, Any]]:
         return self.ledger.rows("attempts", "job_id = ? AND task_index = ?", [job_id, task_index], order_by="attempt")
@@ -58,35 +60,60 @@ class Attempts:
         """Runs from ``attempt`` on that never started nor were looked at: sacct listed them once and no longer
         does (a throttled array's task seen in its pending range and in a row of its own)."""
         with self.ledger.transaction() as db:
-            db.execute("DELETE FROM attempts WHERE job_id = ? AND task_index = ? AND attempt >= ? AND state = 'PENDING' "
-                       "AND started_at IS NULL AND step_start IS NULL AND cause IS NULL", [job_id, task_index, attempt])
+            db.execute(
+                "DELETE FROM attempts WHERE job_id = ? AND task_index = ? AND attempt >= ? AND state = 'PENDING' "
+                "AND started_at IS NULL AND step_start IS NULL AND cause IS NULL",
+                [job_id, task_index, attempt],
+            )
 
     def last_requeued(self, job_id: int) -> dict[int, int]:
         """Per task, the number of its last run that hpctrain requeued."""
-        return dict(self.ledger.db.execute("SELECT task_index, max(attempt) FROM attempts WHERE job_id = ? "
-                                           "AND requeued = 1 GROUP BY task_index", [job_id]).fetchall())
+        return dict(
+            self.ledger.db.execute(
+                "SELECT task_index, max(attempt) FROM attempts WHERE job_id = ? AND requeued = 1 GROUP BY task_index",
+                [job_id],
+            ).fetchall()
+        )
 
     def fill_causes(self, job_id: int, cause_of_state: Mapping[str, str]) -> None:
         """Why each ended run ended, from its Slurm state, where nothing more precise was journaled for it."""
         pairs = sorted(cause_of_state.items())
         with self.ledger.transaction() as db:
-            db.execute(f"UPDATE attempts SET cause = CASE state {' '.join('WHEN ? THEN ?' for _ in pairs)} END "
-                       f"WHERE job_id = ? AND cause IS NULL AND state IN ({','.join('?' * len(pairs))})",
-                       [*(x for pair in pairs for x in pair), job_id, *(state for state, _ in pairs)])
+            db.execute(
+                f"UPDATE attempts SET cause = CASE state {' '.join('WHEN ? THEN ?' for _ in pairs)} END "
+                f"WHERE job_id = ? AND cause IS NULL AND state IN ({','.join('?' * len(pairs))})",
+                [*(x for pair in pairs for x in pair), job_id, *(state for state, _ in pairs)],
+            )
 
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]
 
-    def unsettled_usage(self, site: str, since: float, now: float, *, account: str | None = None,
-                        job_id: int | None = None, sweep_id: str | None = None) -> list[dict[str, Any]]:
+    def unsettled_usage(
+        self,
+        site: str,
+        since: float,
+        now: float,
+        *,
+        account: str | None = None,
+        job_id: int | None = None,
+        sweep_id: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Every run overlapping [since, now] of the site's jobs not settled (of one account, job or sweep), with its
         job's facts and the time of its last checkpoint (committed, or committed and since deleted by retention)."""
-        return [dict(r) for r in self.ledger.db.query(
-            _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
-            {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id})]
+        return [
+            dict(r)
+            for r in self.ledger.db.query(
+                _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
+                {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id},
+            )
+        ]
 
     def usage_of(self, job_ids: Collection[int], now: float) -> list[dict[str, Any]]:
         """Every started run of these jobs, as `unsettled_usage` gives them."""
-        return [dict(r) for r in self.ledger.db.query(
-            _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
-            {"now": now, "ids": json.dumps(sorted(set(job_ids)))})]
+        return [
+            dict(r)
+            for r in self.ledger.db.query(
+                _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
+                {"now": now, "ids": json.dumps(sorted(set(job_ids)))},
+            )
+        ]

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 class Checkpoints:
     """Rows of `checkpoints`, one per checkpoint directory."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
     def of_job(self, job_id: int) -> list[dict[str, Any]]:

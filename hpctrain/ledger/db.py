@@ -17,8 +17,9 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import sqlite_utils
 
@@ -68,7 +69,7 @@ class Ledger:
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,7 +125,9 @@ class Ledger:
         with self.transaction():
             self.db.table(table).update(pk, _encode(fields))
 
-    def rows(self, table: str, where: str | None = None, params: Any = None, order_by: str | None = None) -> list[dict[str, Any]]:
+    def rows(
+        self, table: str, where: str | None = None, params: Any = None, order_by: str | None = None
+    ) -> list[dict[str, Any]]:
         return list(self.db.table(table).rows_where(where, params, order_by=order_by))
 
     def get(self, table: str, pk: Any) -> dict[str, Any] | None:
@@ -138,8 +141,9 @@ class Ledger:
 
     def last_event(self, job_id: int, kind: str) -> dict[str, Any] | None:
         """The job's latest event of ``kind``, its data decoded."""
-        for row in self.db.table("events").rows_where("job_id = ? AND kind = ?", [job_id, kind], order_by="time DESC",
-                                                      limit=1):
+        for row in self.db.table("events").rows_where(
+            "job_id = ? AND kind = ?", [job_id, kind], order_by="time DESC", limit=1
+        ):
             return {**row, "data": json.loads(row["data_json"] or "{}")}
         return None
 
@@ -153,4 +157,11 @@ class Ledger:
 
 def _encode(row: dict[str, Any]) -> dict[str, Any]:
     """Columns named *_json hold JSON; everything else is stored as given."""
-    return {k: (json.dumps(v, sort_keys=True, default=str) if k.endswith("_json") and v is not None and not isinstance(v, str) else v) for k, v in row.items()}
+    return {
+        k: (
+            json.dumps(v, sort_keys=True, default=str)
+            if k.endswith("_json") and v is not None and not isinstance(v, str)
+            else v
+        )
+        for k, v in row.items()
+    }

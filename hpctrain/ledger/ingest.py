@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hpctrain.ledger.db import Ledger
 from hpctrain.ledger.journal import Journal
@@ -14,13 +15,27 @@ _CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "
 
 
 def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
-    row = {k: rec.get(k) for k in ("job_id", "step", "path", "state", "bytes", "duration_s",
-                                    "manifest_sha256", "metric_name", "metric_value", "note")}
+    row = {
+        k: rec.get(k)
+        for k in (
+            "job_id",
+            "step",
+            "path",
+            "state",
+            "bytes",
+            "duration_s",
+            "manifest_sha256",
+            "metric_name",
+            "metric_value",
+            "note",
+        )
+    }
     row.update(task_index=rec.get("task_index", -1), created_at=rec["time"])
     existing = ledger.checkpoints.at(rec["path"])
     if existing:  # a later state (deleted, corrupt): created_at stays the commit's time
-        ledger.update("checkpoints", existing["id"],
-                      {k: v for k, v in row.items() if v is not None and k != "created_at"})
+        ledger.update(
+            "checkpoints", existing["id"], {k: v for k, v in row.items() if v is not None and k != "created_at"}
+        )
     else:
         ledger.insert("checkpoints", row)
 
@@ -29,15 +44,24 @@ def _segment(rec: dict[str, Any]) -> dict[str, int] | None:
     """The job step start a trainer's record belongs to (None outside Slurm: no run number)."""
     if rec.get("job_id") is None or rec.get("attempt") is None:
         return None
-    return {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1), "attempt": rec["attempt"],
-            "step_restart": rec.get("step_restart") or 0}
+    return {
+        "job_id": rec["job_id"],
+        "task_index": rec.get("task_index", -1),
+        "attempt": rec["attempt"],
+        "step_restart": rec.get("step_restart") or 0,
+    }
 
 
 def _startup(ledger: Ledger, rec: dict[str, Any]) -> None:
     if key := _segment(rec):
         times = rec.get("times") or {}
-        ledger.segments.started(key, main_at=times.get("main"), loaded_at=times.get("loaded"),
-                                resumed_from=rec.get("resumed_from") or 0, tier=rec.get("tier"))
+        ledger.segments.started(
+            key,
+            main_at=times.get("main"),
+            loaded_at=times.get("loaded"),
+            resumed_from=rec.get("resumed_from") or 0,
+            tier=rec.get("tier"),
+        )
     _event(ledger, rec)
 
 
@@ -55,8 +79,15 @@ def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
     for name, value in rec["values"].items():
         ledger.upsert(
             "metrics",
-            {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1), "name": name, "step": rec["step"],
-             "value": value, "attempt": rec.get("restart", 0), "time": rec["time"]},
+            {
+                "job_id": rec["job_id"],
+                "task_index": rec.get("task_index", -1),
+                "name": name,
+                "step": rec["step"],
+                "value": value,
+                "attempt": rec.get("restart", 0),
+                "time": rec["time"],
+            },
             pk=("job_id", "task_index", "name", "step"),
         )
 
@@ -64,8 +95,16 @@ def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
 def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
     data = {k: v for k, v in rec.items() if k not in _CONTEXT and k != "message"}
     data.update(host=rec.get("host"), rank=rec.get("rank"), slurm_job_id=rec.get("slurm_job_id"))
-    ledger.insert("events", {"time": rec["time"], "kind": rec["kind"], "job_id": rec.get("job_id"),
-                             "message": rec.get("message", ""), "data_json": data})
+    ledger.insert(
+        "events",
+        {
+            "time": rec["time"],
+            "kind": rec["kind"],
+            "job_id": rec.get("job_id"),
+            "message": rec.get("message", ""),
+            "data_json": data,
+        },
+    )
 
 
 def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +113,12 @@ def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
     if kind == "attempt_start":
         return {"step_start": rec.get("step")}
     if kind == "attempt_end":
-        return {"cause": rec.get("cause"), "step_end": rec.get("step_end"), "requeued": int(bool(rec.get("requeued"))),
-                "decision": rec.get("message")}
+        return {
+            "cause": rec.get("cause"),
+            "step_end": rec.get("step_end"),
+            "requeued": int(bool(rec.get("requeued"))),
+            "decision": rec.get("message"),
+        }
     if kind == "requeue":
         fields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
         return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
@@ -85,9 +128,16 @@ def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
 def _attempt(ledger: Ledger, rec: dict[str, Any]) -> None:
     """Into the run's attempts row (keyed like sacct's runs), and the job's events."""
     if rec.get("job_id") is not None and rec.get("attempt") is not None:
-        ledger.upsert("attempts", {"job_id": rec["job_id"], "task_index": rec.get("task_index", -1),
-                                   "attempt": rec["attempt"], **_attempt_fields(rec)},
-                      pk=("job_id", "task_index", "attempt"))
+        ledger.upsert(
+            "attempts",
+            {
+                "job_id": rec["job_id"],
+                "task_index": rec.get("task_index", -1),
+                "attempt": rec["attempt"],
+                **_attempt_fields(rec),
+            },
+            pk=("job_id", "task_index", "attempt"),
+        )
     if rec["kind"] != "attempt_start":
         _event(ledger, rec)
 
@@ -96,14 +146,25 @@ def _resubmitted(ledger: Ledger, rec: dict[str, Any]) -> None:
     """A job that went on under a new Slurm id (a follow-up job): the ledger follows it there."""
     job = ledger.get("jobs", rec["job_id"]) if rec.get("job_id") is not None else None
     if job is not None and not job["is_array"]:
-        ledger.update("jobs", job["id"], {"slurm_job_id": rec["new_slurm_job_id"], "attempt_base": rec["attempt_base"],
-                                          "state": "PENDING", "ended_at": None})
+        ledger.update(
+            "jobs",
+            job["id"],
+            {
+                "slurm_job_id": rec["new_slurm_job_id"],
+                "attempt_base": rec["attempt_base"],
+                "state": "PENDING",
+                "ended_at": None,
+            },
+        )
     _event(ledger, rec)
 
 
 # Kinds with a table of their own; every other kind (quarantine, ...) lands in events only.
 HANDLERS: dict[str, Handler] = {
-    "checkpoint": _checkpoint, "metrics": _metrics, "resubmitted": _resubmitted, "startup": _startup,
+    "checkpoint": _checkpoint,
+    "metrics": _metrics,
+    "resubmitted": _resubmitted,
+    "startup": _startup,
     "hang": _hang,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
 }
@@ -125,9 +186,18 @@ def ingest_journal(ledger: Ledger, journal: Journal) -> int:
             try:
                 HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
             except (KeyError, TypeError, ValueError) as exc:
-                _event(ledger, {"kind": "journal_error", "time": time.time(), "job_id": rec.get("job_id"),
-                                "message": f"{journal.dir / name}: {exc!r}"})
-            ledger.insert("journal_ingested", {"journal": key, "name": name, "kind": rec.get("kind", "?"),
-                                               "ingested_at": time.time()})
+                _event(
+                    ledger,
+                    {
+                        "kind": "journal_error",
+                        "time": time.time(),
+                        "job_id": rec.get("job_id"),
+                        "message": f"{journal.dir / name}: {exc!r}",
+                    },
+                )
+            ledger.insert(
+                "journal_ingested",
+                {"journal": key, "name": name, "kind": rec.get("kind", "?"), "ingested_at": time.time()},
+            )
         new += 1
     return new

@@ -7,7 +7,8 @@ States are Slurm's (plus SUBMITTING, SUBMIT_FAILED, REQUEUED); which are final i
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Collection, Iterable
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -44,7 +45,7 @@ LIMIT ?
 class Jobs:
     """Rows of `jobs` (one per sbatch) and `array_tasks` (one per task of an array job)."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
     def get(self, job_id: int) -> dict[str, Any] | None:
@@ -67,8 +68,9 @@ class Jobs:
 
     def submitted(self, job_id: int, slurm_job_id: str) -> None:
         now = time.time()
-        self.ledger.update("jobs", job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now,
-                                            "updated_at": now})
+        self.ledger.update(
+            "jobs", job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now, "updated_at": now}
+        )
 
     def submit_failed(self, job_id: int, error: str) -> None:
         self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": error, "updated_at": time.time()})
@@ -79,8 +81,11 @@ class Jobs:
 
     def active(self, site: str, final: Collection[str]) -> list[dict[str, Any]]:
         """Submitted jobs of the site not in a ``final`` state (none of which has ended: `jobs_open` indexes them)."""
-        return self.ledger.rows("jobs", f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL "
-                                        f"AND state NOT IN ({_marks(final)})", [site, *sorted(final)])
+        return self.ledger.rows(
+            "jobs",
+            f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)})",
+            [site, *sorted(final)],
+        )
 
     def journals_to_read(self, site: str, final: Collection[str], ended_since: float) -> dict[str, list[int]]:
         """The job directories whose journals may still grow: of active jobs, and of jobs that ended since
@@ -91,7 +96,8 @@ class Jobs:
             f"AND state NOT IN ({_marks(final)}) "
             "UNION ALL SELECT id, job_dir FROM jobs WHERE site = ? AND ended_at >= ? AND job_dir IS NOT NULL "
             f"AND (journal_read_at IS NULL OR journal_read_at < ended_at + {JOURNAL_SETTLE_S})",
-            [site, *sorted(final), site, ended_since])
+            [site, *sorted(final), site, ended_since],
+        )
         dirs: dict[str, list[int]] = {}
         for r in rows:
             dirs.setdefault(r["job_dir"], []).extend([r["id"]] if r["id"] is not None else [])
@@ -102,11 +108,12 @@ class Jobs:
         ids = list(ids)
         with self.ledger.transaction():
             for i in range(0, len(ids), 500):
-                part = ids[i:i + 500]
+                part = ids[i : i + 500]
                 self.ledger.db.execute(f"UPDATE jobs SET journal_read_at = ? WHERE id IN ({_marks(part)})", [at, *part])
 
-    def summaries(self, site: str, final: Collection[str], active_only: bool = False,
-                  limit: int = 200) -> list[dict[str, Any]]:
+    def summaries(
+        self, site: str, final: Collection[str], active_only: bool = False, limit: int = 200
+    ) -> list[dict[str, Any]]:
         """One row per job, newest first, with array task counts, restarts and preemptions (one query); a run that
         requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
         where, args = "", [site]
@@ -122,21 +129,30 @@ class Jobs:
         return self.ledger.rows("jobs", "sweep_id = ?", [sweep_id])
 
     def has_account(self, site: str, account: str) -> bool:
-        return self.ledger.db.execute("SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1",
-                                      [site, account]).fetchone() is not None
+        return (
+            self.ledger.db.execute(
+                "SELECT 1 FROM jobs WHERE site = ? AND account = ? LIMIT 1", [site, account]
+            ).fetchone()
+            is not None
+        )
 
     def undecided_deaths(self, site: str, states: Collection[str]) -> list[tuple[int, int]]:
         """(job id, task index; -1 for a plain job) of every plain job or array task in one of ``states`` whose last
         run nobody has decided on (requeue or not): from the runs not decided on (`attempts_undecided`), not from
         the whole history."""
         marks = _marks(states)
-        return [(r["job_id"], r["task_index"]) for r in self.ledger.db.query(
-            "SELECT a.job_id, a.task_index FROM attempts a JOIN jobs j ON j.id = a.job_id "
-            "LEFT JOIN array_tasks t ON t.job_id = a.job_id AND t.task_index = a.task_index "
-            "WHERE a.requeued IS NULL AND j.site = ? AND a.attempt = (SELECT max(b.attempt) FROM attempts b "
-            "WHERE b.job_id = a.job_id AND b.task_index = a.task_index) "
-            f"AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN ({marks}) ELSE t.state IN ({marks}) END "
-            "ORDER BY a.job_id, a.task_index", [site, *states, *states])]
+        return [
+            (r["job_id"], r["task_index"])
+            for r in self.ledger.db.query(
+                "SELECT a.job_id, a.task_index FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                "LEFT JOIN array_tasks t ON t.job_id = a.job_id AND t.task_index = a.task_index "
+                "WHERE a.requeued IS NULL AND j.site = ? AND a.attempt = (SELECT max(b.attempt) FROM attempts b "
+                "WHERE b.job_id = a.job_id AND b.task_index = a.task_index) "
+                f"AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN ({marks}) ELSE t.state IN ({marks}) END "
+                "ORDER BY a.job_id, a.task_index",
+                [site, *states, *states],
+            )
+        ]
 
     def unsettled_tasks(self, job_id: int, final: Collection[str], died: Collection[str]) -> int:
         """How many of an array's tasks may still run: not in a ``final`` state, or ``died`` with their last
@@ -145,7 +161,8 @@ class Jobs:
             f"SELECT count(*) FROM array_tasks t WHERE t.job_id = ? AND (t.state NOT IN ({_marks(final)}) "
             f"OR (t.state IN ({_marks(died)}) AND (SELECT a.requeued FROM attempts a WHERE a.job_id = t.job_id "
             "AND a.task_index = t.task_index ORDER BY a.attempt DESC LIMIT 1) IS NULL))",
-            [job_id, *final, *died]).fetchone()[0]
+            [job_id, *final, *died],
+        ).fetchone()[0]
 
     def tasks(self, job_id: int) -> list[dict[str, Any]]:
         return self.ledger.rows("array_tasks", "job_id = ?", [job_id], order_by="task_index")
@@ -156,6 +173,8 @@ class Jobs:
     def set_task_state(self, job_id: int, task_index: int, state: str, restarts: int | None = None) -> None:
         """An array task's state (and its restart count, which only grows)."""
         with self.ledger.transaction() as db:
-            db.execute("UPDATE array_tasks SET state = ?, restarts = max(restarts, coalesce(?, restarts)), "
-                       "updated_at = ? WHERE job_id = ? AND task_index = ?",
-                       [state, restarts, time.time(), job_id, task_index])
+            db.execute(
+                "UPDATE array_tasks SET state = ?, restarts = max(restarts, coalesce(?, restarts)), "
+                "updated_at = ? WHERE job_id = ? AND task_index = ?",
+                [state, restarts, time.time(), job_id, task_index],
+            )

@@ -12,8 +12,9 @@ import itertools
 import json
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.files import write_json_atomic
@@ -43,7 +44,7 @@ class Journal:
         self.dir = Path(directory)
 
     @classmethod
-    def from_env(cls) -> "Journal | None":
+    def from_env(cls) -> Journal | None:
         """The job's journal when running under hpctrain's sbatch script, else None."""
         path = JobEnvironment().journal_dir
         return cls(path) if path else None

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -19,11 +20,10 @@ JOIN metrics w ON w.job_id = s.job_id AND w.task_index = s.task_index AND w.step
 class Metrics:
     """Rows of `metrics`."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
-    def of_job(self, job_id: int, task_index: int | None = None,
-               names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    def of_job(self, job_id: int, task_index: int | None = None, names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         """A job's values (of one task, of some names), by task and step."""
         where, args = "job_id = ?", [job_id]
         if task_index is not None:
@@ -36,7 +36,9 @@ class Metrics:
         """(name, task, step, value) of every reported value, by name, task and step."""
         yield from self.ledger.db.execute(
             "SELECT name, task_index, step, value FROM metrics WHERE job_id = ? AND value IS NOT NULL "
-            "ORDER BY name, task_index, step", [job_id])
+            "ORDER BY name, task_index, step",
+            [job_id],
+        )
 
     def last_time(self, job_id: int) -> float | None:
         """When the job last reported a metric (a training step)."""

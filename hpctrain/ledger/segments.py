@@ -5,7 +5,8 @@ accounting reads it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -24,14 +25,24 @@ ON CONFLICT (job_id, task_index, attempt, step_restart) DO UPDATE SET
 class Segments:
     """Rows of `segments`, keyed by (job id, task index, run number, step restart)."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
-    def started(self, key: dict[str, int], *, main_at: float | None, loaded_at: float | None, resumed_from: int,
-                tier: str | None) -> None:
+    def started(
+        self,
+        key: dict[str, int],
+        *,
+        main_at: float | None,
+        loaded_at: float | None,
+        resumed_from: int,
+        tier: str | None,
+    ) -> None:
         """A trainer's start-up: process start, checkpoint loaded, the step it resumed from and the tier."""
-        self.ledger.upsert("segments", {**key, "main_at": main_at, "loaded_at": loaded_at,
-                                        "resumed_from": resumed_from, "tier": tier}, pk=PK)
+        self.ledger.upsert(
+            "segments",
+            {**key, "main_at": main_at, "loaded_at": loaded_at, "resumed_from": resumed_from, "tier": tier},
+            pk=PK,
+        )
 
     def stepped(self, key: dict[str, int], *, step: int, seconds: float, time: float) -> None:
         """One training step done (each journaled step is ingested once)."""
@@ -43,5 +54,9 @@ class Segments:
 
     def of_jobs(self, job_ids: Iterable[int]) -> list[dict[str, Any]]:
         ids = sorted(set(job_ids))
-        return self.ledger.rows("segments", f"job_id IN ({','.join('?' * len(ids))})", ids,
-                                order_by="job_id, task_index, attempt, step_restart")
+        return self.ledger.rows(
+            "segments",
+            f"job_id IN ({','.join('?' * len(ids))})",
+            ids,
+            order_by="job_id, task_index, attempt, step_restart",
+        )

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -36,7 +37,7 @@ FROM trials tr LEFT JOIN jobs j ON j.id = tr.job_id WHERE tr.sweep_id = :sweep O
 class Sweeps:
     """Rows of `sweeps` (keyed by name) and of `trials` (keyed by sweep and trial number)."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
     def get(self, sweep_id: str) -> dict[str, Any] | None:
@@ -44,8 +45,18 @@ class Sweeps:
 
     def create(self, sweep_id: str, method: str, spec_json: str) -> None:
         now = time.time()
-        self.ledger.insert("sweeps", {"id": sweep_id, "name": sweep_id, "method": method, "state": "ACTIVE",
-                                      "spec_json": spec_json, "created_at": now, "updated_at": now})
+        self.ledger.insert(
+            "sweeps",
+            {
+                "id": sweep_id,
+                "name": sweep_id,
+                "method": method,
+                "state": "ACTIVE",
+                "spec_json": spec_json,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
 
     def set_state(self, sweep_id: str, state: str) -> None:
         """ACTIVE, DONE, FAILED (its tick failed on its own account) or CANCELLED."""
@@ -69,9 +80,11 @@ class Sweeps:
         out: dict[int, dict[int, float]] = {n: {} for n in numbers}
         if numbers:
             for number, step, value in self.ledger.db.execute(
-                    "SELECT tr.number, m.step, m.value FROM trials tr JOIN metrics m ON m.job_id = tr.job_id "
-                    "AND m.task_index = tr.task_index WHERE tr.sweep_id = ? AND m.name = ? AND tr.number IN "
-                    f"({','.join('?' * len(numbers))})", [sweep_id, metric, *numbers]):
+                "SELECT tr.number, m.step, m.value FROM trials tr JOIN metrics m ON m.job_id = tr.job_id "
+                "AND m.task_index = tr.task_index WHERE tr.sweep_id = ? AND m.name = ? AND tr.number IN "
+                f"({','.join('?' * len(numbers))})",
+                [sweep_id, metric, *numbers],
+            ):
                 out[number][step] = value
         return out
 
@@ -87,16 +100,25 @@ class Sweeps:
         now = time.time()
         with self.ledger.transaction() as db:
             db.table("trials").insert_all(
-                {"sweep_id": sweep_id, "number": first + i, "params_json": json.dumps(p, sort_keys=True),
-                 "state": "new", "failures": 0, "updated_at": now} for i, p in enumerate(params))
+                {
+                    "sweep_id": sweep_id,
+                    "number": first + i,
+                    "params_json": json.dumps(p, sort_keys=True),
+                    "state": "new",
+                    "failures": 0,
+                    "updated_at": now,
+                }
+                for i, p in enumerate(params)
+            )
 
     def set_outcomes(self, sweep_id: str, outcomes: Iterable[tuple[int, str, float | None]]) -> None:
         """(number, state, value) of trials whose state or value changed."""
         rows = [(state, value, time.time(), sweep_id, n) for n, state, value in outcomes]
         if rows:
             with self.ledger.transaction() as db:
-                db.conn.executemany("UPDATE trials SET state = ?, value = ?, updated_at = ? "
-                                    "WHERE sweep_id = ? AND number = ?", rows)
+                db.conn.executemany(
+                    "UPDATE trials SET state = ?, value = ?, updated_at = ? WHERE sweep_id = ? AND number = ?", rows
+                )
 
     def unlink(self, sweep_id: str, numbers: Iterable[int], failed: bool = False) -> None:
         """Trials back to "new", to be submitted again; ``failed`` counts it against the trial's retries (an
@@ -104,25 +126,35 @@ class Sweeps:
         rows = [(int(failed), time.time(), sweep_id, n) for n in numbers]
         if rows:
             with self.ledger.transaction() as db:
-                db.conn.executemany("UPDATE trials SET state = 'new', failures = failures + ?, job_id = NULL, "
-                                    "task_index = NULL, updated_at = ? WHERE sweep_id = ? AND number = ?", rows)
+                db.conn.executemany(
+                    "UPDATE trials SET state = 'new', failures = failures + ?, job_id = NULL, "
+                    "task_index = NULL, updated_at = ? WHERE sweep_id = ? AND number = ?",
+                    rows,
+                )
 
     def prune(self, sweep_id: str, number: int, reason: str) -> None:
         with self.ledger.transaction() as db:
-            db.execute("UPDATE trials SET state = 'pruned', reason = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
-                       [reason, time.time(), sweep_id, number])
+            db.execute(
+                "UPDATE trials SET state = 'pruned', reason = ?, updated_at = ? WHERE sweep_id = ? AND number = ?",
+                [reason, time.time(), sweep_id, number],
+            )
 
     def link(self, sweep_id: str, job_id: int, numbers_by_task: Iterable[tuple[int, int]]) -> None:
         """Each (task index, trial number) of a job just recorded: the trial is pending in that task."""
         now = time.time()
         with self.ledger.transaction() as db:
-            db.conn.executemany("UPDATE trials SET state = 'pending', job_id = ?, task_index = ?, updated_at = ? "
-                                "WHERE sweep_id = ? AND number = ?",
-                                [(job_id, task, now, sweep_id, number) for task, number in numbers_by_task])
+            db.conn.executemany(
+                "UPDATE trials SET state = 'pending', job_id = ?, task_index = ?, updated_at = ? "
+                "WHERE sweep_id = ? AND number = ?",
+                [(job_id, task, now, sweep_id, number) for task, number in numbers_by_task],
+            )
 
     def counts(self, sweep_id: str) -> tuple[int, int]:
         """(finished trials, unfinished trials)."""
-        done = dict(self.ledger.db.execute(
-            f"SELECT state IN ({','.join('?' * len(FINISHED))}), count(*) FROM trials WHERE sweep_id = ? GROUP BY 1",
-            [*FINISHED, sweep_id]).fetchall())
+        done = dict(
+            self.ledger.db.execute(
+                f"SELECT state IN ({','.join('?' * len(FINISHED))}), count(*) FROM trials WHERE sweep_id = ? GROUP BY 1",
+                [*FINISHED, sweep_id],
+            ).fetchall()
+        )
         return done.get(1, 0), done.get(0, 0)

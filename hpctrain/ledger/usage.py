@@ -8,22 +8,44 @@ Schema v11's trigger drops a job's rows when its end changes (requeued, resubmit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Collection
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 # The causes GPU-hours are kept by, a column each (<cause>_h): hpctrain.jobs.goodput.GPU_CAUSES, held equal by a test.
 CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "other", "spare")
-COLUMNS = ("job_id", "task_index", "attempt", "site", "account", "partition", "gpus", "started_at", "ended_at", "cause",
-           "gpu_hours", "lost_from", "measured", "queue_s", *(f"{c}_h" for c in CAUSES))
+COLUMNS = (
+    "job_id",
+    "task_index",
+    "attempt",
+    "site",
+    "account",
+    "partition",
+    "gpus",
+    "started_at",
+    "ended_at",
+    "cause",
+    "gpu_hours",
+    "lost_from",
+    "measured",
+    "queue_s",
+    *(f"{c}_h" for c in CAUSES),
+)
 
-_WINDOW = ("site = :site AND ended_at >= :since AND started_at <= :now AND (:account IS NULL OR account = :account) "
-           "AND (:job_id IS NULL OR job_id = :job_id)")
+_WINDOW = (
+    "site = :site AND ended_at >= :since AND started_at <= :now AND (:account IS NULL OR account = :account) "
+    "AND (:job_id IS NULL OR job_id = :job_id)"
+)
 # The window's share of a run, and the GPU-hours lost within the window (hpctrain.jobs.accounting.windowed).
-_SHARE = "CASE WHEN ended_at > started_at THEN (min(ended_at, :now) - max(started_at, :since)) / (ended_at - started_at) " \
-         "ELSE 1.0 END"
-_LOST = "CASE WHEN lost_from IS NULL THEN 0.0 ELSE gpus * max(0.0, min(ended_at, :now) - max(lost_from, :since)) / 3600 END"
+_SHARE = (
+    "CASE WHEN ended_at > started_at THEN (min(ended_at, :now) - max(started_at, :since)) / (ended_at - started_at) "
+    "ELSE 1.0 END"
+)
+_LOST = (
+    "CASE WHEN lost_from IS NULL THEN 0.0 ELSE gpus * max(0.0, min(ended_at, :now) - max(lost_from, :since)) / 3600 END"
+)
 _IN_WINDOW = f"SELECT *, {_SHARE} AS share, {_LOST} AS lost FROM run_usage WHERE {_WINDOW}"
 _CAUSE_SUMS = ", ".join(f"sum(share * {c}_h) AS {c}" for c in CAUSES)
 
@@ -37,7 +59,9 @@ SELECT date(started_at, 'unixepoch', 'localtime') AS day, {_CAUSE_SUMS}
 FROM ({_IN_WINDOW}) WHERE measured GROUP BY day ORDER BY day
 """
 # Sample k of a curve is at t0 + k * width; an event at x counts from the first sample at or after it (ceil).
-_SAMPLE = "max(0, CAST(({x} - :t0) / :width AS INTEGER) + (({x} - :t0) / :width > CAST(({x} - :t0) / :width AS INTEGER)))"
+_SAMPLE = (
+    "max(0, CAST(({x} - :t0) / :width AS INTEGER) + (({x} - :t0) / :width > CAST(({x} - :t0) / :width AS INTEGER)))"
+)
 _CURVE_SQL = f"""
 WITH spans AS (
     SELECT account, max(started_at, :since) AS a, min(ended_at, :now) AS b, share * gpu_hours AS hours,
@@ -65,31 +89,56 @@ ORDER BY u.started_at
 class RunUsage:
     """Rows of `run_usage`, keyed by (job id, task index, run number)."""
 
-    def __init__(self, ledger: "Ledger"):
+    def __init__(self, ledger: Ledger):
         self.ledger = ledger
 
     def settleable(self, site: str, settle_s: float, final_before: float, limit: int | None = None) -> list[int]:
         """Jobs of the site (at most ``limit``) whose runs are not kept yet but will not change: ended, and their
         journal read ``settle_s`` after the end (or none to read, or ended before ``final_before``, when journals
         are read no more)."""
-        return [r[0] for r in self.ledger.db.execute(_SETTLEABLE_SQL, {
-            "site": site, "settle_s": settle_s, "final_before": final_before, "limit": -1 if limit is None else limit})]
+        return [
+            r[0]
+            for r in self.ledger.db.execute(
+                _SETTLEABLE_SQL,
+                {
+                    "site": site,
+                    "settle_s": settle_s,
+                    "final_before": final_before,
+                    "limit": -1 if limit is None else limit,
+                },
+            )
+        ]
 
     def keep(self, job_ids: Collection[int], runs: list[dict[str, Any]], at: float) -> None:
         """The runs (rows of COLUMNS) of these jobs, which have settled at ``at``."""
         ids = list(job_ids)
         with self.ledger.transaction() as db:
-            db.conn.executemany(f"INSERT OR REPLACE INTO run_usage ({', '.join(COLUMNS)}) "
-                                f"VALUES ({', '.join('?' * len(COLUMNS))})", [[r[c] for c in COLUMNS] for r in runs])
+            db.conn.executemany(
+                f"INSERT OR REPLACE INTO run_usage ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                [[r[c] for c in COLUMNS] for r in runs],
+            )
             for i in range(0, len(ids), 500):
-                part = ids[i:i + 500]
-                db.execute(f"UPDATE jobs SET usage_settled_at = ? WHERE id IN ({','.join('?' * len(part))})", [at, *part])
+                part = ids[i : i + 500]
+                db.execute(
+                    f"UPDATE jobs SET usage_settled_at = ? WHERE id IN ({','.join('?' * len(part))})", [at, *part]
+                )
 
-    def runs(self, site: str, since: float, now: float, *, account: str | None = None, job_id: int | None = None,
-             sweep_id: str | None = None) -> list[dict[str, Any]]:
+    def runs(
+        self,
+        site: str,
+        since: float,
+        now: float,
+        *,
+        account: str | None = None,
+        job_id: int | None = None,
+        sweep_id: str | None = None,
+    ) -> list[dict[str, Any]]:
         """Kept runs (whole) overlapping [since, now], of one account, job or sweep, with their job's name, user and
         sweep, in order of start."""
-        return [dict(r) for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))]
+        return [
+            dict(r)
+            for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))
+        ]
 
     def groups(self, site: str, since: float, now: float, account: str | None = None) -> list[dict[str, Any]]:
         """Kept runs in [since, now] summed per (account, partition, measured): runs, GPU-hours, lost GPU-hours,
@@ -98,23 +147,28 @@ class RunUsage:
 
     def jobs(self, site: str, since: float, now: float, account: str | None = None) -> list[tuple[str | None, int]]:
         """(account, job id) of every job with a kept run in [since, now]."""
-        return self.ledger.db.execute(f"SELECT DISTINCT account, job_id FROM run_usage WHERE {_WINDOW}",
-                                      _args(site, since, now, account)).fetchall()
+        return self.ledger.db.execute(
+            f"SELECT DISTINCT account, job_id FROM run_usage WHERE {_WINDOW}", _args(site, since, now, account)
+        ).fetchall()
 
     def by_day(self, site: str, since: float, now: float, account: str | None = None) -> list[dict[str, Any]]:
         """GPU-hours per cause of the kept runs in [since, now] whose trainer journals its steps, per local day of
         their start, in order of day."""
         return [dict(r) for r in self.ledger.db.query(_DAYS_SQL, _args(site, since, now, account))]
 
-    def curve(self, site: str, since: float, now: float, t0: float, width: float,
-              account: str | None = None) -> list[dict[str, Any]]:
+    def curve(
+        self, site: str, since: float, now: float, t0: float, width: float, account: str | None = None
+    ) -> list[dict[str, Any]]:
         """The kept runs' GPU-hours in [since, now] as a running total per account sampled at t0 + k * width: per
         (account, k), the change in the rate of GPU-hours per second, in that rate times (start - t0), and the
         GPU-hours of the runs that ended, from sample k on (``hpctrain.jobs.accounting`` sums them up)."""
-        return [dict(r) for r in self.ledger.db.query(_CURVE_SQL, {**_args(site, since, now, account),
-                                                                   "t0": t0, "width": width})]
+        return [
+            dict(r)
+            for r in self.ledger.db.query(_CURVE_SQL, {**_args(site, since, now, account), "t0": t0, "width": width})
+        ]
 
 
-def _args(site: str, since: float, now: float, account: str | None, job_id: int | None = None,
-          **more: Any) -> dict[str, Any]:
+def _args(
+    site: str, since: float, now: float, account: str | None, job_id: int | None = None, **more: Any
+) -> dict[str, Any]:
     return {"site": site, "since": since, "now": now, "account": account, "job_id": job_id, **more}

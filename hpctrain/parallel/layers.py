@@ -103,8 +103,16 @@ class ColumnParallelLinear(nn.Module):
     (the input of a RowParallelLinear).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, generator: torch.Generator,
-                 group: dist.ProcessGroup | None = None, bias: bool = True, gather_output: bool = False):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        generator: torch.Generator,
+        group: dist.ProcessGroup | None = None,
+        bias: bool = True,
+        gather_output: bool = False,
+    ):
         super().__init__()
         self.group, self.gather_output = group, gather_output
         self.weight = split_parameter(init_weight(out_features, in_features, generator), 0, group)
@@ -121,8 +129,15 @@ class RowParallelLinear(nn.Module):
     The bias is replicated and added once, after the reduction.
     """
 
-    def __init__(self, in_features: int, out_features: int, *, generator: torch.Generator,
-                 group: dist.ProcessGroup | None = None, bias: bool = True):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        generator: torch.Generator,
+        group: dist.ProcessGroup | None = None,
+        bias: bool = True,
+    ):
         super().__init__()
         self.group = group
         self.weight = split_parameter(init_weight(out_features, in_features, generator), 1, group)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from hpctrain.config import SiteConfig
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs import stragglers
-from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
+from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.attempts import outcome
 from hpctrain.report import collect
@@ -49,19 +50,51 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
     plots = [
         _loss_plot(loss, collect.attempt_marks(data.attempts)),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
-        _plot("checkpoint duration vs step", "seconds",
-              _labelled(collect.checkpoint_durations(data.checkpoints)), points=True),
+        _plot(
+            "checkpoint duration vs step",
+            "seconds",
+            _labelled(collect.checkpoint_durations(data.checkpoints)),
+            points=True,
+        ),
         _plot("data wait vs step", "seconds per step", _labelled(metrics.get("data_wait_s", {}))),
-        _causes_plot(runs, lambda u: f"{'' if u.task_index < 0 else f'task {u.task_index} '}attempt {u.attempt}",
-                     "GPU-hours by cause per attempt", "attempt"),
+        _causes_plot(
+            runs,
+            lambda u: f"{'' if u.task_index < 0 else f'task {u.task_index} '}attempt {u.attempt}",
+            "GPU-hours by cause per attempt",
+            "attempt",
+        ),
     ]
-    attempts = Table("attempts", ["task", "attempt", "state", "cause", "started", "ended", "GPUs",
-                                  "ckpt step at start", "ckpt step at end", "then"])
+    attempts = Table(
+        "attempts",
+        [
+            "task",
+            "attempt",
+            "state",
+            "cause",
+            "started",
+            "ended",
+            "GPUs",
+            "ckpt step at start",
+            "ckpt step at end",
+            "then",
+        ],
+    )
     for a in data.attempts:
         then = a["decision"] or outcome(a)
-        attempts.rows.append([_or_dash(a["task_index"] if a["task_index"] >= 0 else None), a["attempt"],
-                              a["state"] or "-", a["cause"] or "-", _when(a["started_at"]), _when(a["ended_at"]),
-                              _or_dash(a["alloc_gpus"]), _or_dash(a["step_start"]), _or_dash(a["step_end"]), then])
+        attempts.rows.append(
+            [
+                _or_dash(a["task_index"] if a["task_index"] >= 0 else None),
+                a["attempt"],
+                a["state"] or "-",
+                a["cause"] or "-",
+                _when(a["started_at"]),
+                _when(a["ended_at"]),
+                _or_dash(a["alloc_gpus"]),
+                _or_dash(a["step_start"]),
+                _or_dash(a["step_end"]),
+                then,
+            ]
+        )
     env = Table("environment", ["name", "value"], [[k, v] for k, v in data.env.items()])
     return render(f"job {job['id']}: {job['name']}", facts, plots, [attempts, env])
 
@@ -73,8 +106,8 @@ def loss_summary(data: collect.JobData) -> list[str]:
 
 def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
     """A sweep: facts, the best trial, its metric by trial and by step, parameter importance, every trial."""
-    from hpctrain.sweep import store
     from hpctrain.report.sweep_plots import importance_png, metric_png
+    from hpctrain.sweep import store
 
     swp = store.load(ledger, sweep_id)
     spec = swp.spec
@@ -85,10 +118,17 @@ def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
     facts = [
         ("sweep", f"{swp.id} ({spec.method}, {swp.state})"),
         ("metric", f"{spec.direction} {spec.metric}"),
-        ("trials", f"{len(rows)}{f' of at most {spec.max_trials}' if spec.max_trials else ''} "
-                   f"({_counts(r['state'] for r in rows)})"),
-        ("best trial", f"trial {top['number']}: {spec.metric} = {top['value']:.6g}, "
-                       f"{json.dumps(top['params'], sort_keys=True)}" if top else store.no_best(rows, spec.metric)),
+        (
+            "trials",
+            f"{len(rows)}{f' of at most {spec.max_trials}' if spec.max_trials else ''} "
+            f"({_counts(r['state'] for r in rows)})",
+        ),
+        (
+            "best trial",
+            f"trial {top['number']}: {spec.metric} = {top['value']:.6g}, {json.dumps(top['params'], sort_keys=True)}"
+            if top
+            else store.no_best(rows, spec.metric),
+        ),
         *_usage_facts(overall(totals(_usage(ledger, site_cfg, sweep_id=swp.id), "sweep"))),
     ]
     plots = [
@@ -96,15 +136,31 @@ def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
         Plot("parameter importance", *importance_png(spec, rows)),
         _plot(f"{spec.metric} vs step", spec.metric, _labelled(curves, "trial")),
     ]
-    trials = Table("trials", ["trial", "parameters", "state", spec.metric, "GPU-hours", "note"],
-                   [[r["number"], json.dumps(r["params"], sort_keys=True), r["state"],
-                     "-" if r["value"] is None else f"{r['value']:.6g}", f"{r['gpu_hours']:.2f}",
-                     r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else "")] for r in rows])
+    trials = Table(
+        "trials",
+        ["trial", "parameters", "state", spec.metric, "GPU-hours", "note"],
+        [
+            [
+                r["number"],
+                json.dumps(r["params"], sort_keys=True),
+                r["state"],
+                "-" if r["value"] is None else f"{r['value']:.6g}",
+                f"{r['gpu_hours']:.2f}",
+                r["reason"] or (f"{r['failures']} failure(s)" if r["failures"] else ""),
+            ]
+            for r in rows
+        ],
+    )
     return render(f"sweep {swp.id}", facts, plots, [trials])
 
 
-def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = None,
-                   since: float | None = None, budgets: dict[str, Limit] | None = None) -> str:
+def account_report(
+    ledger: Ledger,
+    site_cfg: SiteConfig,
+    account: str | None = None,
+    since: float | None = None,
+    budgets: dict[str, Limit] | None = None,
+) -> str:
     """GPU-hours, lost GPU-hours and cost of one account (None: every account) since a time, with the
     cumulative GPU-hours of each account over time (each run's hours spread evenly over its run time) and,
     for accounts in ``budgets`` (their GPU-minute limits), the budget as a dashed line beside them."""
@@ -124,20 +180,48 @@ def account_report(ledger: Ledger, site_cfg: SiteConfig, account: str | None = N
     start = min((t[0] for t, _ in series.values()), default=datetime.fromtimestamp(since or now))
     for name, budget in budgets.items():
         series[f"{name} budget"] = ([start, datetime.fromtimestamp(now)], [budget.limit / 60] * 2)
-        facts.append((f"budget {name}", f"{budget.limit / 60:.1f} GPU-hours, {budget.used / 60:.1f} spent as Slurm "
-                                        f"counts it (all users, decayed), {budget.left / 60:.1f} left"))
-    plot = _plot("cumulative GPU-hours per account", "GPU-hours", series, xlabel="time",
-                 note="each run's GPU-hours are spread evenly over its run time"
-                      + ("; dashed level: the account's GPU-minute budget (GrpTRESMins)" if budgets else ""),
-                 dashed=[f"{name} budget" for name in budgets])
+        facts.append(
+            (
+                f"budget {name}",
+                f"{budget.limit / 60:.1f} GPU-hours, {budget.used / 60:.1f} spent as Slurm "
+                f"counts it (all users, decayed), {budget.left / 60:.1f} left",
+            )
+        )
+    plot = _plot(
+        "cumulative GPU-hours per account",
+        "GPU-hours",
+        series,
+        xlabel="time",
+        note="each run's GPU-hours are spread evenly over its run time"
+        + ("; dashed level: the account's GPU-minute budget (GrpTRESMins)" if budgets else ""),
+        dashed=[f"{name} budget" for name in budgets],
+    )
     days = list(got.days)
-    causes = _causes_bars(days, {c: [got.days[d][c] for d in days] for c in GPU_CAUSES},
-                          "GPU-hours by cause per day (runs by the day they started)", "day")
-    table = Table("by account", ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "goodput", "cost"],
-                  [[t.key or "-", len(t.jobs), t.runs, f"{t.gpu_hours:.2f}", f"{t.lost_gpu_hours:.2f}",
-                    percent(t.goodput), f"{t.cost:.2f}"] for t in got.totals])
-    return render(f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot, causes],
-                  [table])
+    causes = _causes_bars(
+        days,
+        {c: [got.days[d][c] for d in days] for c in GPU_CAUSES},
+        "GPU-hours by cause per day (runs by the day they started)",
+        "day",
+    )
+    table = Table(
+        "by account",
+        ["account", "jobs", "runs", "GPU-hours", "lost GPU-hours", "goodput", "cost"],
+        [
+            [
+                t.key or "-",
+                len(t.jobs),
+                t.runs,
+                f"{t.gpu_hours:.2f}",
+                f"{t.lost_gpu_hours:.2f}",
+                percent(t.goodput),
+                f"{t.cost:.2f}",
+            ]
+            for t in got.totals
+        ],
+    )
+    return render(
+        f"GPU-hours: account {account}" if account else "GPU-hours: all accounts", facts, [plot, causes], [table]
+    )
 
 
 def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: str = "", **style: Any) -> Plot:
@@ -154,9 +238,15 @@ def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: s
 def _loss_plot(loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
     """Loss by step, smoothed over the faint raw values, with a dashed line at the step each resumed attempt
     began from (labelled with its task in an array)."""
-    return _plot("loss vs step", "loss", _labelled(loss), smooth=collect.smoothed, mark_legend="attempt began",
-                 marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
-                 note="faint: the raw values; solid: their exponential moving average")
+    return _plot(
+        "loss vs step",
+        "loss",
+        _labelled(loss),
+        smooth=collect.smoothed,
+        mark_legend="attempt began",
+        marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
+        note="faint: the raw values; solid: their exponential moving average",
+    )
 
 
 def _loss_facts(loss: collect.Curves) -> list[tuple[str, str]]:
@@ -164,8 +254,13 @@ def _loss_facts(loss: collect.Curves) -> list[tuple[str, str]]:
     for more than MAX_LOSS_FACTS curves."""
     if len(loss) > MAX_LOSS_FACTS:
         return []
-    return [(f"loss ({label})" if label else "loss", f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} "
-             f"(smoothed {collect.smoothed(ys)[-1]:.4g})") for label, (xs, ys) in _labelled(loss).items()]
+    return [
+        (
+            f"loss ({label})" if label else "loss",
+            f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} (smoothed {collect.smoothed(ys)[-1]:.4g})",
+        )
+        for label, (xs, ys) in _labelled(loss).items()
+    ]
 
 
 def _labelled(curves: collect.Curves, label: str = "task") -> Series:
@@ -178,11 +273,17 @@ def _usage(ledger: Ledger, site_cfg: SiteConfig, **which: Any) -> list[Usage]:
 
 
 def _usage_facts(total: Total) -> list[tuple[str, str]]:
-    return [("GPU-hours", f"{total.gpu_hours:.2f}"),
-            ("lost GPU-hours", f"{total.lost_gpu_hours:.2f} (work redone after interruptions)"),
-            ("goodput", f"{percent(share)} of the GPU time of runs whose trainer journals its steps"
-                        if (share := total.goodput) is not None else "- (no run's trainer journals its steps)"),
-            ("cost", f"{total.cost:.2f}")]
+    return [
+        ("GPU-hours", f"{total.gpu_hours:.2f}"),
+        ("lost GPU-hours", f"{total.lost_gpu_hours:.2f} (work redone after interruptions)"),
+        (
+            "goodput",
+            f"{percent(share)} of the GPU time of runs whose trainer journals its steps"
+            if (share := total.goodput) is not None
+            else "- (no run's trainer journals its steps)",
+        ),
+        ("cost", f"{total.cost:.2f}"),
+    ]
 
 
 def _causes_plot(runs: list[Usage], label: Callable[[Usage], str], title: str, xlabel: str) -> Plot:
@@ -192,8 +293,11 @@ def _causes_plot(runs: list[Usage], label: Callable[[Usage], str], title: str, x
 def _causes_bars(bars: list[str], stacks: dict[str, list[float]], title: str, xlabel: str) -> Plot:
     if not bars:
         return Plot(title, None, "no run's trainer journals its steps")
-    return Plot(title, stacked_bars(bars, stacks, title, xlabel, "GPU-hours"),
-                "productive: training steps kept; the rest lost: see `hpctrain cost --causes`")
+    return Plot(
+        title,
+        stacked_bars(bars, stacks, title, xlabel, "GPU-hours"),
+        "productive: training steps kept; the rest lost: see `hpctrain cost --causes`",
+    )
 
 
 def _counts(values: Any) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
@@ -33,8 +34,13 @@ def job_data(ledger: Ledger, job_id: int) -> JobData:
     metrics: dict[str, Curves] = defaultdict(dict)
     for name, task, step, value in ledger.metrics.points(job_id):
         add_point(metrics[name], task, step, value)
-    return JobData(job, ledger.attempts.of_job(job_id), ledger.checkpoints.of_job(job_id), dict(metrics),
-                   redacted_env(job["spec_json"]))
+    return JobData(
+        job,
+        ledger.attempts.of_job(job_id),
+        ledger.checkpoints.of_job(job_id),
+        dict(metrics),
+        redacted_env(job["spec_json"]),
+    )
 
 
 def add_point(curves: Curves, key: int, step: int, value: float) -> None:

@@ -33,8 +33,14 @@ def render(title: str, facts: list[tuple[str, Any]], plots: list[Plot], tables: 
     """The page; every value is HTML-escaped."""
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True,
-                             undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(Path(__file__).parent), autoescape=True, undefined=jinja2.StrictUndefined
+    )
     return env.get_template("page.html.j2").render(
-        title=title, facts=facts, plots=plots, tables=tables, version=__version__,
-        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+        title=title,
+        facts=facts,
+        plots=plots,
+        tables=tables,
+        version=__version__,
+        generated=time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    )

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 # label -> (x values, y values); an empty label draws an unlabelled line.
 Series = dict[str, tuple[Sequence[Any], Sequence[float]]]
@@ -36,9 +37,17 @@ def png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = False,
-          smooth: Callable[[Sequence[float]], list[float]] | None = None, marks: Sequence[Mark] = (),
-          mark_legend: str = "", dashed: Sequence[str] = ()) -> bytes:
+def lines(
+    series: Series,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    points: bool = False,
+    smooth: Callable[[Sequence[float]], list[float]] | None = None,
+    marks: Sequence[Mark] = (),
+    mark_legend: str = "",
+    dashed: Sequence[str] = (),
+) -> bytes:
     """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled;
     the series named in ``dashed`` dashed (levels such as a budget).
     With ``smooth``, each series' values are drawn faint and the smoothed ones on top in its colour; each mark
@@ -50,8 +59,15 @@ def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = F
             ax.plot(xs, ys, label=label or None, **{**style, **({"linestyle": "--"} if label in dashed else {})})
         else:
             (line,) = ax.plot(xs, smooth(ys), label=label or "smoothed", linewidth=1.5)
-            ax.plot(xs, ys, label=None if label else "raw", color=line.get_color(), alpha=RAW_ALPHA, linewidth=0.8,
-                    zorder=line.get_zorder() - 0.1)
+            ax.plot(
+                xs,
+                ys,
+                label=None if label else "raw",
+                color=line.get_color(),
+                alpha=RAW_ALPHA,
+                linewidth=0.8,
+                zorder=line.get_zorder() - 0.1,
+            )
     _mark(ax, marks, mark_legend)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3)
@@ -63,8 +79,9 @@ def lines(series: Series, title: str, xlabel: str, ylabel: str, points: bool = F
     return png(fig)
 
 
-def stacked_bars(labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, xlabel: str,
-                 ylabel: str) -> bytes:
+def stacked_bars(
+    labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, xlabel: str, ylabel: str
+) -> bytes:
     """One bar per label, its parts (``stacks``: part name -> one value per label) stacked in order, with a legend
     of the parts that are not zero everywhere."""
     fig, ax = figure()
@@ -87,5 +104,15 @@ def _mark(ax: Any, marks: Sequence[Mark], legend: str) -> None:
     for i, (x, label) in enumerate(marks):
         ax.axvline(x, color=MARK_COLOUR, linestyle="--", linewidth=1.5, label=None if i else legend or None)
         if len(marks) <= MAX_MARK_LABELS:
-            ax.annotate(label, (x, 1), xycoords=ax.get_xaxis_transform(), xytext=(-2, -3), textcoords="offset points",
-                        rotation=90, ha="right", va="top", fontsize="x-small", color=MARK_COLOUR)
+            ax.annotate(
+                label,
+                (x, 1),
+                xycoords=ax.get_xaxis_transform(),
+                xytext=(-2, -3),
+                textcoords="offset points",
+                rotation=90,
+                ha="right",
+                va="top",
+                fontsize="x-small",
+                color=MARK_COLOUR,
+            )

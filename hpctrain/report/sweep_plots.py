@@ -35,8 +35,10 @@ def importance_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> tuple[bytes |
     done = _completed(rows)
     scores = importance(spec, [TrialRecord(r["number"], r["params"], "completed", r["value"]) for r in done])
     if not scores:
-        return None, (f"parameter importance needs 2 completed trials with different values of {spec.metric} "
-                      f"({len(done)} reported it, {len({r['value'] for r in done})} different value(s))")
+        return None, (
+            f"parameter importance needs 2 completed trials with different values of {spec.metric} "
+            f"({len(done)} reported it, {len({r['value'] for r in done})} different value(s))"
+        )
     fig, ax = figure(7, 1.6 + 0.4 * len(scores))  # room for the title and axis with one parameter
     names = sorted(scores, key=scores.get)
     ax.barh(names, [scores[n] for n in names])

@@ -3,7 +3,12 @@ trainer and users' own scripts. Names load on first use (the CLI imports this pa
 
 from hpctrain.lazy import lazy_exports
 
-_EXPORTS = {"PreemptionGuard": "guard", "JobNow": "guard", "job_now": "requeue", "self_requeue": "requeue",
-            "log_metrics": "metrics"}
+_EXPORTS = {
+    "PreemptionGuard": "guard",
+    "JobNow": "guard",
+    "job_now": "requeue",
+    "self_requeue": "requeue",
+    "log_metrics": "metrics",
+}
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -8,9 +8,10 @@ times keeps going while one that crashes at start stops after ``max_stalled_atte
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
 from hpctrain.ledger.journal import Journal
@@ -69,8 +70,10 @@ def decide(outcomes: list[Outcome], requeue: bool, on_error: bool, max_stalled: 
         return False, f"{cause}; retry.on_error is off in the spec"
     streak = stalled_streak(outcomes)
     if streak >= max_stalled:
-        return False, (f"requeue cap: {streak} consecutive attempts without checkpoint progress "
-                       f"(retry.max_stalled_attempts = {max_stalled}; last: {cause})")
+        return False, (
+            f"requeue cap: {streak} consecutive attempts without checkpoint progress "
+            f"(retry.max_stalled_attempts = {max_stalled}; last: {cause})"
+        )
     return True, f"{cause}; requeued ({streak} of {max_stalled} attempts in a row without progress)"
 
 
@@ -97,15 +100,22 @@ class RunPolicy:
     spare_gpus: int = 0  # on the spare nodes
 
     @classmethod
-    def of(cls, spec: Mapping[str, Any]) -> "RunPolicy":
+    def of(cls, spec: Mapping[str, Any]) -> RunPolicy:
         from hpctrain.config.job import CheckpointPolicy, JobSpec, Resources, RetryPolicy
 
         retry = RetryPolicy.model_validate(spec.get("retry") or {})
         checkpoint = CheckpointPolicy.model_validate(spec.get("checkpoint") or {})
         resources = Resources.model_validate(spec.get("resources") or {})
-        return cls(spec.get("requeue", JobSpec.model_fields["requeue"].default), retry.on_error,
-                   retry.max_stalled_attempts, checkpoint.dir, retry.in_place, bool(checkpoint.memory_every_steps),
-                   resources.nodes, resources.spare_nodes * resources.gpus_per_node)
+        return cls(
+            spec.get("requeue", JobSpec.model_fields["requeue"].default),
+            retry.on_error,
+            retry.max_stalled_attempts,
+            checkpoint.dir,
+            retry.in_place,
+            bool(checkpoint.memory_every_steps),
+            resources.nodes,
+            resources.spare_nodes * resources.gpus_per_node,
+        )
 
     def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
         return decide(outcomes, self.requeue, self.on_error, self.max_stalled)
@@ -133,4 +143,3 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None
     return dict(sorted(runs.items()))
-

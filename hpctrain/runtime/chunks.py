@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import time
 from bisect import bisect_right
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Iterator, Protocol
+from typing import Protocol
 
 from hpctrain.contract import JobPaths
 from hpctrain.files import write_json_atomic
@@ -55,7 +56,9 @@ class ChunkTable:
     def dependency(self, chunk: Chunk) -> str:
         """What a released chunk waits for: the tasks of other chunks still exiting (and the singleton)."""
         exiting = [k for k in self.exiting if k.partition("_")[0] != chunk.slurm_id]
-        return ",".join(([f"afterany:{':'.join(exiting)}"] if exiting else []) + (["singleton"] if self.singleton else []))
+        return ",".join(
+            ([f"afterany:{':'.join(exiting)}"] if exiting else []) + (["singleton"] if self.singleton else [])
+        )
 
     def left(self) -> list[int]:
         """Each chunk's tasks not yet ended."""
@@ -118,8 +121,13 @@ def _locked(paths: JobPaths) -> Iterator[ChunkTable]:
 
     with FileLock(paths.chunks_lock, timeout=LOCK_TIMEOUT_S):
         data = json.loads(paths.chunks_file.read_text(encoding="utf-8"))
-        table = ChunkTable(data["throttle"], data["singleton"], [Chunk(**c) for c in data["chunks"]],
-                           set(data["ended"]), data["exiting"])
+        table = ChunkTable(
+            data["throttle"],
+            data["singleton"],
+            [Chunk(**c) for c in data["chunks"]],
+            set(data["ended"]),
+            data["exiting"],
+        )
         try:
             yield table
         finally:

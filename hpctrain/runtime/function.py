@@ -30,6 +30,7 @@ from typing import Any
 from hpctrain.contract import JOB_DIR_ENV, JobEnvironment, JobPaths
 from hpctrain.runtime.guard import PreemptionGuard
 
+
 class Requeue(BaseException):
     """Raised by `requeue()` (and, for a call that never asks `should_stop()`, by the notice itself) to end
     the call so that it runs again. A BaseException: a call's ``except Exception`` must not swallow it."""

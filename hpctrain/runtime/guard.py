@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Callable, Mapping
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.parallel.collective import all_reduce_int

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Mapping
 
 from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError, SlurmError
@@ -34,10 +34,17 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         # By task: an array's last task runs under the array's own id, which shows every task.
         job = client.show_job(JobEnvironment(env).requeue_target)
         limit = job.get("TimeLimit", "UNLIMITED")
-        end = None if limit in ("UNLIMITED", "Partition_Limit") else \
-            datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
-        return JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end,
-                      preempted=job.get("PreemptTime", "None") not in ("None", "Unknown", ""))
+        end = (
+            None
+            if limit in ("UNLIMITED", "Partition_Limit")
+            else datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
+        )
+        return JobNow(
+            job.get("JobState"),
+            int(job.get("Restarts", 0)),
+            end,
+            preempted=job.get("PreemptTime", "None") not in ("None", "Unknown", ""),
+        )
     except (KeyError, ValueError, SlurmError):
         return None
 
@@ -57,8 +64,16 @@ class RunAgain:
     new_id: str | None = None
 
 
-def run_again(client: SlurmClient, target: str, script: Path | None, next_run: int, after: str | None = None,
-              task_index: int = -1, unset_env: Iterable[str] = (), exclude: list[str] | None = None) -> RunAgain:
+def run_again(
+    client: SlurmClient,
+    target: str,
+    script: Path | None,
+    next_run: int,
+    after: str | None = None,
+    task_index: int = -1,
+    unset_env: Iterable[str] = (),
+    exclude: list[str] | None = None,
+) -> RunAgain:
     """The one way hpctrain runs a job (or one array task) again, from inside it or from reconcile:
     `scontrol requeue` while Slurm holds it; where Slurm no longer knows it and ``script`` is given, the
     same script again under a new id (after job ``after`` ends; as array task ``task_index``), its runs
@@ -73,12 +88,17 @@ def run_again(client: SlurmClient, target: str, script: Path | None, next_run: i
             return RunAgain(f"already requeued by Slurm: {target}")
         if script is None or not ("invalid job id" in text or "not found" in text):
             raise
-    args = ([f"--dependency=afterany:{after}"] if after else []) + ([f"--array={task_index}"] if task_index >= 0 else [])
+    args = ([f"--dependency=afterany:{after}"] if after else []) + (
+        [f"--array={task_index}"] if task_index >= 0 else []
+    )
     args += [f"--exclude={','.join(exclude)}"] if exclude else []
-    new_id = client.sbatch(script.read_text(), env={ATTEMPT_BASE_ENV: str(next_run)}, args=tuple(args),
-                           unset_env=unset_env)
-    return RunAgain(f"Slurm no longer holds {target}: submitted again as {new_id}"
-                    + (f" (after {after} ends)" if after else ""), new_id)
+    new_id = client.sbatch(
+        script.read_text(), env={ATTEMPT_BASE_ENV: str(next_run)}, args=tuple(args), unset_env=unset_env
+    )
+    return RunAgain(
+        f"Slurm no longer holds {target}: submitted again as {new_id}" + (f" (after {after} ends)" if after else ""),
+        new_id,
+    )
 
 
 def _keep_off(client: SlurmClient, target: str, nodes: list[str]) -> str:
@@ -101,8 +121,16 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ, exclu
     if version.requeues_preempted_exit and (now := job_now(client, env)) is not None and now.preempted:
         return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     base = job_env.run_number + 1
-    done = run_again(client, target, job_env.script, base, after=job_env.slurm_job_id, task_index=job_env.task_index,
-                     unset_env=_secret_names(job_env), exclude=exclude)
+    done = run_again(
+        client,
+        target,
+        job_env.script,
+        base,
+        after=job_env.slurm_job_id,
+        task_index=job_env.task_index,
+        unset_env=_secret_names(job_env),
+        exclude=exclude,
+    )
     journal = Journal.from_env()
     if done.new_id is not None and journal is not None:  # so the ledger follows the job under its new id
         journal.write("resubmitted", new_slurm_job_id=done.new_id, attempt_base=base, message=done.how)
@@ -123,8 +151,9 @@ def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -
     journal = Journal.from_env()
     # Recorded before requeueing: the requeue ends this process.
     if journal is not None:
-        journal.write("requeue", message=message, cause=guard.cause(), signal=guard.signal,
-                      signal_at=guard.received_at, **record)
+        journal.write(
+            "requeue", message=message, cause=guard.cause(), signal=guard.signal, signal_at=guard.received_at, **record
+        )
     try:
         self_requeue(SlurmClient())
     except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself

@@ -47,12 +47,20 @@ class ComputeTimer:
             return
         import torch.distributed as dist
 
-        mine = {"rank": dist.get_rank(), "node": JobEnvironment().node, "stage": self.stage,
-                "compute_s": self.seconds / self.steps}
+        mine = {
+            "rank": dist.get_rank(),
+            "node": JobEnvironment().node,
+            "stage": self.stage,
+            "compute_s": self.seconds / self.steps,
+        }
         ranks: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
         self.seconds, self.steps = 0.0, 0
         journal = Journal.from_env()
         if journal is not None and mine["rank"] == 0:
-            journal.write("ranks", step=step, ranks=ranks,
-                          message=f"compute seconds per step over the last {self.every} steps, by rank")
+            journal.write(
+                "ranks",
+                step=step,
+                ranks=ranks,
+                message=f"compute seconds per step over the last {self.every} steps, by rank",
+            )

@@ -11,8 +11,9 @@ import os
 import re
 import subprocess
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError, SlurmTimeout
 from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
@@ -38,7 +39,7 @@ class SlurmClient:
         self._features: SlurmFeatures | None = None
 
     @classmethod
-    def for_site(cls, site: "SiteConfig") -> "SlurmClient":
+    def for_site(cls, site: SiteConfig) -> SlurmClient:
         return cls(site.slurm.conf, site.slurm.bin_dir, site.slurm.timeout_s)
 
     def env(self) -> dict[str, str]:
@@ -50,8 +51,15 @@ class SlurmClient:
     def executable(self, command: str) -> str:
         return str(self.bin_dir / command) if self.bin_dir else command
 
-    def run(self, command: str, *args: str, input: str | None = None, extra_env: dict[str, str] | None = None,
-            unset_env: Iterable[str] = (), harmless: re.Pattern[str] | None = None) -> str:
+    def run(
+        self,
+        command: str,
+        *args: str,
+        input: str | None = None,
+        extra_env: dict[str, str] | None = None,
+        unset_env: Iterable[str] = (),
+        harmless: re.Pattern[str] | None = None,
+    ) -> str:
         """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint.
         ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out of it. A failure
         whose every complaint line matches ``harmless`` is none."""
@@ -67,7 +75,12 @@ class SlurmClient:
             raise SlurmError(f"{command}: Slurm's configuration file {conf} ({named}) does not exist")
         try:
             proc = subprocess.run(
-                argv, input=input, capture_output=True, text=True, env=env, timeout=self.timeout_s,
+                argv,
+                input=input,
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=self.timeout_s,
             )
         except FileNotFoundError:
             raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
@@ -131,8 +144,14 @@ class SlurmClient:
 
     def set_array_throttle(self, target: str, throttle: int, dependency: str | None = None) -> None:
         """An array's ArrayTaskThrottle; ``dependency`` replaces what it waits for ('': nothing) when given."""
-        self.run("scontrol", "update", f"JobId={target}", f"ArrayTaskThrottle={throttle}",
-                 *([f"Dependency={dependency}"] if dependency is not None else []), harmless=TASKS_ENDED)
+        self.run(
+            "scontrol",
+            "update",
+            f"JobId={target}",
+            f"ArrayTaskThrottle={throttle}",
+            *([f"Dependency={dependency}"] if dependency is not None else []),
+            harmless=TASKS_ENDED,
+        )
 
     def node_states(self, nodes: list[str]) -> dict[str, str]:
         """Each node's state as sinfo's %T spells it: 'allocated', 'mixed', 'drained', 'down*' ('*': not
@@ -155,12 +174,20 @@ class SlurmClient:
 
     def sshare(self, user: str) -> list[dict[str, str]]:
         """Fairshare standing of every account and of ``user``'s associations, by column name."""
-        out = self.run("sshare", "--parsable2", "-a", "-u", user,
-                       "-o", "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare,LevelFS")
+        out = self.run(
+            "sshare",
+            "--parsable2",
+            "-a",
+            "-u",
+            user,
+            "-o",
+            "Account,User,RawShares,NormShares,RawUsage,EffectvUsage,FairShare,LevelFS",
+        )
         return parse_parsable_with_header(out)
 
-    def sbatch(self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-               unset_env: Iterable[str] = ()) -> str:
+    def sbatch(
+        self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (), unset_env: Iterable[str] = ()
+    ) -> str:
         """Submit ``script`` (sent on stdin); returns the job id. ``env`` adds to the submitting environment,
         names in ``unset_env`` are taken out of it: with --export=ALL Slurm keeps what sbatch inherits."""
         out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset_env)
@@ -202,4 +229,4 @@ def complaint(text: str, limit: int = 400) -> str:
         return "failed with no message"
     parts = [errors[0]] + [re.sub(r"^\S+: error: ", "", ln) for ln in errors[1:]]
     joined = "; ".join(dict.fromkeys(parts))
-    return joined if len(joined) <= limit else joined[:limit - 3] + "..."
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."

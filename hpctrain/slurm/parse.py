@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\-]*)=")
 
@@ -18,7 +18,7 @@ def parse_kv_line(line: str) -> dict[str, str]:
     matches = list(_KEY.finditer(line))
     for m, nxt in zip(matches, matches[1:] + [None]):
         end = nxt.start() if nxt else len(line)
-        record.setdefault(m.group(1), line[m.end():end].strip())
+        record.setdefault(m.group(1), line[m.end() : end].strip())
     return record
 
 
@@ -52,4 +52,3 @@ _GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 def gpus_in_gres(gres: str) -> int:
     """'gpu:4', 'gpu:h100:8(S:0-1)', 'gpu:a100:2,gpu:v100:2' -> total GPU count."""
     return sum(int(m.group(2)) for m in _GRES_GPU.finditer(gres or ""))
-

@@ -89,13 +89,25 @@ def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
         if not m:
             continue  # a step such as 12.batch
         base, task = m.groups()
-        tasks = [-1] if task is None else (
-            [t for t in expand_task_range(task) if (base, str(t)) not in own] if task.startswith("[") else [int(task)])
+        tasks = (
+            [-1]
+            if task is None
+            else (
+                [t for t in expand_task_range(task) if (base, str(t)) not in own]
+                if task.startswith("[")
+                else [int(task)]
+            )
+        )
         gpus = _GPUS.search(row.get("AllocTRES", ""))
         attempt = Attempt(
-            normal_state(row["State"]), parse_time(row.get("Submit", "")), parse_time(row.get("Start", "")),
-            parse_time(row.get("End", "")), row.get("NodeList", ""), row.get("ExitCode", ""),
-            int(gpus.group(1)) if gpus else 0, row.get("Reason", ""),
+            normal_state(row["State"]),
+            parse_time(row.get("Submit", "")),
+            parse_time(row.get("Start", "")),
+            parse_time(row.get("End", "")),
+            row.get("NodeList", ""),
+            row.get("ExitCode", ""),
+            int(gpus.group(1)) if gpus else 0,
+            row.get("Reason", ""),
             int(row["ElapsedRaw"]) if row.get("ElapsedRaw", "").isdigit() else None,
         )
         for t in tasks:
@@ -113,8 +125,14 @@ def merge_resized(attempts: list[Attempt]) -> list[Attempt]:
     part: Attempt | None = None
     for a in attempts:
         if part is not None:
-            a = replace(a, start=part.start, node_list=part.node_list, gpus=part.gpus,
-                        elapsed_s=_sum(part.elapsed_s, a.elapsed_s), gpu_s=_sum(part.gpu_s, a.gpu_s))
+            a = replace(
+                a,
+                start=part.start,
+                node_list=part.node_list,
+                gpus=part.gpus,
+                elapsed_s=_sum(part.elapsed_s, a.elapsed_s),
+                gpu_s=_sum(part.gpu_s, a.gpu_s),
+            )
         part = a if a.state == "RESIZING" else None
         if part is None:
             out.append(a)

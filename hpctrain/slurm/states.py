@@ -6,8 +6,22 @@ The one place these sets live; the poller, reconcile, the in-job requeue, sweeps
 from __future__ import annotations
 
 # States a job (or array task) does not leave by itself; SUBMIT_FAILED and LOST are hpctrain's own.
-TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-                      "DEADLINE", "PREEMPTED", "REVOKED", "SUBMIT_FAILED", "LOST"})
+TERMINAL = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "OUT_OF_MEMORY",
+        "NODE_FAIL",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+        "REVOKED",
+        "SUBMIT_FAILED",
+        "LOST",
+    }
+)
 
 # A run that ended like this is requeued by Slurm when the job allows requeue; the next run's
 # record may not be in slurmdbd yet, so the job is not finished.
@@ -21,9 +35,16 @@ DIED = ("FAILED", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL", "TIMEOUT", "PREEMPT
 
 # Why a run ended, from the final Slurm state of its record when nothing more precise was journaled.
 CAUSE_OF_STATE = {
-    "COMPLETED": "completed", "PREEMPTED": "preemption", "TIMEOUT": "timeout", "DEADLINE": "timeout",
-    "NODE_FAIL": "node_failure", "BOOT_FAIL": "node_failure", "OUT_OF_MEMORY": "oom", "FAILED": "error",
-    "CANCELLED": "cancelled", "REQUEUED": "requeued",
+    "COMPLETED": "completed",
+    "PREEMPTED": "preemption",
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "NODE_FAIL": "node_failure",
+    "BOOT_FAIL": "node_failure",
+    "OUT_OF_MEMORY": "oom",
+    "FAILED": "error",
+    "CANCELLED": "cancelled",
+    "REQUEUED": "requeued",
 }
 
 

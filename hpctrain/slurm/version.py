@@ -23,7 +23,7 @@ class SlurmVersion:
     micro: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> "SlurmVersion":
+    def parse(cls, text: str) -> SlurmVersion:
         """From `scontrol --version` ('slurm 24.11.5'), SLURM_VERSION of `scontrol show config`, or '26.05.5'."""
         m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
         if not m:
@@ -67,10 +67,13 @@ class SlurmFeatures:
     requeue_delay_from: str
 
     @classmethod
-    def from_config(cls, conf: dict[str, str]) -> "SlurmFeatures":
+    def from_config(cls, conf: dict[str, str]) -> SlurmFeatures:
         version = SlurmVersion.parse(conf.get("SLURM_VERSION", ""))
         delay, source = _option(conf.get("AuthInfo", ""), "cred_expire", 120), "AuthInfo cred_expire"
-        if version.has_requeue_delay and (own := _option(conf.get("SchedulerParameters", ""), "requeue_delay")) is not None:
+        if (
+            version.has_requeue_delay
+            and (own := _option(conf.get("SchedulerParameters", ""), "requeue_delay")) is not None
+        ):
             delay, source = own, "SchedulerParameters requeue_delay"
         return cls(version, delay, source)
 
@@ -79,7 +82,8 @@ class SlurmFeatures:
         return [
             self.version.preemption_note(),
             f"a requeued job waits {self.requeue_delay_s} s before it may start ({self.requeue_delay_from})",
-            "state polls while accounting is down use squeue --only-job-state" if self.version.has_only_job_state
+            "state polls while accounting is down use squeue --only-job-state"
+            if self.version.has_only_job_state
             else "state polls while accounting is down use a full squeue listing (--only-job-state is 23.11+)",
         ]
 

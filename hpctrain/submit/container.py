@@ -28,8 +28,11 @@ class Wrap:
 
     def launch_options(self) -> list[str]:
         """The same, as `hpctrain launch` options."""
-        return ([f"--srun-option={o}" for o in self.srun_options] + ([f"--inside={shlex.join(self.prefix)}"] if self.prefix
-                else []) + [f"--python={self.python}"])
+        return (
+            [f"--srun-option={o}" for o in self.srun_options]
+            + ([f"--inside={shlex.join(self.prefix)}"] if self.prefix else [])
+            + [f"--python={self.python}"]
+        )
 
 
 def container_wrap(spec: JobSpec, site: SiteConfig, files: JobPaths) -> Wrap | None:
@@ -39,17 +42,35 @@ def container_wrap(spec: JobSpec, site: SiteConfig, files: JobPaths) -> Wrap | N
         return None
     runtime = site.containers.runtime
     if runtime is None:
-        raise ConfigError(f"container.image: site {site.name} has no container runtime (set [containers] runtime "
-                          "to 'pyxis' or 'apptainer' in its config)")
+        raise ConfigError(
+            f"container.image: site {site.name} has no container runtime (set [containers] runtime "
+            "to 'pyxis' or 'apptainer' in its config)"
+        )
     mounts = list(dict.fromkeys([f"{files.job_dir}:{files.job_dir}", *site.containers.binds, *c.mounts]))
     workdir = c.workdir or spec.workdir
     python = site.containers.python
     if runtime == "pyxis":
         if spec.launcher != "srun":
             raise ConfigError("container: pyxis starts containers through srun: launcher must be 'srun'")
-        return Wrap([f"--container-image={c.image}", f"--container-mounts={','.join(mounts)}",
-                     *([f"--container-workdir={workdir}"] if workdir else [])], python=python)
+        return Wrap(
+            [
+                f"--container-image={c.image}",
+                f"--container-mounts={','.join(mounts)}",
+                *([f"--container-workdir={workdir}"] if workdir else []),
+            ],
+            python=python,
+        )
     gpus = ["--nv"] if spec.resources.gpus_per_node else []
-    return Wrap(prefix=[site.containers.apptainer, "exec", *site.containers.apptainer_options, *gpus,
-                        "--bind", ",".join(mounts),
-                        *([f"--pwd={workdir}"] if workdir else []), c.image], python=python)
+    return Wrap(
+        prefix=[
+            site.containers.apptainer,
+            "exec",
+            *site.containers.apptainer_options,
+            *gpus,
+            "--bind",
+            ",".join(mounts),
+            *([f"--pwd={workdir}"] if workdir else []),
+            c.image,
+        ],
+        python=python,
+    )

@@ -47,9 +47,18 @@ from hpctrain.submit.submitter import Submission, Submitter
 WHERE = "executor parameters"
 # submitit's parameter -> the job spec's field (resources.* unless dotted otherwise).
 SUBMITIT_FIELDS = {
-    "job_name": "name", "partition": "partition", "time": "time", "nodes": "nodes",
-    "ntasks_per_node": "tasks_per_node", "cpus_per_task": "cpus_per_task", "gpus_per_node": "gpus_per_node",
-    "mem": "mem", "qos": "qos", "account": "account", "setup": "setup", "array_parallelism": "array.throttle",
+    "job_name": "name",
+    "partition": "partition",
+    "time": "time",
+    "nodes": "nodes",
+    "ntasks_per_node": "tasks_per_node",
+    "cpus_per_task": "cpus_per_task",
+    "gpus_per_node": "gpus_per_node",
+    "mem": "mem",
+    "qos": "qos",
+    "account": "account",
+    "setup": "setup",
+    "array_parallelism": "array.throttle",
     "dependency": "dependency",
 }
 # hpctrain's own parameters: the job spec's fields of the same names.
@@ -66,14 +75,36 @@ def _minutes(value: Any) -> Any:
 Minutes = Annotated[Any, AfterValidator(_minutes)]
 # The type of every parameter, submitit's generic names (timeout_min, mem_gb, ...) included, checked before submitit
 # converts any; the job spec made of them checks their values. Each is optional: only those given are checked.
-ExecutorParameters = create_model("ExecutorParameters", __base__=StrictModel, **{name: (kind, None) for name, kind in {
-    "name": str, "job_name": str, "timeout_min": Minutes, "time": Minutes,
-    "mem_gb": Annotated[float, Field(gt=0, allow_inf_nan=False)], "mem": MiB | None,
-    "nodes": int, "tasks_per_node": int | None, "ntasks_per_node": int | None, "cpus_per_task": int,
-    "gpus_per_node": int, "partition": str | None, "qos": str | None, "account": str | None, "setup": list[str],
-    "array_parallelism": int | None, "dependency": str, "preemptible": bool, "requeue": bool, "env": dict[str, Any],
-    "workdir": ExpandedPath | None,
-}.items()})
+ExecutorParameters = create_model(
+    "ExecutorParameters",
+    __base__=StrictModel,
+    **{
+        name: (kind, None)
+        for name, kind in {
+            "name": str,
+            "job_name": str,
+            "timeout_min": Minutes,
+            "time": Minutes,
+            "mem_gb": Annotated[float, Field(gt=0, allow_inf_nan=False)],
+            "mem": MiB | None,
+            "nodes": int,
+            "tasks_per_node": int | None,
+            "ntasks_per_node": int | None,
+            "cpus_per_task": int,
+            "gpus_per_node": int,
+            "partition": str | None,
+            "qos": str | None,
+            "account": str | None,
+            "setup": list[str],
+            "array_parallelism": int | None,
+            "dependency": str,
+            "preemptible": bool,
+            "requeue": bool,
+            "env": dict[str, Any],
+            "workdir": ExpandedPath | None,
+        }.items()
+    },
+)
 
 
 class ExecutorOptions(StrictModel):
@@ -167,8 +198,14 @@ class Executor(SlurmExecutor):
 
     job_class = HpctrainJob
 
-    def __init__(self, site: str | SiteConfig | None = None, ledger: Ledger | None = None,
-                 client: SlurmClient | None = None, python: str | None = None, max_pickle_size_gb: float = 1.0):
+    def __init__(
+        self,
+        site: str | SiteConfig | None = None,
+        ledger: Ledger | None = None,
+        client: SlurmClient | None = None,
+        python: str | None = None,
+        max_pickle_size_gb: float = 1.0,
+    ):
         validate(ExecutorOptions, {"python": python, "max_pickle_size_gb": max_pickle_size_gb}, WHERE)
         self.site = site if isinstance(site, SiteConfig) else load_site(site)
         self.ledger = ledger or Ledger(self.site.ledger.path, mode=self.site.ledger.mode)
@@ -179,8 +216,10 @@ class Executor(SlurmExecutor):
     def _internal_update_parameters(self, **kwargs: Any) -> None:
         for name in kwargs:
             if name not in ExecutorParameters.model_fields:
-                raise ConfigError(f"{WHERE}: {name!r} is not supported by hpctrain's executor (supported: "
-                                  f"{', '.join(sorted(ExecutorParameters.model_fields))})")
+                raise ConfigError(
+                    f"{WHERE}: {name!r} is not supported by hpctrain's executor (supported: "
+                    f"{', '.join(sorted(ExecutorParameters.model_fields))})"
+                )
         validate(ExecutorParameters, kwargs, WHERE)
         generic = {k: kwargs.pop(k) for k in list(kwargs) if k in self._equivalence_dict()}
         kwargs.update(self._convert_parameters(generic))  # timeout_min -> time, mem_gb -> mem ("4GB") ...
@@ -190,8 +229,11 @@ class Executor(SlurmExecutor):
 
     def job_spec(self, count: int) -> JobSpec:
         """The job spec of ``count`` calls (an array when more than one), from the parameters."""
-        data: dict[str, Any] = {"name": "submitit", "resources": {},
-                                "command": [*shlex.split(self.python), "-u", "-m", "hpctrain.runtime.function"]}
+        data: dict[str, Any] = {
+            "name": "submitit",
+            "resources": {},
+            "command": [*shlex.split(self.python), "-u", "-m", "hpctrain.runtime.function"],
+        }
         for name, value in [*self.parameters.items(), *self.hpctrain_parameters.items()]:
             key = SUBMITIT_FIELDS.get(name) or HPCTRAIN_FIELDS[name]
             if name == "time" and isinstance(value, (int, float)):
@@ -211,8 +253,9 @@ class Executor(SlurmExecutor):
             data.setdefault("array", {"count": count})
         return validate(JobSpec, data, WHERE)
 
-    def _internal_process_submissions(self, delayed_submissions: list[submitit_utils.DelayedSubmission]
-                                      ) -> list[HpctrainJob]:
+    def _internal_process_submissions(
+        self, delayed_submissions: list[submitit_utils.DelayedSubmission]
+    ) -> list[HpctrainJob]:
         spec = self.job_spec(len(delayed_submissions))
 
         def write_calls(files: JobPaths) -> None:
@@ -221,8 +264,10 @@ class Executor(SlurmExecutor):
                 path.parent.mkdir(exist_ok=True)
                 delayed.dump(path)
                 if index == 0 and path.stat().st_size * len(delayed_submissions) > self.max_pickle_size_gb * 1024**3:
-                    raise ConfigError(f"{WHERE}: {len(delayed_submissions)} calls of {path.stat().st_size} bytes "
-                                      f"pickled exceed max_pickle_size_gb={self.max_pickle_size_gb}")
+                    raise ConfigError(
+                        f"{WHERE}: {len(delayed_submissions)} calls of {path.stat().st_size} bytes "
+                        f"pickled exceed max_pickle_size_gb={self.max_pickle_size_gb}"
+                    )
 
         sub = Submitter(self.site, self.ledger, self.client).submit(spec, WHERE, on_files=write_calls)
         return self._jobs(sub, spec)

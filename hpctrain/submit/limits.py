@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
 
-CACHED_KEYS = ("MaxArraySize", "MaxJobCount", "MaxStepCount", "MinJobAge", "KillWait", "PreemptMode", "PreemptType", "SlurmctldParameters")
+CACHED_KEYS = (
+    "MaxArraySize",
+    "MaxJobCount",
+    "MaxStepCount",
+    "MinJobAge",
+    "KillWait",
+    "PreemptMode",
+    "PreemptType",
+    "SlurmctldParameters",
+)
 MAX_AGE_S = 24 * 3600
 ASSOC_FIELDS = "account,partition,qos"
 ASSOC_MAX_AGE_S = 3600
@@ -26,26 +36,36 @@ def cached(site: SiteConfig, ledger: Ledger | None, key: str, max_age_s: float, 
     if row and time.time() - row["fetched_at"] < max_age_s:
         return json.loads(row["value_json"])
     value = fetch()
-    ledger.upsert("site_cache", {"site": site.name, "key": key, "value_json": value, "fetched_at": time.time()},
-                  pk=("site", "key"))
+    ledger.upsert(
+        "site_cache",
+        {"site": site.name, "key": key, "value_json": value, "fetched_at": time.time()},
+        pk=("site", "key"),
+    )
     return value
 
 
-def cluster_limits(site: SiteConfig, ledger: Ledger, client: SlurmClient, max_age_s: float = MAX_AGE_S) -> dict[str, str]:
+def cluster_limits(
+    site: SiteConfig, ledger: Ledger, client: SlurmClient, max_age_s: float = MAX_AGE_S
+) -> dict[str, str]:
     """The cached limits, refreshed from one `scontrol show config` call when older than ``max_age_s``."""
+
     def fetch() -> dict[str, str]:
         config = client.config()
         return {k: config[k] for k in CACHED_KEYS if k in config}
+
     return cached(site, ledger, "limits", max_age_s, fetch)
 
 
-def user_associations(site: SiteConfig, ledger: Ledger | None, client: SlurmClient, user: str,
-                      fresh: bool = False) -> list[dict[str, str]]:
+def user_associations(
+    site: SiteConfig, ledger: Ledger | None, client: SlurmClient, user: str, fresh: bool = False
+) -> list[dict[str, str]]:
     """``user``'s associations (account, partition, QOS list), from one `sacctmgr` call, cached for an hour
     unless ``fresh`` (or there is no ledger). Callers ask again with ``fresh`` before refusing anything on
     cached rows, so a new association is never refused for an hour; one that was removed is refused by sbatch."""
+
     def fetch() -> list[dict[str, str]]:
         return client.sacctmgr("assoc", f"user={user}", fields=ASSOC_FIELDS)
+
     return cached(site, ledger, f"assoc:{user}", 0 if fresh else ASSOC_MAX_AGE_S, fetch)
 
 

@@ -52,10 +52,19 @@ def module_file(name: str, cwd: Path) -> Path | None:
             locations = search if spec is None else spec.submodule_search_locations
             if locations is None:  # a module is not a package: it has no submodules
                 return None
-            spec = PathFinder.find_spec(".".join(name.split(".")[:depth + 1]), list(locations))
+            spec = PathFinder.find_spec(".".join(name.split(".")[: depth + 1]), list(locations))
             if spec is None and depth == 0:  # e.g. an editable install's own finder
-                spec = next(filter(None, (f.find_spec(part, None) for f in sys.meta_path
-                                          if f is not PathFinder and hasattr(f, "find_spec"))), None)
+                spec = next(
+                    filter(
+                        None,
+                        (
+                            f.find_spec(part, None)
+                            for f in sys.meta_path
+                            if f is not PathFinder and hasattr(f, "find_spec")
+                        ),
+                    ),
+                    None,
+                )
             if spec is None:
                 return None
         if spec is not None and spec.submodule_search_locations is not None:
@@ -89,8 +98,13 @@ def code_state(path: Path | None) -> dict[str, Any]:
     if top is None:
         return {"entry_point": str(path), "repo": None, "file_sha256": _sha256(path.read_bytes())}
     diff = _git(path.parent, "diff", "HEAD") or ""
-    return {"entry_point": str(path), "repo": top.strip(), "commit": (_git(path.parent, "rev-parse", "HEAD") or "").strip(),
-            "dirty": bool(diff), "diff_sha256": _sha256(diff.encode()) if diff else None}
+    return {
+        "entry_point": str(path),
+        "repo": top.strip(),
+        "commit": (_git(path.parent, "rev-parse", "HEAD") or "").strip(),
+        "dirty": bool(diff),
+        "diff_sha256": _sha256(diff.encode()) if diff else None,
+    }
 
 
 def data_snapshot(spec: JobSpec) -> dict[str, Any] | None:
@@ -133,8 +147,11 @@ def lineage(spec: JobSpec, cwd: Path | None = None, **extra: Any) -> dict[str, A
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """'key.path: old -> new' for every leaf that differs (volatile keys aside)."""
     flat_a, flat_b = flatten(a), flatten(b)
-    return [f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}" for k in sorted(flat_a.keys() | flat_b.keys())
-            if k.split(".")[0] not in VOLATILE and flat_a.get(k) != flat_b.get(k)]
+    return [
+        f"{k}: {flat_a.get(k)!r} -> {flat_b.get(k)!r}"
+        for k in sorted(flat_a.keys() | flat_b.keys())
+        if k.split(".")[0] not in VOLATILE and flat_a.get(k) != flat_b.get(k)
+    ]
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:

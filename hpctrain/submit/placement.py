@@ -61,7 +61,10 @@ def fairshare_standings(client: SlurmClient, user: str) -> dict[str, Standing]:
         if r.get("User") == user and r["Account"] in accounts:
             acct = accounts[r["Account"]]
             standings[r["Account"]] = Standing(
-                r["Account"], _float(r.get("FairShare", "")), _float(acct.get("LevelFS", "")), _float(acct.get("NormShares", ""))
+                r["Account"],
+                _float(r.get("FairShare", "")),
+                _float(acct.get("LevelFS", "")),
+                _float(acct.get("NormShares", "")),
             )
     return standings
 
@@ -71,24 +74,42 @@ def check_resources(spec: JobSpec, site: SiteConfig, partition: str, where: Path
     part, r = site.partitions[partition], spec.resources
     problems = []
     if r.gpus_per_node > part.gpus_per_node:
-        problems.append((("resources", "gpus_per_node"),
-                         f"{r.gpus_per_node} GPUs per node requested, partition {partition!r} has {part.gpus_per_node}"))
+        problems.append(
+            (
+                ("resources", "gpus_per_node"),
+                f"{r.gpus_per_node} GPUs per node requested, partition {partition!r} has {part.gpus_per_node}",
+            )
+        )
     cpus = r.cpus_per_task * r.ntasks_per_node
     if cpus > part.cpus_per_node:
-        problems.append((("resources", "cpus_per_task"),
-                         f"{r.ntasks_per_node} tasks x {r.cpus_per_task} CPUs = {cpus} per node requested, "
-                         f"partition {partition!r} has {part.cpus_per_node}"))
+        problems.append(
+            (
+                ("resources", "cpus_per_task"),
+                f"{r.ntasks_per_node} tasks x {r.cpus_per_task} CPUs = {cpus} per node requested, "
+                f"partition {partition!r} has {part.cpus_per_node}",
+            )
+        )
     if r.mem is not None and r.mem > part.mem_per_node:
-        problems.append((("resources", "mem"),
-                         f"{r.mem}M per node requested, partition {partition!r} has {part.mem_per_node}M"))
+        problems.append(
+            (("resources", "mem"), f"{r.mem}M per node requested, partition {partition!r} has {part.mem_per_node}M")
+        )
     if part.nodes is not None and r.allocated_nodes > part.nodes:
         spares = f" ({r.nodes} and {r.spare_nodes} spare)" if r.spare_nodes else ""
-        problems.append((("resources", "nodes"),
-                         f"{r.allocated_nodes} nodes requested{spares}, partition {partition!r} has {part.nodes}"))
+        problems.append(
+            (
+                ("resources", "nodes"),
+                f"{r.allocated_nodes} nodes requested{spares}, partition {partition!r} has {part.nodes}",
+            )
+        )
     time = r.time or site.defaults.time
     if part.max_time is not None and time > part.max_time:
-        problems.append((("resources", "time"), f"{format_slurm_time(time)} requested, partition {partition!r} "
-                                                f"allows {format_slurm_time(part.max_time)}"))
+        problems.append(
+            (
+                ("resources", "time"),
+                f"{format_slurm_time(time)} requested, partition {partition!r} "
+                f"allows {format_slurm_time(part.max_time)}",
+            )
+        )
     if problems:
         raise ConfigError(format_problems(where, problems))
 
@@ -103,8 +124,9 @@ def _allowed_accounts(rows: list[dict[str, str]], partition: str, qos: str) -> d
     return allowed
 
 
-def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user: str, where: Path | str,
-                     ledger: Ledger | None = None) -> Placement:
+def choose_placement(
+    spec: JobSpec, site: SiteConfig, client: SlurmClient, user: str, where: Path | str, ledger: Ledger | None = None
+) -> Placement:
     """Pick and validate partition, QOS and account; account "auto" goes to the best fairshare standing.
     With a ledger, the user's associations come from its cache (read again before refusing)."""
     r, d = spec.resources, site.defaults
@@ -114,20 +136,26 @@ def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user:
 
     partition = r.partition or d.partition
     if partition not in site.partitions:
-        raise refuse(("resources", "partition"), f"partition {partition!r} is not in site {site.name!r} "
-                                                 f"(has: {', '.join(sorted(site.partitions))})")
+        raise refuse(
+            ("resources", "partition"),
+            f"partition {partition!r} is not in site {site.name!r} (has: {', '.join(sorted(site.partitions))})",
+        )
     check_resources(spec, site, partition, where)
 
     if r.qos:
         qos = r.qos
     elif r.preemptible:
         if d.preemptible_qos is None:
-            raise refuse(("resources", "preemptible"), f"site {site.name!r} has no preemptible QOS (defaults.preemptible_qos)")
+            raise refuse(
+                ("resources", "preemptible"), f"site {site.name!r} has no preemptible QOS (defaults.preemptible_qos)"
+            )
         qos = d.preemptible_qos
     else:
         qos = d.qos
     if qos not in site.qos:
-        raise refuse(("resources", "qos"), f"QOS {qos!r} is not in site {site.name!r} (has: {', '.join(sorted(site.qos))})")
+        raise refuse(
+            ("resources", "qos"), f"QOS {qos!r} is not in site {site.name!r} (has: {', '.join(sorted(site.qos))})"
+        )
 
     def limits_verdicts(accounts: list[str]) -> dict[str, tuple[list[str], list[str]]]:
         """Per account: (why the job can never start there, what it will wait for). Limits that block it are
@@ -143,38 +171,56 @@ def choose_placement(spec: JobSpec, site: SiteConfig, client: SlurmClient, user:
                 break
         return verdicts
 
-    needs = JobNeeds(r.allocated_gpus, (r.time or d.time) / 60,
-                     len(spec.array.parameter_sets()) if spec.array else 1)
+    needs = JobNeeds(r.allocated_gpus, (r.time or d.time) / 60, len(spec.array.parameter_sets()) if spec.array else 1)
     account = r.account or d.account
     allowed = _allowed_accounts(user_associations(site, ledger, client, user), partition, qos)
     if ledger is not None and not (allowed.get(account) if account != "auto" else any(allowed.values())):
         allowed = _allowed_accounts(user_associations(site, ledger, client, user, fresh=True), partition, qos)
     if account != "auto":
         if account not in allowed:
-            raise refuse(("resources", "account"), f"user {user!r} has no association with account {account!r} "
-                                                   f"(has: {', '.join(sorted(allowed)) or 'none'})")
+            raise refuse(
+                ("resources", "account"),
+                f"user {user!r} has no association with account {account!r} "
+                f"(has: {', '.join(sorted(allowed)) or 'none'})",
+            )
         if not allowed[account]:
-            raise refuse(("resources", "qos"), f"QOS {qos!r} on partition {partition!r} is not allowed for account {account!r}")
+            raise refuse(
+                ("resources", "qos"), f"QOS {qos!r} on partition {partition!r} is not allowed for account {account!r}"
+            )
         never, waits = limits_verdicts([account]).get(account, ([], []))
         if never:
             raise refuse(("resources", "account"), f"the job can never start as {account!r}: {'; '.join(never)}")
-        return Placement(partition, qos, account, f"account {account!r} named by the {'spec' if r.account else 'site'}",
-                         tuple(waits))
+        return Placement(
+            partition, qos, account, f"account {account!r} named by the {'spec' if r.account else 'site'}", tuple(waits)
+        )
 
     candidates = sorted(a for a, ok in allowed.items() if ok and a in site.accounts)
     if not candidates:
-        raise refuse(("resources", "account"), f"no account of user {user!r} in site {site.name!r} allows QOS {qos!r} "
-                                               f"on partition {partition!r}")
+        raise refuse(
+            ("resources", "account"),
+            f"no account of user {user!r} in site {site.name!r} allows QOS {qos!r} on partition {partition!r}",
+        )
     verdicts = limits_verdicts(candidates)
     blocked = {a: verdicts[a][0] for a in candidates if a in verdicts and verdicts[a][0]}
     if len(blocked) == len(candidates):
-        raise refuse(("resources", "account"), "the job can never start in any account: "
-                     + "; ".join(f"{a}: {', '.join(why)}" for a, why in blocked.items()))
+        raise refuse(
+            ("resources", "account"),
+            "the job can never start in any account: "
+            + "; ".join(f"{a}: {', '.join(why)}" for a, why in blocked.items()),
+        )
     standings = fairshare_standings(client, user)
-    ranked = sorted((standings.get(a, Standing(a, 0.0, 0.0, 0.0)) for a in candidates if a not in blocked),
-                    key=Standing.key, reverse=True)
+    ranked = sorted(
+        (standings.get(a, Standing(a, 0.0, 0.0, 0.0)) for a in candidates if a not in blocked),
+        key=Standing.key,
+        reverse=True,
+    )
     best = ranked[0]
     others = "; ".join(s.describe() for s in ranked[1:]) or "no other candidate"
     left_out = "".join(f"; left out {a}: {', '.join(why)}" for a, why in blocked.items())
-    return Placement(partition, qos, best.account, f"auto: best fairshare {best.describe()} over {others}{left_out}",
-                     tuple(verdicts.get(best.account, ([], []))[1]))
+    return Placement(
+        partition,
+        qos,
+        best.account,
+        f"auto: best fairshare {best.describe()} over {others}{left_out}",
+        tuple(verdicts.get(best.account, ([], []))[1]),
+    )

@@ -43,11 +43,14 @@ QOS_USER_LIMITS = {  # sacctmgr's field -> (assoc_mgr's per-user name, what, how
 }
 
 
-def qos_user_limits(site: SiteConfig, ledger: Ledger | None, client: SlurmClient,
-                    fresh: bool = False) -> list[dict[str, str]]:
+def qos_user_limits(
+    site: SiteConfig, ledger: Ledger | None, client: SlurmClient, fresh: bool = False
+) -> list[dict[str, str]]:
     """Every QOS's per-user limits (one `sacctmgr show qos`), cached for an hour unless ``fresh``."""
+
     def fetch() -> list[dict[str, str]]:
         return client.sacctmgr("qos", fields=QOS_FIELDS)
+
     return cached(site, ledger, "qos-limits", 0 if fresh else QOS_MAX_AGE_S, fetch)
 
 
@@ -59,8 +62,14 @@ def _tres(text: str, name: str) -> float | None:
     return None
 
 
-def user_limits(site: SiteConfig, client: SlurmClient, user: str, ledger: Ledger | None = None,
-                fresh: bool = False, accounts: list[str] | None = None) -> list[Limit]:
+def user_limits(
+    site: SiteConfig,
+    client: SlurmClient,
+    user: str,
+    ledger: Ledger | None = None,
+    fresh: bool = False,
+    accounts: list[str] | None = None,
+) -> list[Limit]:
     """Every limit set on ``user``'s associations (or those of ``accounts``) and the QOS they allow."""
     assocs = user_associations(site, ledger, client, user, fresh)
     mine = sorted({a["account"] for a in assocs if accounts is None or a["account"] in accounts})
@@ -76,8 +85,10 @@ def user_limits(site: SiteConfig, client: SlurmClient, user: str, ledger: Ledger
 
     def below(account: str) -> tuple[str, ...]:
         """The user's accounts at or below ``account``."""
+
         def chain(a: str) -> list[str]:
             return [a, *chain(parent[a])] if parent.get(a) else [a]
+
         return tuple(a for a in mine if account in chain(a))
 
     limits: list[Limit] = []
@@ -110,7 +121,9 @@ def user_limits(site: SiteConfig, client: SlurmClient, user: str, ledger: Ledger
             value = _tres(text, GPU) if field == "maxtrespu" else (float(text) if text else None)
             if value is not None:
                 used = usage.get(name)
-                limits.append(Limit(f"QOS {rec.name} per user", what, name, value, (used.used if used else 0) or 0.0, how))
+                limits.append(
+                    Limit(f"QOS {rec.name} per user", what, name, value, (used.used if used else 0) or 0.0, how)
+                )
     return limits
 
 
@@ -131,21 +144,31 @@ def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tup
     for lim in limits:
         if not lim.applies(account, qos):
             continue
-        asked = {"minutes": needs.minutes, "GPUs": needs.gpus, "GPU-minutes": needs.gpus * needs.minutes,
-                 "jobs": needs.jobs if lim.how == "submitted" else 1}[lim.unit]
+        asked = {
+            "minutes": needs.minutes,
+            "GPUs": needs.gpus,
+            "GPU-minutes": needs.gpus * needs.minutes,
+            "jobs": needs.jobs if lim.how == "submitted" else 1,
+        }[lim.unit]
         if not asked:
             continue
         if lim.how == "spent":
             if lim.used >= lim.limit or asked > lim.limit:
-                never.append(f"{lim.scope}'s {lim.what} budget: {number(round(lim.used))} of {number(lim.limit)} spent, "
-                             f"the job may use {number(round(asked))}")
+                never.append(
+                    f"{lim.scope}'s {lim.what} budget: {number(round(lim.used))} of {number(lim.limit)} spent, "
+                    f"the job may use {number(round(asked))}"
+                )
             elif asked > lim.left:
-                waits.append(f"{lim.scope}'s {lim.what} budget has {number(round(lim.left))} left and the job may use "
-                             f"{number(round(asked))}: it is stopped if the budget runs out")
+                waits.append(
+                    f"{lim.scope}'s {lim.what} budget has {number(round(lim.left))} left and the job may use "
+                    f"{number(round(asked))}: it is stopped if the budget runs out"
+                )
         elif lim.how == "submitted":
             if lim.used + asked > lim.limit:
-                never.append(f"{lim.scope}'s {lim.what} cap: {number(lim.used)} of {number(lim.limit)} submitted, "
-                             f"{number(asked)} more asked")
+                never.append(
+                    f"{lim.scope}'s {lim.what} cap: {number(lim.used)} of {number(lim.limit)} submitted, "
+                    f"{number(asked)} more asked"
+                )
         elif asked > lim.limit:
             never.append(f"{lim.scope} allows {number(lim.limit)} {lim.what}; the job asks {number(asked)} {lim.unit}")
         elif lim.how == "running" and lim.used + asked > lim.limit:
@@ -163,6 +186,11 @@ def parallel_cap(limits: list[Limit], account: str, qos: str, gpus: int) -> tupl
         if lim.unit == "jobs":
             caps.append((int(lim.limit), f"{lim.scope}'s {lim.what} cap ({number(lim.limit)})"))
         elif gpus:
-            caps.append((int(lim.limit // gpus), f"{lim.scope}'s {lim.what} cap ({number(lim.limit)}) "
-                                                 f"holds {int(lim.limit // gpus)} jobs of {gpus} GPUs"))
+            caps.append(
+                (
+                    int(lim.limit // gpus),
+                    f"{lim.scope}'s {lim.what} cap ({number(lim.limit)}) "
+                    f"holds {int(lim.limit // gpus)} jobs of {gpus} GPUs",
+                )
+            )
     return min(caps, default=None)

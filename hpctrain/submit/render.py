@@ -35,7 +35,9 @@ def sbatch_option(option: str) -> str:
     """'--name=value', refused unless the value needs no quoting."""
     name, _, value = option.partition("=")
     if value and not _SBATCH_SAFE.match(value):
-        raise ConfigError(f"#SBATCH {name}: {value!r} cannot go on an #SBATCH line (letters, digits and _@%:,./+=-[] only)")
+        raise ConfigError(
+            f"#SBATCH {name}: {value!r} cannot go on an #SBATCH line (letters, digits and _@%:,./+=-[] only)"
+        )
     return option
 
 
@@ -54,8 +56,15 @@ def submission_tag(files: JobPaths, job_id: str) -> str:
     return f"hpctrain:{files.job_dir.name}:{job_id}"
 
 
-def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobPaths,
-               chunk: ArrayChunk | None, after: list[str], job_id: str) -> list[str]:
+def directives(
+    spec: JobSpec,
+    site: SiteConfig,
+    placement: Placement,
+    files: JobPaths,
+    chunk: ArrayChunk | None,
+    after: list[str],
+    job_id: str,
+) -> list[str]:
     """The #SBATCH options, each validated to be a single safe token."""
     r = spec.resources
     opts = [
@@ -87,8 +96,9 @@ def directives(spec: JobSpec, site: SiteConfig, placement: Placement, files: Job
     return [sbatch_option(o) for o in opts if o]
 
 
-def exports(spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths,
-            chunk: ArrayChunk | None) -> list[tuple[str, str]]:
+def exports(
+    spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths, chunk: ArrayChunk | None
+) -> list[tuple[str, str]]:
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
     pairs = [
         (contract.JOB_ID_ENV, job_id),
@@ -116,7 +126,7 @@ def header_directives(script: str) -> list[str]:
     found = []
     for line in script.splitlines()[1:]:
         if line.startswith("#SBATCH"):
-            found.append(line[len("#SBATCH"):].strip())
+            found.append(line[len("#SBATCH") :].strip())
         elif line.strip() and not line.startswith("#"):
             break
     return found
@@ -125,8 +135,12 @@ def header_directives(script: str) -> list[str]:
 def template_environment(site: SiteConfig) -> jinja2.Environment:
     dirs = ([str(site.templates_dir)] if site.templates_dir else []) + [str(TEMPLATE_DIR)]
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(dirs), undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True, autoescape=False,
+        loader=jinja2.FileSystemLoader(dirs),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
     )
 
 
@@ -144,8 +158,15 @@ def launch_options(spec: JobSpec, wrap: Wrap | None) -> str:
     return shlex.join(opts) + " " if opts else ""
 
 
-def render_script(spec: JobSpec, site: SiteConfig, placement: Placement, files: JobPaths, job_id: str,
-                  chunk: ArrayChunk | None = None, after: list[str] | None = None) -> str:
+def render_script(
+    spec: JobSpec,
+    site: SiteConfig,
+    placement: Placement,
+    files: JobPaths,
+    job_id: str,
+    chunk: ArrayChunk | None = None,
+    after: list[str] | None = None,
+) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)
     python = Path(site.launch.python or sys.executable)

@@ -7,9 +7,10 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hpctrain import secret_file
 from hpctrain.config.job import JobSpec
@@ -26,7 +27,6 @@ from hpctrain.submit.limits import max_array_size
 from hpctrain.submit.lineage import lineage as build_lineage
 from hpctrain.submit.placement import Placement, choose_placement
 from hpctrain.submit.render import render_script, submission_tag
-
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
 OnFiles = Callable[[JobPaths], None]
@@ -75,15 +75,25 @@ def params_lines(spec: JobSpec, where: Path | str) -> list[str]:
         size = len(f"{PARAMS_ENV}={line}".encode()) + 1
         if size > MAX_ARG_STRLEN:
             loc = ("array", "params", index) if spec.array.params else ("array", "grid")
-            raise ConfigError(format_problems(where, [(loc, (
-                f"parameter set {index} is {size} bytes as ${PARAMS_ENV} (its JSON, the name and a NUL), more than "
-                f"the {MAX_ARG_STRLEN} one environment entry may hold (Linux's MAX_ARG_STRLEN)"))]))
+            raise ConfigError(
+                format_problems(
+                    where,
+                    [
+                        (
+                            loc,
+                            (
+                                f"parameter set {index} is {size} bytes as ${PARAMS_ENV} (its JSON, the name and a NUL), more than "
+                                f"the {MAX_ARG_STRLEN} one environment entry may hold (Linux's MAX_ARG_STRLEN)"
+                            ),
+                        )
+                    ],
+                )
+            )
     return lines
 
 
 class Submitter:
-    def __init__(self, site: SiteConfig, ledger: Ledger, client: SlurmClient | None = None,
-                 user: str | None = None):
+    def __init__(self, site: SiteConfig, ledger: Ledger, client: SlurmClient | None = None, user: str | None = None):
         self.site = site
         self.ledger = ledger
         self.client = client or SlurmClient.for_site(site)
@@ -102,9 +112,16 @@ class Submitter:
         limit = max_array_size(self.site, self.ledger, self.client)
         return list(plan_chunks(len(params), limit, spec.array.throttle))
 
-    def submit(self, spec: JobSpec, where: Path | str, dry_run: bool = False, sweep_id: str | None = None,
-               lineage: dict[str, Any] | None = None, on_record: OnRecord | None = None,
-               on_files: OnFiles | None = None) -> Submission:
+    def submit(
+        self,
+        spec: JobSpec,
+        where: Path | str,
+        dry_run: bool = False,
+        sweep_id: str | None = None,
+        lineage: dict[str, Any] | None = None,
+        on_record: OnRecord | None = None,
+        on_files: OnFiles | None = None,
+    ) -> Submission:
         """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
@@ -141,10 +158,15 @@ class Submitter:
                 path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
                 secret_file.write(files.job_dir, job_id, secret_values)
-                self.ledger.update("jobs", job_id, {
-                    "script_path": str(path), "job_dir": str(files.job_dir),
-                    "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
-                })
+                self.ledger.update(
+                    "jobs",
+                    job_id,
+                    {
+                        "script_path": str(path),
+                        "job_dir": str(files.job_dir),
+                        "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
+                    },
+                )
                 previous = [self._sbatch(job_id, script, spec.secret_names(), submission_tag(files, str(job_id)))]
             except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
                 message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
@@ -186,26 +208,62 @@ class Submitter:
         slurm_ids = []
         for n, job_id in enumerate(dep.after_jobs):
             row = self.ledger.jobs.get(job_id)
-            ids = [r["slurm_job_id"] for r in self.ledger.jobs.in_group(row["group_id"]) if r["slurm_job_id"]] if row else []
+            ids = (
+                [r["slurm_job_id"] for r in self.ledger.jobs.in_group(row["group_id"]) if r["slurm_job_id"]]
+                if row
+                else []
+            )
             if not ids:
                 why = "is not in the ledger" if row is None else f"was never submitted ({row['state']})"
-                raise ConfigError(format_problems(where, [(("dependency", "after_jobs", n), f"ledger job {job_id} {why}")]))
+                raise ConfigError(
+                    format_problems(where, [(("dependency", "after_jobs", n), f"ledger job {job_id} {why}")])
+                )
             slurm_ids += ids
         return spec.model_copy(update={"dependency": dep.model_copy(update={"after": [*dep.after, *slurm_ids]})})
 
-    def _record_job(self, spec: JobSpec, placement: Placement, chunk: ArrayChunk | None, params: list[str],
-                    group_id: int | None, sweep_id: str | None, lineage: dict[str, Any] | None,
-                    on_record: OnRecord | None) -> int:
+    def _record_job(
+        self,
+        spec: JobSpec,
+        placement: Placement,
+        chunk: ArrayChunk | None,
+        params: list[str],
+        group_id: int | None,
+        sweep_id: str | None,
+        lineage: dict[str, Any] | None,
+        on_record: OnRecord | None,
+    ) -> int:
         with self.ledger.transaction():
-            job_id = self.ledger.jobs.record({
-                "name": spec.name, "site": self.site.name, "user": self.user, "account": placement.account,
-                "partition": placement.partition, "qos": placement.qos, "is_array": int(chunk is not None),
-                "spec_json": spec.redacted(), "choice_reason": placement.reason, "sweep_id": sweep_id,
-                "lineage_json": lineage, "group_id": group_id, "param_offset": chunk.offset if chunk else None,
-            }, tasks=({"task_index": t, "param_index": chunk.offset + t, "params_json": params[chunk.offset + t]}
-                      for t in range(chunk.count)) if chunk else ())
-            self.ledger.event("placement", placement.reason, job_id=job_id, account=placement.account,
-                              partition=placement.partition, qos=placement.qos)
+            job_id = self.ledger.jobs.record(
+                {
+                    "name": spec.name,
+                    "site": self.site.name,
+                    "user": self.user,
+                    "account": placement.account,
+                    "partition": placement.partition,
+                    "qos": placement.qos,
+                    "is_array": int(chunk is not None),
+                    "spec_json": spec.redacted(),
+                    "choice_reason": placement.reason,
+                    "sweep_id": sweep_id,
+                    "lineage_json": lineage,
+                    "group_id": group_id,
+                    "param_offset": chunk.offset if chunk else None,
+                },
+                tasks=(
+                    {"task_index": t, "param_index": chunk.offset + t, "params_json": params[chunk.offset + t]}
+                    for t in range(chunk.count)
+                )
+                if chunk
+                else (),
+            )
+            self.ledger.event(
+                "placement",
+                placement.reason,
+                job_id=job_id,
+                account=placement.account,
+                partition=placement.partition,
+                qos=placement.qos,
+            )
             if on_record is not None:
                 on_record(job_id, chunk)
         return job_id

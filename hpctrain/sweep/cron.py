@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from hpctrain.contract import LOGIN_ENV
 from hpctrain.slurm import CONF_ENV
@@ -23,6 +23,8 @@ def crontab_line(every_minutes: int, workdir: Path, log: Path, site: str | None,
     log = log.expanduser().absolute()
     env = [f"{name}={q(environ[name])}" for name in CARRIED if environ.get(name)]
     tick = shlex.join([sys.executable, "-m", "hpctrain", "sweep", "tick", *(["--site", site] if site else [])])
-    command = (f"mkdir -p {q(str(log.parent))} && cd {q(str(workdir))} && {{ echo \"== $(date -Is) sweep tick\"; "
-               f"{' '.join([*env, tick])}; echo \"== exit $?\"; }} >>{q(str(log))} 2>&1")
+    command = (
+        f'mkdir -p {q(str(log.parent))} && cd {q(str(workdir))} && {{ echo "== $(date -Is) sweep tick"; '
+        f'{" ".join([*env, tick])}; echo "== exit $?"; }} >>{q(str(log))} 2>&1'
+    )
     return f"*/{every_minutes} * * * * " + command.replace("%", "\\%")  # cron reads a bare % as a newline

@@ -9,8 +9,9 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpctrain.sweep.spec import Param, SweepSpec
 
@@ -148,7 +149,10 @@ def _frozen_trials(history: Iterable[TrialRecord], dists: dict[str, BaseDistribu
             kw = {"state": TrialState.COMPLETE, "value": t.value}
         elif t.state == "pruned":
             last = max(t.intermediate, default=None)
-            kw = {"state": TrialState.PRUNED, "intermediate_values": {} if last is None else {last: t.intermediate[last]}}
+            kw = {
+                "state": TrialState.PRUNED,
+                "intermediate_values": {} if last is None else {last: t.intermediate[last]},
+            }
         elif t.state in ("pending", "running"):
             kw = {"state": TrialState.RUNNING}
         else:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Iterator, Literal, Sequence
+from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
@@ -141,7 +142,7 @@ class SweepSpec(StrictModel):
     early_stopping: EarlyStopping | None = None
 
     @model_validator(mode="after")
-    def _defaults(self) -> "SweepSpec":
+    def _defaults(self) -> SweepSpec:
         if self.early_stopping is not None and self.early_stopping.metric is None:
             self.early_stopping.metric = self.metric
         if self.method == "grid" and self.max_trials is None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import defaultdict
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from hpctrain.sweep.methods import TrialRecord
 from hpctrain.sweep.spec import EarlyStopping, SweepSpec
@@ -110,8 +110,10 @@ class _Judge:
         best = min(self._scores(trial).values())
         if best <= median:
             return None
-        return (f"median stopping: best {self.es.metric} {self.sign * best:.4g} by step {step} is worse than "
-                f"the median {self.sign * median:.4g} of {len(values) - 1} other trials at that step")
+        return (
+            f"median stopping: best {self.es.metric} {self.sign * best:.4g} by step {step} is worse than "
+            f"the median {self.sign * median:.4g} of {len(values) - 1} other trials at that step"
+        )
 
     def _halving(self, trial: TrialRecord) -> str | None:
         scores = self._rung_scores(trial)
@@ -125,8 +127,10 @@ class _Judge:
         rank = bisect.bisect_left(values, own)  # trials strictly better
         if rank < keep:
             return None
-        return (f"successive halving: best {self.es.metric} {self.sign * own:.4g} by rung step {rung} ranks "
-                f"{rank + 1} of {len(values)} trials there; only the top {keep} continue")
+        return (
+            f"successive halving: best {self.es.metric} {self.sign * own:.4g} by rung step {rung} ranks "
+            f"{rank + 1} of {len(values)} trials there; only the top {keep} continue"
+        )
 
 
 def _median_without(values: list[float], own: float) -> float:

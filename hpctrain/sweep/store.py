@@ -43,8 +43,10 @@ def register(ledger: Ledger, spec: SweepSpec, source: Path) -> tuple[Sweep, bool
         existing = ledger.sweeps.get(spec.name)
         if existing is not None:
             if existing["spec_json"] != spec_json:
-                raise HpctrainError(f"sweep {spec.name!r} already exists with a different spec "
-                                    f"(rename it, or `hpctrain sweep status {spec.name}`)")
+                raise HpctrainError(
+                    f"sweep {spec.name!r} already exists with a different spec "
+                    f"(rename it, or `hpctrain sweep status {spec.name}`)"
+                )
             return load(ledger, spec.name), False
         ledger.sweeps.create(spec.name, spec.method, spec_json)
     return load(ledger, spec.name), True
@@ -101,8 +103,16 @@ def intermediate(ledger: Ledger, sweep: Sweep, numbers: list[int], metric: str) 
 
 def records(rows: list[dict[str, Any]], curves: dict[int, dict[int, float]]) -> list[TrialRecord]:
     """Trial rows as the search methods see them ("new" trials are pending to them)."""
-    return [TrialRecord(r["number"], json.loads(r["params_json"]), "pending" if r["state"] == "new" else r["state"],
-                        r["value"], curves.get(r["number"], {})) for r in rows]
+    return [
+        TrialRecord(
+            r["number"],
+            json.loads(r["params_json"]),
+            "pending" if r["state"] == "new" else r["state"],
+            r["value"],
+            curves.get(r["number"], {}),
+        )
+        for r in rows
+    ]
 
 
 def trial_table(ledger: Ledger, sweep: Sweep) -> list[dict[str, Any]]:
@@ -125,5 +135,7 @@ def no_best(rows: list[dict[str, Any]], metric: str) -> str:
     completed = sum(r["state"] == "completed" for r in rows)
     if not completed:
         return "no completed trial yet"
-    return (f"no completed trial reported the sweep's metric {metric!r} ({completed} completed; a trial reports it "
-            f"with hpctrain.runtime.log_metrics)")
+    return (
+        f"no completed trial reported the sweep's metric {metric!r} ({completed} completed; a trial reports it "
+        f"with hpctrain.runtime.log_metrics)"
+    )

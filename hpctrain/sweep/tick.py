@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import getpass
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
@@ -58,8 +58,13 @@ def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         lock.release()
 
 
-def tick_all(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_ids: list[str] | None = None,
-             on_warning: Callable[[str], None] = lambda _: None) -> list[TickResult]:
+def tick_all(
+    ledger: Ledger,
+    client: SlurmClient,
+    site: SiteConfig,
+    sweep_ids: list[str] | None = None,
+    on_warning: Callable[[str], None] = lambda _: None,
+) -> list[TickResult]:
     """Tick the given sweeps (default: every active one) after one controller check and one sacct call."""
     client.ping()  # the controller down: fail here, before anything is written
     refreshed = reconcile(ledger, client, site.name)
@@ -149,8 +154,11 @@ def _early_stop(ledger: Ledger, client: SlurmClient, sweep: store.Sweep, rows: l
 
 def _retry_failed(ledger: Ledger, sweep: store.Sweep, rows: list[dict]) -> list[int]:
     """Failed trials with retries left become new again (same parameters, same number)."""
-    again = [r for r in rows if r["state"] == "failed" and r["failures"] < sweep.spec.max_failures
-             and r["job_id"] is not None]
+    again = [
+        r
+        for r in rows
+        if r["state"] == "failed" and r["failures"] < sweep.spec.max_failures and r["job_id"] is not None
+    ]
     ledger.sweeps.unlink(sweep.id, [r["number"] for r in again], failed=True)
     for r in again:
         r["state"] = "new"
@@ -160,7 +168,7 @@ def _retry_failed(ledger: Ledger, sweep: store.Sweep, rows: list[dict]) -> list[
 def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep, room: int) -> list[int]:
     """The first ``room`` new trials in one submission (arrays, split past MaxArraySize), each trial linked to
     its task in the transaction that records the task's job; the rest stay new for a later tick."""
-    new = ledger.sweeps.new_trials(sweep.id)[:max(room, 0)]
+    new = ledger.sweeps.new_trials(sweep.id)[: max(room, 0)]
     if not new:
         return []
     numbers = [r["number"] for r in new]

@@ -40,8 +40,17 @@ def step_printer(tokens_per_step: int):
 
     def hook(engine, result) -> None:
         if engine.global_rank == 0:
-            print(json.dumps({"step": result.step, "loss": result.loss, "step_time_s": result.step_time_s,
-                              "tokens_per_s": tokens_per_step / result.step_time_s}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "step": result.step,
+                        "loss": result.loss,
+                        "step_time_s": result.step_time_s,
+                        "tokens_per_s": tokens_per_step / result.step_time_s,
+                    }
+                ),
+                flush=True,
+            )
 
     return hook
 
@@ -53,8 +62,13 @@ def metrics_journal(tokens_per_step: int, loader: Any):
     def hook(engine, result) -> None:
         if journal is None or engine.global_rank != 0:
             return
-        values = {"loss": result.loss, "lr": engine.get_lr()[0], "step_time_s": result.step_time_s,
-                  "tokens_per_s": tokens_per_step / result.step_time_s, **gpu_metrics()}
+        values = {
+            "loss": result.loss,
+            "lr": engine.get_lr()[0],
+            "step_time_s": result.step_time_s,
+            "tokens_per_s": tokens_per_step / result.step_time_s,
+            **gpu_metrics(),
+        }
         if loader is not None:
             values.update(loader.stats.metrics())
         journal.write("metrics", step=result.step, values=values)
@@ -135,15 +149,20 @@ def main(argv: list[str] | None = None) -> int:
         if spec.data.index is not None:
             from hpctrain.data import ShardLoader
 
-            loader = ShardLoader(spec.data.index, batch_size=spec.parallel.micro_batch, dp_rank=dp_rank,
-                                 dp_size=dp_size, workers=spec.data.workers, seed=spec.seed,
-                                 shuffle_buffer=spec.data.shuffle_buffer,
-                                 max_quarantined_fraction=spec.data.max_quarantined_fraction)
+            loader = ShardLoader(
+                spec.data.index,
+                batch_size=spec.parallel.micro_batch,
+                dp_rank=dp_rank,
+                dp_size=dp_size,
+                workers=spec.data.workers,
+                seed=spec.seed,
+                shuffle_buffer=spec.data.shuffle_buffer,
+                max_quarantined_fraction=spec.data.max_quarantined_fraction,
+            )
         checkpoints = None
         if spec.checkpoint.dir is not None:
-            from hpctrain.train.checkpointing import TrainCheckpoints
-
             from hpctrain.checkpoint.naming import task_dir
+            from hpctrain.train.checkpointing import TrainCheckpoints
 
             task = JobEnvironment().task_index
             checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader)
@@ -162,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         batches = micro_batches(model, spec.parallel, spec.seed, dp_rank, start_step=start)
     tokens = spec.parallel.samples_per_step * model.seq_len
     compute = ComputeTimer(engine.module, stage=engine.grid.get_stage_id())
-    hooks = [step_printer(tokens), metrics_journal(tokens, loader), compute] + ([checkpoints.hook] if checkpoints else [])
+    hooks = [step_printer(tokens), metrics_journal(tokens, loader), compute] + (
+        [checkpoints.hook] if checkpoints else []
+    )
     tier = checkpoints.tier if checkpoints else None
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start} from the {tier} tier", file=sys.stderr)
@@ -198,9 +219,14 @@ def journal_startup(engine: Any, start: int, tier: str | None, times: dict[str, 
     the checkpoint tier it resumed from (memory, file system)."""
     journal = Journal.from_env()
     if journal is not None and engine.global_rank == 0:
-        journal.write("startup", resumed_from=start, tier=tier, times=times,
-                      message=f"engine {times['engine'] - times['main']:.2f}s, load {times['loaded'] - times['engine']:.2f}s, "
-                              f"first step {times['first_step'] - times['loaded']:.2f}s")
+        journal.write(
+            "startup",
+            resumed_from=start,
+            tier=tier,
+            times=times,
+            message=f"engine {times['engine'] - times['main']:.2f}s, load {times['loaded'] - times['engine']:.2f}s, "
+            f"first step {times['first_step'] - times['loaded']:.2f}s",
+        )
 
 
 def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> None:
@@ -214,10 +240,17 @@ def stop_and_requeue(engine: Any, guard: Any, checkpoints: Any, result: Any) -> 
     if engine.global_rank != 0:
         return
     message = f"{guard.cause()} at step {result.step} (signal {guard.signal}): checkpointed, " + (
-        "requeueing" if requeues(guard) else "exiting")
+        "requeueing" if requeues(guard) else "exiting"
+    )
     print(f"hpctrain.train: {message}", file=sys.stderr, flush=True)
-    requeue_after_stop(guard, message, step=result.step, checkpointed=bool(checkpoints), stopped_at=stopped_at,
-                       checkpoint_s=checkpoint_s)
+    requeue_after_stop(
+        guard,
+        message,
+        step=result.step,
+        checkpointed=bool(checkpoints),
+        stopped_at=stopped_at,
+        checkpoint_s=checkpoint_s,
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,14 @@ class TrainCheckpoints:
         self.spec, self.engine, self.loader = spec, engine, loader
         self.site = site = site_checkpoints()
         layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
-        self.ck = Checkpointer(directory, rank=engine.global_rank, world_size=engine.world_size, layout=layout,
-                               retention=Retention(keep_last=spec.checkpoint.keep_last), mode=site.mode)
+        self.ck = Checkpointer(
+            directory,
+            rank=engine.global_rank,
+            world_size=engine.world_size,
+            layout=layout,
+            retention=Retention(keep_last=spec.checkpoint.keep_last),
+            mode=site.mode,
+        )
         self.memory: Checkpointer | None = None
         if spec.checkpoint.memory_every_steps:
             env = JobEnvironment()
@@ -55,10 +61,16 @@ class TrainCheckpoints:
             if local == 0:
                 remove_earlier_runs(site.memory_dir, env)
             dist.barrier()  # no rank writes its node's directory before that
-            self.memory = Checkpointer(task_dir(memory_dir(site.memory_dir, env), env.task_index), rank=local,
-                                       world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), layout=layout,
-                                       writes_replicated=True, retention=Retention(keep_last=MEMORY_KEEP_LAST),
-                                       journal=None, mode=site.mode)
+            self.memory = Checkpointer(
+                task_dir(memory_dir(site.memory_dir, env), env.task_index),
+                rank=local,
+                world_size=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                layout=layout,
+                writes_replicated=True,
+                retention=Retention(keep_last=MEMORY_KEEP_LAST),
+                journal=None,
+                mode=site.mode,
+            )
         self.last_step: int | None = None
         self.tier: str | None = None  # the one resumed from
 
@@ -82,28 +94,39 @@ class TrainCheckpoints:
         """Exactly, from the cursor of whichever rank read what this rank's loader reads (a checkpoint of
         another tp or pp degree saved it under another rank); else at the same fraction of the epoch (another
         dp size, worker count or batch), which global rank 0 says in one line."""
-        saved = [c["data"] for c in (restored.cursor, *(r.get("cursor") for r in restored.manifest.ranks.values()))
-                 if c and "data" in c]
+        saved = [
+            c["data"]
+            for c in (restored.cursor, *(r.get("cursor") for r in restored.manifest.ranks.values()))
+            if c and "data" in c
+        ]
         if not saved:
             return
         exact = self.loader.exact_state(saved)
         self.loader.load_state_dict(exact or saved[0], approximate=exact is None)
         if exact is None and self.engine.global_rank == 0:
             before = LoaderState.from_dict(saved[0])
-            print(f"hpctrain.train: checkpoint step {restored.step} was written with "
-                  f"{layout_words(restored.manifest.data.get('layout', {}))} and the data loader's "
-                  f"dp_size={before.dp_size} workers={before.workers} batch={before.batch_size}; this run has "
-                  f"{layout_words(self.ck.layout)} and dp_size={self.loader.dp_size} workers={self.loader.workers} "
-                  f"batch={self.loader.batch_size}: the data order goes on at the same fraction of epoch "
-                  f"{before.epoch}, not exactly (some samples may repeat or be missed)", file=sys.stderr, flush=True)
+            print(
+                f"hpctrain.train: checkpoint step {restored.step} was written with "
+                f"{layout_words(restored.manifest.data.get('layout', {}))} and the data loader's "
+                f"dp_size={before.dp_size} workers={before.workers} batch={before.batch_size}; this run has "
+                f"{layout_words(self.ck.layout)} and dp_size={self.loader.dp_size} workers={self.loader.workers} "
+                f"batch={self.loader.batch_size}: the data order goes on at the same fraction of epoch "
+                f"{before.epoch}, not exactly (some samples may repeat or be missed)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def resume_from_memory(self, tree: dict[str, Shard]) -> Restored | None:
         """The memory tier's newest checkpoint when it is newer than the file system's (a collective)."""
         if self.memory is None:
             return None
         durable = list_dirs(self.ck.directory)
-        restored = load_agreed(self.memory.directory, self.memory_tree(tree), rank=self.memory.rank,
-                               newer_than=durable[-1].step if durable else -1)
+        restored = load_agreed(
+            self.memory.directory,
+            self.memory_tree(tree),
+            rank=self.memory.rank,
+            newer_than=durable[-1].step if durable else -1,
+        )
         if restored is not None:
             self.tier = "memory"
             if durable:  # the lineage goes on from the durable checkpoint before it
@@ -120,8 +143,14 @@ class TrainCheckpoints:
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
         tree = engine_tree(self.engine)
         # local_state's tensors are fresh copies that nothing else changes: written without another copy
-        (self.memory if memory else self.ck).save(step, self.memory_tree(tree) if memory else tree, cursor=cursor,
-                                                  metrics={"loss": loss}, async_=async_, copy="none")
+        (self.memory if memory else self.ck).save(
+            step,
+            self.memory_tree(tree) if memory else tree,
+            cursor=cursor,
+            metrics={"loss": loss},
+            async_=async_,
+            copy="none",
+        )
         if not memory:
             self.last_step = step
 

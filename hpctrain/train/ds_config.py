@@ -18,8 +18,10 @@ PIPELINE_ZERO_STAGES = (0, 1)
 def ds_config(spec: JobSpec) -> dict[str, Any]:
     p = spec.parallel
     if p.zero_stage not in PIPELINE_ZERO_STAGES:
-        raise ConfigError(f"parallel.zero_stage = {p.zero_stage}: the reference trainer runs DeepSpeed's "
-                          "pipeline engine, which supports ZeRO stage 0 or 1 only")
+        raise ConfigError(
+            f"parallel.zero_stage = {p.zero_stage}: the reference trainer runs DeepSpeed's "
+            "pipeline engine, which supports ZeRO stage 0 or 1 only"
+        )
     unknown = sorted(set(spec.hyperparameters) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"hyperparameters: unknown {', '.join(unknown)} (known: {', '.join(DEFAULTS)})")
@@ -33,8 +35,13 @@ def ds_config(spec: JobSpec) -> dict[str, Any]:
         "optimizer": {
             "type": "AdamW",
             # torch's AdamW: DeepSpeed's fused Adam would JIT-compile an extension (minutes)
-            "params": {"torch_adam": True, "lr": hp["lr"], "betas": list(hp["betas"]), "eps": hp["eps"],
-                       "weight_decay": hp["weight_decay"]},
+            "params": {
+                "torch_adam": True,
+                "lr": hp["lr"],
+                "betas": list(hp["betas"]),
+                "eps": hp["eps"],
+                "weight_decay": hp["weight_decay"],
+            },
         },
         "gradient_clipping": hp["grad_clip"],
         "steps_per_print": 2**62,

@@ -8,8 +8,8 @@ every step: logging, checkpointing (with ``hpctrain.train.state.local_state``) p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 
 import deepspeed
 import torch
@@ -103,8 +103,9 @@ def train_step(engine: PipelineEngine, batches: Iterator[Batch]) -> float:
     return float(engine.train_batch(batches))
 
 
-def train(engine: PipelineEngine, batches: Iterator[Batch], steps: int,
-          hooks: Sequence[StepHook] = ()) -> list[StepResult]:
+def train(
+    engine: PipelineEngine, batches: Iterator[Batch], steps: int, hooks: Sequence[StepHook] = ()
+) -> list[StepResult]:
     """Run ``steps`` optimizer steps, calling every hook (on every rank) after each."""
     results = []
     for _ in range(steps):

@@ -82,8 +82,9 @@ class LMHead(nn.Module):
         if model.vocab % tp_size(group):
             raise ValueError(f"vocab = {model.vocab} must be divisible by tp = {tp_size(group)}")
         self.ln = nn.LayerNorm(model.hidden)
-        self.proj = ColumnParallelLinear(model.hidden, model.vocab, generator=g, group=group, bias=False,
-                                         gather_output=True)
+        self.proj = ColumnParallelLinear(
+            model.hidden, model.vocab, generator=g, group=group, bias=False, gather_output=True
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.ln(x))
@@ -97,8 +98,10 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def gpt_layers(model: Model, *, seed: int, group: Group = None) -> list[tuple[type[nn.Module], dict[str, Any]]]:
     """(layer class, constructor kwargs) in order; index i is the layer's global position."""
     classes = [Embedding, *[TransformerBlock] * model.layers, LMHead]
-    return [(cls, {"model": model, "seed": seed, "index": i, **({} if cls is Embedding else {"group": group})})
-            for i, cls in enumerate(classes)]
+    return [
+        (cls, {"model": model, "seed": seed, "index": i, **({} if cls is Embedding else {"group": group})})
+        for i, cls in enumerate(classes)
+    ]
 
 
 def gpt_sequential(model: Model, *, seed: int, group: Group = None) -> nn.Sequential:

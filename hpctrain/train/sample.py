@@ -48,8 +48,9 @@ def load_model(model: Model, ckpt: Path) -> nn.Sequential:
 
 
 @torch.no_grad()
-def continuation(net: nn.Module, prompt: bytes, new_tokens: int, window: int, temperature: float = 0.0,
-                 seed: int = 0) -> bytes:
+def continuation(
+    net: nn.Module, prompt: bytes, new_tokens: int, window: int, temperature: float = 0.0, seed: int = 0
+) -> bytes:
     """``prompt`` followed by ``new_tokens`` bytes, each predicted from the last ``window``: the most likely one
     (greedy) at temperature 0, else drawn from the softmax of the logits / ``temperature`` (seeded, so
     repeatable); a small model's greedy text soon loops, a draw at 0.5-0.8 reads more like its data."""
@@ -64,8 +65,15 @@ def continuation(net: nn.Module, prompt: bytes, new_tokens: int, window: int, te
     return bytes(ids)
 
 
-def sample(spec: JobSpec, prompt: str, new_tokens: int, ckpt: Path | None = None, task: int = -1,
-           temperature: float = 0.0, seed: int = 0) -> tuple[Path, str]:
+def sample(
+    spec: JobSpec,
+    prompt: str,
+    new_tokens: int,
+    ckpt: Path | None = None,
+    task: int = -1,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> tuple[Path, str]:
     """(the checkpoint used, the prompt and its continuation as text)."""
     model = spec.model or Model()
     if model.vocab != BYTE_VOCAB:

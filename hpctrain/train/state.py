@@ -19,8 +19,12 @@ from dataclasses import dataclass
 
 import torch
 from deepspeed.runtime.pipe.engine import PipelineEngine
-from deepspeed.utils import (safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_set_full_fp32_param,
-                             safe_set_full_optimizer_state)
+from deepspeed.utils import (
+    safe_get_full_fp32_param,
+    safe_get_full_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_optimizer_state,
+)
 from torch import nn
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -60,8 +64,9 @@ def _ensure_optimizer_state(engine: PipelineEngine) -> None:
     saved = opt.state_dict()
     flat = [p for group in opt.param_groups for p in group["params"]]
     indices = [i for group in saved["param_groups"] for i in group["params"]]
-    saved["state"] = {i: {"step": torch.tensor(0.0), **{k: torch.zeros_like(p) for k in MOMENTS}}
-                      for i, p in zip(indices, flat)}
+    saved["state"] = {
+        i: {"step": torch.tensor(0.0), **{k: torch.zeros_like(p) for k in MOMENTS}} for i, p in zip(indices, flat)
+    }
     opt.load_state_dict(saved)  # casts and places the state the way the optimizer expects
     if hasattr(engine.optimizer, "_lazy_init_hp_params_optimizer_state"):
         # DeepSpeed links its per-parameter views of the flat state only after the first step

@@ -9,8 +9,8 @@ samples with the same signature as ``samples`` (e.g. text) can be batched the sa
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from itertools import count
-from typing import Callable, Iterator
 
 import torch
 
@@ -37,8 +37,9 @@ def global_batch(model: Model, parallel: Parallel, seed: int, step: int, source:
     return source(model, seed, step * size, size)
 
 
-def micro_batches(model: Model, parallel: Parallel, seed: int, dp_rank: int, start_step: int = 0,
-                  source: Source = samples) -> Iterator[Batch]:
+def micro_batches(
+    model: Model, parallel: Parallel, seed: int, dp_rank: int, start_step: int = 0, source: Source = samples
+) -> Iterator[Batch]:
     """Endless micro-batches of one data-parallel rank, from optimizer step ``start_step`` on."""
     per_rank = parallel.micro_batch * parallel.grad_accum
     for step in count(start_step):
