@@ -78,7 +78,7 @@ class JobPaths:
         return self.job_dir / "calls" / f"{index}.pkl"
 
     def secrets_file(self, job_id: int | str) -> Path:
-        """A ledger job's secret values, readable by the submitting user only (see hpctrain.secret_file)."""
+        """A ledger job's secret values, readable by the submitting user only (see hpctrain.runtime.secret_file)."""
         return self.job_dir / f"secrets-{job_id}.env"
 
     @property

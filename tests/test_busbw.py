@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
-from hpctrain.doctor import Check, bandwidth_check
+
+from hpctrain.doctor.cluster import Check
+from hpctrain.doctor.network import bandwidth_check
 from hpctrain.launch.preflight import GLOO_SIZES, bus_bandwidth
 
 

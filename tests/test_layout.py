@@ -89,6 +89,17 @@ def test_no_import_cycle_between_packages():
     assert cycles(graph) == []
 
 
+# The package root holds the leaves every package shares; each concern lives in a package of its own.
+ROOT_MODULES = {"__init__", "__main__", "contract", "errors", "files", "lazy", "bundled"}
+
+
+def test_the_package_root_holds_the_shared_leaves_only():
+    root = {name for name in modules() if "." not in name and not (PACKAGE / name).is_dir()}
+    assert root == ROOT_MODULES
+    leaves = ROOT_MODULES - {"__init__", "__main__"}
+    assert {m for m in leaves if imported(modules()[m]) - {"__version__"}} == set(), "a shared leaf imports hpctrain"
+
+
 @pytest.mark.parametrize("lower, upper", [
     ("ledger", "jobs"), ("ledger", "submit"), ("ledger", "slurm"), ("slurm", "ledger"), ("contract", "config"),
     ("config", "submit"), ("sweep", "report"), ("data", "train"), ("checkpoint", "train"),

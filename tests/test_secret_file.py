@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import secret_file
+from hpctrain.runtime import secret_file
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.contract import JobPaths

@@ -204,7 +204,7 @@ def _forget_secrets(env: Any) -> None:
     """This run is the job's last: remove its secrets file. An array task leaves it to the others (the
     login side removes it once the whole array has ended)."""
     if env.task_index < 0 and env.job_id is not None and env.job_dir is not None:
-        from hpctrain import secret_file
+        from hpctrain.runtime import secret_file
 
         secret_file.remove(env.job_dir, env.job_id)
 

@@ -19,12 +19,13 @@ from hpctrain.cli.common import make_console, site_option
 def doctor(site: str | None, as_json: bool, nccl: bool, partition: str | None, nodes: int) -> None:
     """Check a site config against the live cluster (controller, partitions, GPUs, accounts, QOS, preemption, ledger)."""
     from hpctrain.config import load_site
-    from hpctrain.doctor import Doctor, network_checks
+    from hpctrain.doctor.cluster import Doctor
 
     cfg = load_site(site)
     doc = Doctor(cfg)
     checks = doc.run()
     if nccl:
+        from hpctrain.doctor.network import network_checks
         from hpctrain.ledger import Ledger
 
         with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:

@@ -6,9 +6,9 @@ import json
 import time
 from typing import Any
 
-from hpctrain import secret_file
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import Ledger
+from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient

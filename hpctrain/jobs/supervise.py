@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain import secret_file
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.runtime.requeue import run_again
 from hpctrain.slurm.client import SlurmClient

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.ledger.journal import Journal
+from hpctrain.runtime import secret_file
 from hpctrain.runtime.guard import JobNow, PreemptionGuard
 from hpctrain.slurm.client import SlurmClient
 
@@ -51,8 +52,6 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
 
 def _secret_names(job: JobEnvironment) -> list[str]:
     """The job's secret names (this run has their values, from its secrets file: sbatch must not take them)."""
-    from hpctrain import secret_file
-
     return secret_file.names(json.loads(job.spec_file.read_text(encoding="utf-8"))) if job.spec_file else []
 
 

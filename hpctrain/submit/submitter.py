@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain import secret_file
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
@@ -21,6 +20,7 @@ from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
 from hpctrain.ledger import Ledger
 from hpctrain.runtime import chunks as chunk_table
+from hpctrain.runtime import secret_file
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.limits import max_array_size

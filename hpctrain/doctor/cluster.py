@@ -1,4 +1,5 @@
-"""`hpctrain doctor`: check a site config against the live cluster, one verdict per check."""
+"""The site config against the live cluster: controller, partitions, GPUs, accounts, QOS, preemption, ledger and
+paths, one verdict per check."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 from hpctrain.config.site import SiteConfig
-from hpctrain.contract import JobPaths
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
@@ -20,7 +20,6 @@ from hpctrain.slurm.parse import gpus_in_gres
 from hpctrain.slurm.version import SlurmFeatures
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
-FABRIC_WARN_SHARE = 0.5  # `doctor --nccl` warns when the measured bus bandwidth is under this share of fabric_gb_s
 NETWORK_FILESYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "9p"}
 
 
@@ -241,105 +240,6 @@ class Doctor:
                 yield Check(f"paths.{key}", "WARN", f"{path} is not writable by {self.user}")
             else:
                 yield Check(f"paths.{key}", "PASS", str(path))
-
-
-def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partition: str, nodes: int) -> list[Check]:
-    """Run hpctrain.launch.preflight as one task per node on ``partition``, submitted through the same templates
-    as every job (and recorded like one), and judge its report."""
-    import json
-    import sys
-
-    from hpctrain.config.job import JobSpec
-    from hpctrain.jobs.logs import LABEL
-    from hpctrain.jobs.poll import wait_finished
-    from hpctrain.submit import Submitter
-
-    part = site.partitions.get(partition)
-    if part is None:
-        return [Check("network", "FAIL", f"partition {partition!r} is not in the site config")]
-    spec = JobSpec.model_validate(
-        {
-            "name": "hpctrain-preflight",
-            "requeue": False,
-            "command": [str(site.launch.python or sys.executable), "-m", "hpctrain.launch.preflight"],
-            "resources": {
-                "nodes": nodes,
-                "tasks_per_node": 1,
-                "gpus_per_node": 1 if part.gpus_per_node else 0,
-                "time": 300,
-                "partition": partition,
-            },
-        }
-    )
-    try:
-        sub = Submitter(site, ledger, client).submit(spec, "<hpctrain doctor --nccl>")
-        state = wait_finished(ledger, client, site.name, sub.ledger_ids)[sub.ledger_ids[0]]
-    except HpctrainError as exc:
-        return [Check("network", "FAIL", f"preflight job failed: {exc}")]
-    job = ledger.jobs.get(sub.ledger_ids[0])
-    output = JobPaths(Path(job["job_dir"])).output(sub.slurm_ids[0])
-    try:
-        lines = LABEL.sub("", output.read_text()).splitlines()  # each task's lines start "<rank>: " (srun --label)
-    except OSError as exc:
-        return [Check("network", "FAIL", f"preflight job {sub.slurm_ids[0]} ended {state}: {exc.strerror}: {output}")]
-    reports = [json.loads(line.split(" ", 1)[1]) for line in lines if line.startswith("PREFLIGHT ")]
-    if len(reports) != nodes:
-        return [
-            Check(
-                "network",
-                "FAIL",
-                f"{len(reports)} of {nodes} nodes reported, job {sub.slurm_ids[0]} ended {state} (log: {output})",
-            )
-        ]
-    checks = []
-    ib_configured = bool(site.network_env.get("NCCL_IB_HCA"))
-    reports.sort(key=lambda r: r["rank"])
-    for r in reports:
-        name = f"network {r['node']}"
-        if r.get("error"):
-            checks.append(Check(name, "FAIL", f"all-reduce failed: {r['error']}"))
-        elif r["missing"]:
-            checks.append(Check(name, "FAIL", "; ".join(r["missing"])))
-        elif r["backend"] == "nccl" and ib_configured and r.get("transport") != "ib":
-            checks.append(
-                Check(name, "FAIL", f"NCCL used {r.get('transport')}, not InfiniBand, although NCCL_IB_HCA is set")
-            )
-        elif r["backend"] == "nccl":
-            checks.append(Check(name, "PASS", f"NCCL all-reduce over {r.get('transport')} across {nodes} nodes"))
-        else:
-            checks.append(
-                Check(
-                    name,
-                    "PASS",
-                    f"no CUDA here: gloo all-reduce ok across {nodes} nodes (sum {r['sum']}); "
-                    "NCCL transport not checked",
-                )
-            )
-    measured = next((r for r in reports if r.get("bandwidth")), None)  # every rank reports the same figures
-    if measured:
-        checks.append(bandwidth_check(measured["backend"], measured["bandwidth"], part.fabric_gb_s, partition))
-    return checks
-
-
-def bandwidth_check(backend: str, sizes: list[dict], fabric_gb_s: float | None, partition: str) -> Check:
-    """Judge the bus bandwidth of the largest all-reduce the preflight timed against the partition's fabric_gb_s."""
-    largest = max(sizes, key=lambda s: s["bytes"])
-    busbw, ranks = largest["busbw_gb_s"], largest["ranks"]
-    what = f"{backend} all-reduce of {largest['bytes'] / 2**20:g} MiB across {ranks} ranks"
-    if ranks < 2:
-        return Check("network bandwidth", "SKIP", f"{what}: one rank crosses no fabric")
-    measured = f"bus bandwidth {busbw:.3g} GB/s"
-    if fabric_gb_s is None:
-        return Check(
-            "network bandwidth",
-            "PASS",
-            f"{measured} ({what}); set partitions.{partition}.fabric_gb_s to compare it with the fabric",
-        )
-    share = busbw / fabric_gb_s
-    verdict: Verdict = "PASS" if share >= FABRIC_WARN_SHARE else "WARN"
-    return Check(
-        "network bandwidth", verdict, f"{measured}, {100 * share:.0f} % of the fabric's {fabric_gb_s:g} GB/s ({what})"
-    )
 
 
 def filesystem_type(path: Path) -> str:
