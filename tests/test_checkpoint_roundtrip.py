@@ -86,11 +86,11 @@ def test_plain_zarr_python_opens_the_step_as_a_group_of_every_array_with_its_rea
     assert arrays["model/bfloat16"].dtype == np.uint16
 
 
-def test_the_readme_recipe_reads_a_checkpoint_in_a_venv_without_hpctrain(tmp_path):
-    """The README's recipe (zarr, tensorstore, ml_dtypes only) gets every tensor with its real dtype, bit for bit
-    as hpctrain loads it, and the step's plain values."""
+def test_the_docs_recipe_reads_a_checkpoint_in_a_venv_without_hpctrain(tmp_path):
+    """The recipe of docs/checkpoints.md (zarr, tensorstore, ml_dtypes only) gets every tensor with its real dtype,
+    bit for bit as hpctrain loads it, and the step's plain values."""
     recipe = re.search(r"<!-- recipe: checkpoint in other tools -->\n```python\n(.*?)```",
-                       (REPO / "README.md").read_text(), re.S)[1]
+                       (REPO / "docs" / "checkpoints.md").read_text(), re.S)[1]
     state = {"model": {d: to_torch(special_array(d, (5, 3), seed=i)) for i, d in enumerate(DTYPES)}, "step": 3}
     path = save_one(tmp_path / "ck", state, step=3)
     venv = tmp_path / "venv"
