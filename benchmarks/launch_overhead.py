@@ -72,10 +72,10 @@ def under_launch(spec: Path, workdir: Path) -> float:
     with Ledger(workdir / "ledger.db") as ledger:
         sub = Submitter(site, ledger).submit(load_job_spec(spec), spec)
         poller = Poller(ledger, SlurmClient.for_site(site), "dev")
-        while ledger.get("jobs", sub.ledger_ids[0])["state"] not in TERMINAL:
+        while ledger.jobs.get(sub.ledger_ids[0])["state"] not in TERMINAL:
             poller.refresh()
             subprocess.run(["sleep", "2"])
-        job = ledger.get("jobs", sub.ledger_ids[0])
+        job = ledger.jobs.get(sub.ledger_ids[0])
     if job["state"] != "COMPLETED":
         raise SystemExit(f"benchmark job {sub.slurm_ids[0]} ended {job['state']}")
     return median_step(LABEL.sub("", (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()))

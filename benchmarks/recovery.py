@@ -66,7 +66,7 @@ def run_way(work: Path, way: str, kills: int, index: Path) -> list[dict[str, flo
     out = []
     with Ledger(work / "ledger.db") as ledger:
         sub = Submitter(site, ledger, client).submit(load_job_spec(spec_file), spec_file)
-        job = ledger.get("jobs", sub.ledger_ids[0])
+        job = ledger.jobs.get(sub.ledger_ids[0])
         journal = Journal(Path(job["job_dir"]) / "journal")
         try:
             for k in range(kills):

@@ -89,7 +89,8 @@ def main() -> None:
                     figure(f"{method} {label}, {args.trials} trials, hpctrain time", total - slurm, "s", "< 2 s",
                            total - slurm < 2 and calls.get("sacct", 0) <= 1)
             finally:
-                client.scancel([r["slurm_job_id"] for r in ledger.rows("jobs", "CAST(slurm_job_id AS INTEGER) < 9000000")])
+                real = ledger.db.table("jobs").rows_where("CAST(slurm_job_id AS INTEGER) < 9000000")
+                client.scancel([r["slurm_job_id"] for r in real])
 
 
 if __name__ == "__main__":

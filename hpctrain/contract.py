@@ -70,8 +70,8 @@ class JobPaths:
 
     def outputs(self) -> list[Path]:
         """The logs of a job that is not an array, one per Slurm id it ran under, oldest first."""
-        found = {p: re.fullmatch(r"slurm-([0-9]+)\.out", p.name) for p in self.job_dir.glob("slurm-*.out")}
-        return sorted((p for p, m in found.items() if m), key=lambda p: int(found[p][1]))
+        found = {p: m for p in self.job_dir.glob("slurm-*.out") if (m := re.fullmatch(r"slurm-([0-9]+)\.out", p.name))}
+        return sorted(found, key=lambda p: int(found[p][1]))
 
     def call(self, index: int) -> Path:
         """A submitted Python call (submitit's pickle), by array task parameter index (0 for a single job)."""

@@ -145,7 +145,7 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
     def show(ledger: Ledger, now: float) -> object:
         (job_id,) = ledger.db.execute("SELECT min(job_id) FROM segments").fetchone()
         attempts = ledger.attempts.of_job(job_id)
-        ledger.jobs.tasks(job_id), ledger.events_of(job_id), latest(ledger, job_id)
+        ledger.jobs.tasks(job_id), ledger.events.of_job(job_id), latest(ledger, job_id)
         return job_goodput(attempts, ledger.segments.of_jobs([job_id]), now)
 
     return {

@@ -7,6 +7,7 @@ import pytest
 from hpctrain.jobs.accounting import settle, summary, totals, usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.ledger.usage import CAUSES
 
 H = 3600.0
@@ -14,9 +15,10 @@ H = 3600.0
 
 def test_runs_are_counted_clipped_and_their_lost_work_priced(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
-        ledger.insert("jobs", {"name": "b", "site": "dev", "account": "teamb", "user": "bob", "partition": "debug"})
-        ledger.insert("jobs", {"name": "other", "site": "elsewhere", "account": "teama", "partition": "gpu"})
+        jobs = Table(ledger, "jobs")
+        jobs.insert({"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
+        jobs.insert({"name": "b", "site": "dev", "account": "teamb", "user": "bob", "partition": "debug"})
+        jobs.insert({"name": "other", "site": "elsewhere", "account": "teama", "partition": "gpu"})
         rows = [  # job, attempt, gpus, start, end, elapsed, cause
             (1, 0, 4, 0, 2 * H, 2 * H, "preemption"),  # checkpointed at 1.5 h: 0.5 h x 4 GPUs lost
             (1, 1, 4, 2.1 * H, 3.1 * H, 1 * H, "completed"),
@@ -24,10 +26,10 @@ def test_runs_are_counted_clipped_and_their_lost_work_priced(tmp_path):
             (3, 0, 8, 0, H, H, "completed"),  # another site
         ]
         for job, attempt, gpus, start, end, elapsed, cause in rows:
-            ledger.insert("attempts", {"job_id": job, "attempt": attempt, "alloc_gpus": gpus, "started_at": start,
-                                       "ended_at": end, "elapsed_s": elapsed, "cause": cause})
-        ledger.insert("checkpoints", {"job_id": 1, "step": 10, "path": "/c/10", "state": "deleted", "created_at": 1.5 * H})
-        ledger.insert("checkpoints", {"job_id": 1, "step": 5, "path": "/c/5", "state": "committed", "created_at": 0.5 * H})
+            ledger.attempts.record(job, -1, attempt, alloc_gpus=gpus, started_at=start, ended_at=end, elapsed_s=elapsed,
+                                   cause=cause)
+        ledger.checkpoints.record({"job_id": 1, "step": 10, "path": "/c/10", "state": "deleted", "created_at": 1.5 * H})
+        ledger.checkpoints.record({"job_id": 1, "step": 5, "path": "/c/5", "state": "committed", "created_at": 0.5 * H})
         runs = usage(ledger, "dev", {"gpu": 2.0, "debug": 1.0}, now=10 * H)
         clipped = usage(ledger, "dev", {}, since=H, now=10 * H)
     assert [(u.job_id, u.attempt, u.gpu_hours, u.lost_gpu_hours) for u in runs] == \
@@ -41,9 +43,10 @@ def test_runs_are_counted_clipped_and_their_lost_work_priced(tmp_path):
 
 def test_a_resized_run_counts_sacct_gpu_seconds_and_its_spares_wait_apart(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
-        ledger.insert("attempts", {"job_id": 1, "attempt": 0, "alloc_gpus": 6, "started_at": 0, "ended_at": H,
-                                   "elapsed_s": H, "gpu_s": 5 * H, "idle_gpu_s": 1.5 * H, "cause": "completed"})
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "account": "teama", "user": "alice",
+                                      "partition": "gpu"})
+        ledger.attempts.record(1, -1, 0, alloc_gpus=6, started_at=0, ended_at=H, elapsed_s=H, gpu_s=5 * H,
+                               idle_gpu_s=1.5 * H, cause="completed")
         (run,) = usage(ledger, "dev", {}, now=2 * H)
     assert run.gpu_hours == 5.0 and run.causes["spare"] == 1.5
     assert sum(run.causes.values()) == 5.0 and run.causes["other"] == 3.5  # no trainer journal: the rest unexplained
@@ -53,16 +56,18 @@ def _mixed_history(ledger: Ledger, settled: bool) -> None:
     """Two accounts' jobs: job 1 (teama) preempted once, then measured by its trainer; job 2 (teamb) failed; job 3
     (teama) still running. With ``settled``, jobs 1 and 2 ended a week ago and have been read for the last time."""
     ended = {"ended_at": 3.1 * H, "journal_read_at": 3.2 * H} if settled else {}
-    ledger.insert("jobs", {"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu", **ended})
-    ledger.insert("jobs", {"name": "b", "site": "dev", "account": "teamb", "user": "bob", "partition": "debug", **ended})
-    ledger.insert("jobs", {"name": "c", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
+    jobs = Table(ledger, "jobs")
+    jobs.insert({"name": "a", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu", **ended})
+    jobs.insert({"name": "b", "site": "dev", "account": "teamb", "user": "bob", "partition": "debug", **ended})
+    jobs.insert({"name": "c", "site": "dev", "account": "teama", "user": "alice", "partition": "gpu"})
     for job, attempt, gpus, start, end, cause in [(1, 0, 4, 0, 2 * H, "preemption"), (1, 1, 4, 2.1 * H, 3.1 * H, "completed"),
                                                  (2, 0, 2, 0.5 * H, 1.5 * H, "error"), (3, 0, 8, 2.5 * H, None, None)]:
-        ledger.insert("attempts", {"job_id": job, "attempt": attempt, "alloc_gpus": gpus, "started_at": start,
-                                   "ended_at": end, "elapsed_s": None if end is None else end - start, "cause": cause})
-    ledger.insert("checkpoints", {"job_id": 1, "step": 10, "path": "/c/10", "state": "committed", "created_at": 1.5 * H})
-    ledger.insert("segments", {"job_id": 1, "attempt": 1, "main_at": 2.1 * H, "loaded_at": 2.2 * H, "resumed_from": 10,
-                               "steps": 90, "step_seconds": 0.7 * H, "last_step": 100, "last_step_at": 3.0 * H})
+        ledger.attempts.record(job, -1, attempt, alloc_gpus=gpus, started_at=start, ended_at=end,
+                               elapsed_s=None if end is None else end - start, cause=cause)
+    ledger.checkpoints.record({"job_id": 1, "step": 10, "path": "/c/10", "state": "committed", "created_at": 1.5 * H})
+    Table(ledger, "segments").insert({"job_id": 1, "attempt": 1, "main_at": 2.1 * H, "loaded_at": 2.2 * H,
+                                      "resumed_from": 10, "steps": 90, "step_seconds": 0.7 * H, "last_step": 100,
+                                      "last_step_at": 3.0 * H})
 
 
 def _figures(runs: list) -> list[tuple]:

@@ -6,6 +6,7 @@ import time
 from hpctrain.config.site import Alerts
 from hpctrain.jobs.alerts import job_alerts
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 
 from conftest import run_cli
 
@@ -22,13 +23,14 @@ def test_stalled_and_data_bound_jobs_are_flagged(isolated_ledger):
     now = time.time()
     with Ledger(isolated_ledger) as ledger:
         for name in ("healthy", "stalled", "starved", "silent", "done"):
-            ledger.insert("jobs", {"name": name, "site": "dev", "state": "COMPLETED" if name == "done" else "RUNNING"})
+            state = "COMPLETED" if name == "done" else "RUNNING"
+            Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": state})
         add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.05)
         add_steps(ledger, 2, range(1, 30), now - 3600, wait_s=0.05)
         add_steps(ledger, 3, range(1, 60), now - 70, wait_s=0.6)
-        ledger.insert("attempts", {"job_id": 4, "attempt": 0, "started_at": now - 1200})
+        ledger.attempts.record(4, -1, 0, started_at=now - 1200)
         add_steps(ledger, 5, range(1, 30), now - 9000, wait_s=0.9)
-        jobs = ledger.rows("jobs")
+        jobs = Table(ledger, "jobs").rows()
         found = job_alerts(ledger, jobs, LIMITS, now=now)
     assert set(found) == {2, 3, 4}
     assert found[2] == ["stalled: no training step for 60 min"]
@@ -38,7 +40,7 @@ def test_stalled_and_data_bound_jobs_are_flagged(isolated_ledger):
 
 def test_metrics_command_pivots_steps(isolated_ledger):
     with Ledger(isolated_ledger) as ledger:
-        ledger.insert("jobs", {"name": "m", "site": "dev", "state": "COMPLETED"})
+        Table(ledger, "jobs").insert({"name": "m", "site": "dev", "state": "COMPLETED"})
         add_steps(ledger, 1, range(1, 6), time.time(), wait_s=0.1)
     out = run_cli("metrics", "1", "--no-refresh", "--json", "--tail", "2")
     assert out.returncode == 0, out.stderr
@@ -58,11 +60,11 @@ def test_ranks_far_slower_than_their_stages_fastest_are_stragglers(isolated_ledg
 
     now = time.time()
     with Ledger(isolated_ledger) as ledger:
-        ledger.insert("jobs", {"name": "slow", "site": "dev", "state": "RUNNING"})
+        Table(ledger, "jobs").insert({"name": "slow", "site": "dev", "state": "RUNNING"})
         add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.0)
         for step, compute in ((50, [0.10, 0.10, 0.20, 0.21, 0.11, 0.10, 0.22, 0.20]),  # n3 became slow later
                               (100, [0.10, 0.10, 0.20, 0.21, 0.19, 0.19, 0.22, 0.20])):
             ledger.event("ranks", "compute seconds per step", job_id=1, step=step, ranks=ranks(compute))
-        found = job_alerts(ledger, ledger.rows("jobs"), LIMITS, now=now)
+        found = job_alerts(ledger, Table(ledger, "jobs").rows(), LIMITS, now=now)
     assert found == {1: ["stragglers at step 100: rank 4 on n3 (1.9x its stage's fastest), "
                          "rank 5 on n3 (1.9x its stage's fastest)"]}

@@ -11,6 +11,7 @@ from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
 from hpctrain.runtime.attempts import Outcome, decide, fill_end_steps, journal_outcomes, latest_committed_step, stalled_streak
 from hpctrain.slurm.parse import parse_parsable_with_header
 from hpctrain.slurm.sacct import histories
@@ -176,11 +177,11 @@ def test_attempt_records_and_sacct_meet_in_the_ledger(job, tmp_path, monkeypatch
     commit(job, 10)
     attempt("end", "--exit-code", "1", attempt_no="0")
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "5", "is_array": 1, "state": "RUNNING",
-                               "spec_json": "{}"})
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "5", "is_array": 1,
+                                      "state": "RUNNING", "spec_json": "{}"})
         ledger.db.table("array_tasks").insert({"job_id": 1, "task_index": 2, "param_index": 2})
         ingest_journal(ledger, journal)
-        row = ledger.rows("attempts")[0]
+        (row,) = ledger.attempts.of_job(1)
         assert (row["attempt"], row["task_index"], row["cause"], row["step_start"], row["step_end"], row["requeued"]) \
             == (0, 2, "error", 0, 10, 1)
 
@@ -192,13 +193,15 @@ def test_attempt_records_and_sacct_meet_in_the_ledger(job, tmp_path, monkeypatch
                     "5_2|FAILED|1:0|2026-11-22T03:33:36|2026-11-22T03:33:36|2026-11-22T03:33:38|n1||None\n")
 
         Poller(ledger, Recorded(), "dev").refresh()
-        assert ledger.rows("array_tasks")[0]["state"] == "REQUEUED"
-        assert ledger.rows("attempts")[0]["state"] == "FAILED" and ledger.rows("attempts")[0]["cause"] == "error"
+        assert ledger.jobs.task_states(1) == {2: "REQUEUED"}
+        (row,) = ledger.attempts.of_job(1)
+        assert (row["state"], row["cause"]) == ("FAILED", "error")
 
 
 def test_cause_is_filled_from_the_slurm_state_until_journaled(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "7", "state": "RUNNING", "spec_json": "{}"})
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "7", "state": "RUNNING",
+                                      "spec_json": "{}"})
 
         class Recorded:
             def sacct(self, ids, fields):
@@ -208,7 +211,7 @@ def test_cause_is_filled_from_the_slurm_state_until_journaled(tmp_path):
                     "7|RUNNING|0:0|2026-11-22T03:51:20|2026-11-22T03:51:30|Unknown|n1||None\n")
 
         Poller(ledger, Recorded(), "dev").refresh()
-        assert [(a["attempt"], a["cause"]) for a in ledger.rows("attempts", order_by="attempt")] == \
+        assert [(a["attempt"], a["cause"]) for a in ledger.attempts.of_job(1)] == \
             [(0, "preemption"), (1, None)]
         assert histories(Recorded().sacct([], ()))["7"][-1].state == "RUNNING"
 
@@ -217,8 +220,8 @@ def test_an_arrays_own_id_without_a_task_index_is_no_task(tmp_path):
     """Seen on a loaded dev cluster: while an array's last task ran, sacct listed it as the array's own id,
     PENDING; it must not become an attempt of a task -1 the array does not have."""
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev", "slurm_job_id": "9", "is_array": 1, "state": "PENDING",
-                               "spec_json": "{}"})
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "9", "is_array": 1,
+                                      "state": "PENDING", "spec_json": "{}"})
         ledger.db.table("array_tasks").insert_all({"job_id": 1, "task_index": t, "param_index": t} for t in (0, 1))
 
         class Recorded:
@@ -229,5 +232,5 @@ def test_an_arrays_own_id_without_a_task_index_is_no_task(tmp_path):
                     "9|PENDING|0:0|2026-11-24T13:37:19|2026-11-24T13:37:19|Unknown|n2||None\n")
 
         Poller(ledger, Recorded(), "dev").refresh()
-        assert [(a["task_index"], a["state"]) for a in ledger.rows("attempts")] == [(0, "RUNNING")]
-        assert ledger.get("jobs", 1)["state"] == "RUNNING"
+        assert [(a["task_index"], a["state"]) for a in ledger.attempts.of_job(1)] == [(0, "RUNNING")]
+        assert ledger.jobs.get(1)["state"] == "RUNNING"

@@ -35,6 +35,7 @@ from hpctrain.config import job, site
 from hpctrain.errors import ConfigError, LedgerError
 from hpctrain.jobs.accounting import GROUPS
 from hpctrain.ledger import SCHEMA_VERSION, Ledger
+from hpctrain.ledger.table import Table
 
 from conftest import REPO, SHIMMED, run_cli
 
@@ -185,7 +186,7 @@ def assert_ledger_untouched(path: Path) -> None:
     """No ledger file, or one without jobs."""
     if path.exists():
         with Ledger(path) as ledger:
-            assert ledger.rows("jobs") == []
+            assert Table(ledger, "jobs").rows() == []
 
 
 # Job specs.
@@ -752,8 +753,8 @@ def test_edge_cli_values_are_refused(tmp_path, no_slurm, args):
 def real_ledger(path: Path, jobs: int = 40) -> bytes:
     with Ledger(path) as ledger:
         for i in range(jobs):
-            ledger.insert("jobs", {"name": f"job{i}", "site": "dev", "state": "PENDING", "updated_at": time.time(),
-                                   "spec_json": {"pad": "x" * 400}})
+            Table(ledger, "jobs").insert({"name": f"job{i}", "site": "dev", "state": "PENDING",
+                                          "updated_at": time.time(), "spec_json": {"pad": "x" * 400}})
     return path.read_bytes()
 
 

@@ -18,6 +18,7 @@ from hpctrain.errors import CheckpointError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
 
 
 def test_two_ranks_each_write_their_slice_and_rank0_commits(tmp_path):
@@ -144,7 +145,7 @@ def test_retention_keeps_last_k_and_best_and_journals_each_state(tmp_path):
     assert sorted(r["step"] for r in records if r["state"] == "deleted") == [1, 3]
     with Ledger(tmp_path / "l.db") as ledger:
         ingest_journal(ledger, journal)
-        assert {r["step"]: r["state"] for r in ledger.rows("checkpoints")} == {
+        assert {r["step"]: r["state"] for r in Table(ledger, "checkpoints").rows()} == {
             1: "deleted", 2: "committed", 3: "deleted", 4: "committed", 5: "committed"}
 
 

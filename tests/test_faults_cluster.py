@@ -18,6 +18,7 @@ from hpctrain.config.job import JobSpec, Model
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.client import CLIENT_COMMANDS
 from hpctrain.slurm.states import TERMINAL
@@ -73,7 +74,7 @@ def test_with_the_controller_down_submit_fails_in_one_line_and_nothing_runs_twic
     assert down.stderr.startswith("hpctrain: error: sbatch") and "Traceback" not in down.stderr
     assert status.returncode == 0
     with Ledger(isolated_ledger) as ledger:
-        (failed,) = ledger.rows("jobs")
+        (failed,) = Table(ledger, "jobs").rows()
     assert failed["state"] == "SUBMIT_FAILED" and failed["slurm_job_id"] is None and "sbatch" in failed["error"]
     # Back up: submitting again runs the job once.
     again = run_cli("submit", str(spec), "--json", "--wait")
@@ -98,7 +99,7 @@ def test_a_node_failing_mid_training_is_requeued_and_ends_bitwise_identical(dev_
                                                        "account": "teama"}))
     site = load_site("dev")
     with Ledger(isolated_ledger) as ledger:
-        job = ledger.get("jobs", Submitter(site, ledger).submit(load_job_spec(specs["failed"]), specs["failed"]).ledger_ids[0])
+        job = ledger.jobs.get(Submitter(site, ledger).submit(load_job_spec(specs["failed"]), specs["failed"]).ledger_ids[0])
         journal = Journal(Path(job["job_dir"]) / "journal")
         wait_until(lambda: any(r["step"] >= 25 for _, r in journal.records(kinds=["metrics"])), 240, 0.5,
                    "training past two checkpoints")
@@ -112,13 +113,13 @@ def test_a_node_failing_mid_training_is_requeued_and_ends_bitwise_identical(dev_
 
             def done():
                 poller.refresh()
-                return ledger.get("jobs", job["id"])["state"] in TERMINAL
+                return ledger.jobs.get(job["id"])["state"] in TERMINAL
 
             wait_until(done, 420, 3, "the job to finish on the remaining nodes")
         finally:  # (the dev cluster may have returned it to service already: then this is refused)
             subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True)
-        assert ledger.get("jobs", job["id"])["state"] == "COMPLETED"
-        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+        assert ledger.jobs.get(job["id"])["state"] == "COMPLETED"
+        attempts = ledger.attempts.of_job(job["id"])
     assert [a["state"] for a in attempts][0] in ("NODE_FAIL", "REQUEUED") and len(attempts) >= 2
     starts = [r for _, r in journal.records(kinds=["startup"])]
     assert starts[-1]["resumed_from"] >= 20  # a periodic checkpoint, not from scratch
@@ -141,7 +142,7 @@ def test_a_submission_whose_answer_is_lost_is_found_not_repeated(dev_cluster, is
                                    "resources": {"mem": "100M", "time": "2"}})
     with Ledger(isolated_ledger) as ledger:
         sub = Submitter(site, ledger, SlurmClient(site.slurm.conf, bin_dir=shim, timeout_s=2)).submit(spec, "<test>")
-        job = ledger.get("jobs", sub.ledger_ids[0])
+        job = ledger.jobs.get(sub.ledger_ids[0])
     queued = subprocess.run(["squeue", "-h", "--me", "-n", "lostanswer", "-o", "%i"], capture_output=True, text=True,
                             check=True).stdout.split()
     assert queued == [job["slurm_job_id"]] and job["state"] == "PENDING"

@@ -7,6 +7,7 @@ import pytest
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def job_env(monkeypatch):
 @pytest.fixture
 def ledger(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
-        ledger.insert("jobs", {"name": "a", "site": "dev"})
+        ledger.jobs.record({"name": "a", "site": "dev"})
         yield ledger
 
 
@@ -40,10 +41,10 @@ def test_ingest_is_exactly_once(tmp_path, job_env, ledger):
     journal.write("shard_quarantined", message="truncated tar", shard="shard-0003.tar")
     assert ingest_journal(ledger, journal) == 3
     assert ingest_journal(ledger, journal) == 0
-    (ck,) = ledger.rows("checkpoints")
+    (ck,) = ledger.checkpoints.of_job(1)
     assert (ck["job_id"], ck["task_index"], ck["step"], ck["state"]) == (1, 3, 10, "committed")
-    assert {(m["name"], m["value"], m["attempt"]) for m in ledger.rows("metrics")} == {("loss", 2.5, 2), ("lr", 1e-3, 2)}
-    (ev,) = ledger.rows("events")
+    assert {(m["name"], m["value"], m["attempt"]) for m in ledger.metrics.of_job(1)} == {("loss", 2.5, 2), ("lr", 1e-3, 2)}
+    (ev,) = ledger.events.of_job(1)
     assert ev["kind"] == "shard_quarantined" and '"shard": "shard-0003.tar"' in ev["data_json"]
 
 
@@ -52,7 +53,7 @@ def test_checkpoint_state_change_updates_the_same_row(tmp_path, job_env, ledger)
     journal.write("checkpoint", step=10, path="/ck/step_10", state="committed")
     journal.write("checkpoint", step=10, path="/ck/step_10", state="corrupt", note="chunk checksum mismatch")
     ingest_journal(ledger, journal)
-    (ck,) = ledger.rows("checkpoints")
+    (ck,) = ledger.checkpoints.of_job(1)
     assert (ck["state"], ck["note"]) == ("corrupt", "chunk checksum mismatch")
 
 
@@ -61,7 +62,7 @@ def test_unreadable_and_malformed_records_become_events(tmp_path, job_env, ledge
     journal.write("metrics", step=1)  # no values
     (tmp_path / "j" / "99999999999999999999-x-1-0-event.json").write_text("{not json")
     assert ingest_journal(ledger, journal) == 2
-    kinds = sorted(e["kind"] for e in ledger.rows("events"))
+    kinds = sorted(e["kind"] for e in Table(ledger, "events").rows())
     assert kinds == ["journal_error", "unreadable"]
 
 
@@ -81,7 +82,7 @@ def test_concurrent_ingests_fold_each_record_once(tmp_path, job_env, ledger):
     for p in procs:
         p.join(60)
     assert [p.exitcode for p in procs] == [0, 0, 0]
-    assert sorted(e["message"] for e in ledger.rows("events")) == sorted(f"m{i}" for i in range(60))
+    assert sorted(e["message"] for e in ledger.events.of_job(1)) == sorted(f"m{i}" for i in range(60))
 
 
 def test_trainer_starts_steps_and_hangs_fold_into_segments(tmp_path, job_env, ledger, monkeypatch):

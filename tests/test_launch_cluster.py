@@ -48,7 +48,7 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
         assert "0 new record(s)" in run_cli("reconcile").stdout
         ports, spans = set(), []
         for sub in subs:
-            job = ledger.get("jobs", sub.ledger_ids[0])
+            job = ledger.jobs.get(sub.ledger_ids[0])
             out = (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()
             out = LABEL.sub("", out)  # srun --label's "3: "
             tasks = [json.loads(ln) for ln in out.splitlines() if ln.startswith("{")]
@@ -58,7 +58,7 @@ def test_two_jobs_sharing_nodes_get_distinct_ports_and_full_rank_sets(dev_cluste
             assert nodes[0] == nodes[1] != nodes[2] == nodes[3]
             assert {t["MASTER_ADDR"] for t in tasks} == {nodes[0]} and {t["GLOO_SOCKET_IFNAME"] for t in tasks} == {"lo"}
             ports |= {t["MASTER_PORT"] for t in tasks}
-            (event,) = ledger.rows("events", "kind = 'launch' AND job_id = ?", [job["id"]])
+            (event,) = [e for e in ledger.events.of_job(job["id"]) if e["kind"] == "launch"]
             data = json.loads(event["data_json"])
             assert data["network_env"] == {"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
             spans.append(data["master_port"])

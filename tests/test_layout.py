@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.ledger.schema import MIGRATIONS
+
 PACKAGE = Path(__file__).resolve().parent.parent / "hpctrain"
 
 
@@ -162,3 +164,48 @@ def test_the_database_check_sees_sql_and_the_database_object():
     tree = ast.parse('ledger.db.execute("SELECT 1")\nledger.rows("jobs", "site = ?", [s])\nledger.jobs.active(s)\n'
                      'table.rows.append(row)\n')
     assert len(database_uses("m", tree)) == 5
+
+
+TABLES = set(re.findall(r"CREATE TABLE (\w+)", "\n".join(s for migration in MIGRATIONS for s in migration)))
+
+
+def is_ledger(node: ast.expr) -> bool:
+    """A ledger by the name every module gives it: ``ledger``, ``self.ledger``."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+    return name == "ledger"
+
+
+def reaches_ledger(call: ast.Call) -> bool:
+    """A call of a ledger's method (``ledger.x(...)``, ``self.ledger.jobs.x(...)``), or one given a ledger."""
+    receiver = call.func
+    while isinstance(receiver, ast.Attribute):
+        receiver = receiver.value
+        if is_ledger(receiver):
+            return True
+    return any(is_ledger(a) for a in [*call.args, *(k.value for k in call.keywords)])
+
+
+def table_names(name: str, tree: ast.Module) -> list[str]:
+    """Where a module outside the ledger names a table to it, past its table classes: a table's name (a string that is
+    exactly one) passed to a call that reaches a ledger, or the generic row access imported. The same words elsewhere
+    name other things (a journal record's kind, a manifest's key, a command's argument, a printed table's title)."""
+    found = [f"{name}:{a.lineno}: {a.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Call) and reaches_ledger(n)
+             for a in [*n.args, *(k.value for k in n.keywords)] if isinstance(a, ast.Constant) and a.value in TABLES]
+    found += [f"{name}: imports hpctrain.{m}" for m in imported(tree) if m.split(".")[:2] == ["ledger", "table"]]
+    return found
+
+
+def test_only_the_ledger_names_its_tables():
+    assert {"jobs", "attempts", "events", "site_cache", "journal_ingested"} <= TABLES  # the schema's, all of them
+    offenders = [use for name, tree in modules().items() if unit(name) != "ledger" for use in table_names(name, tree)]
+    assert offenders == []
+
+
+def test_the_table_check_sees_table_names_given_to_a_ledger_only():
+    tree = ast.parse('ledger.update("jobs", 1, {})\nself.ledger.get("site_cache", key)\nledger.jobs.of("attempts")\n'
+                     'Table(ledger, "events")\ncount(self.ledger, table="trials")\n'
+                     'from hpctrain.ledger.table import Table\n'
+                     'journal.write("metrics", step=1)\nm.data.get("metrics", {})\nclick.argument("sweeps")\n'
+                     'Table(title="attempts")\nrow["jobs"]\nledger.jobs.get(1)\n')
+    assert [use.split(": ", 1)[1] for use in table_names("m", tree)] == [
+        "'jobs'", "'site_cache'", "'attempts'", "'events'", "'trials'", "imports hpctrain.ledger.table"]

@@ -6,7 +6,8 @@ import sqlite3
 import pytest
 
 from hpctrain.errors import LedgerError
-from hpctrain.ledger import SCHEMA_VERSION, Ledger
+from hpctrain.ledger import SCHEMA_VERSION, Ledger, rows
+from hpctrain.ledger.table import Table
 
 TABLES = {"jobs", "array_tasks", "attempts", "checkpoints", "metrics", "sweeps", "events"}
 
@@ -22,9 +23,9 @@ def test_new_ledger_has_schema_wal_and_busy_timeout(tmp_path):
 def test_reopen_keeps_rows_and_does_not_remigrate(tmp_path):
     path = tmp_path / "l.db"
     with Ledger(path) as ledger:
-        job = ledger.insert("jobs", {"name": "a", "site": "dev", "spec_json": {"lr": 0.1}})
+        job = ledger.jobs.record({"name": "a", "site": "dev", "spec_json": {"lr": 0.1}})
     with Ledger(path) as ledger:
-        assert ledger.get("jobs", job)["spec_json"] == '{"lr": 0.1}'
+        assert ledger.jobs.known(job)["spec_json"] == '{"lr": 0.1}'
         assert ledger.schema_version == SCHEMA_VERSION
 
 
@@ -58,29 +59,28 @@ def test_transaction_rolls_back_on_error(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
         with pytest.raises(RuntimeError):
             with ledger.transaction():
-                ledger.insert("jobs", {"name": "a", "site": "dev"})
+                ledger.jobs.record({"name": "a", "site": "dev"})
                 raise RuntimeError("boom")
-        assert ledger.rows("jobs") == []
+        assert ledger.jobs.get(1) is None
 
 
 def test_nested_transaction_is_one_commit(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
         with ledger.transaction():
-            ledger.insert("jobs", {"name": "a", "site": "dev"})
-            ledger.update("jobs", 1, {"state": "PENDING"})
+            ledger.jobs.record({"name": "a", "site": "dev"})
+            ledger.jobs.set_state(1, "PENDING")
             ledger.event("submitted", "job a", job_id=1, sbatch_calls=1)
-        assert ledger.get("jobs", 1)["state"] == "PENDING"
-        (event,) = ledger.rows("events")
+        assert ledger.jobs.known(1)["state"] == "PENDING"
+        (event,) = ledger.events.of_job(1)
         assert event["kind"] == "submitted" and event["data_json"] == '{"sbatch_calls": 1}'
 
 
 def test_metrics_upsert_is_idempotent(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
-        job = ledger.insert("jobs", {"name": "a", "site": "dev"})
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
         for value in (1.0, 0.5):
-            ledger.upsert("metrics", {"job_id": job, "task_index": -1, "name": "loss", "step": 10, "value": value},
-                          pk=("job_id", "task_index", "name", "step"))
-        assert [r["value"] for r in ledger.rows("metrics")] == [0.5]
+            ledger.metrics.record(job, -1, 10, {"loss": value}, restart=0, at=0.0)
+        assert [r["value"] for r in ledger.metrics.of_job(job)] == [0.5]
 
 
 def _writer(path: str, worker: int, n: int) -> None:
@@ -102,7 +102,7 @@ def test_concurrent_processes_lose_no_rows(tmp_path):
         p.join(120)
     assert [p.exitcode for p in procs] == [0, 0, 0, 0]
     with Ledger(path) as ledger:
-        messages = {r["message"] for r in ledger.rows("events")}
+        messages = {r["message"] for r in Table(ledger, "events").rows()}
     assert messages == {f"{w}:{i}" for w in range(4) for i in range(150)}
 
 
@@ -116,3 +116,55 @@ def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_p
             ledger.attempts.record(job, -1, attempt, state=state, cause=cause)
         (row,) = ledger.jobs.summaries("dev", final=())
     assert (row["restarts"], row["preemptions"]) == (4, 3)
+
+
+ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": rows.AttemptRow,
+             "checkpoints": rows.CheckpointRow, "metrics": rows.MetricRow, "sweeps": rows.SweepRow,
+             "trials": rows.TrialRow, "events": rows.EventRow, "segments": rows.SegmentRow,
+             "site_cache": rows.SiteCacheRow, "journal_ingested": rows.IngestedRow}
+WRITE_TYPES = {rows.NewJob: "jobs", rows.JobTimes: "jobs", rows.NewTask: "array_tasks", rows.AttemptFields: "attempts",
+               rows.NewCheckpoint: "checkpoints", rows.SegmentKey: "segments"}
+
+
+def keys(row_type: type) -> set[str]:
+    return set(row_type.__required_keys__ | row_type.__optional_keys__)
+
+
+def test_row_types_are_the_tables_columns(tmp_path):
+    """Every table but run_usage (its COLUMNS) has its row type, and what the table classes take are its columns."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        columns = {t: {c.name for c in ledger.db.table(t).columns} for t in ledger.db.table_names()}
+    assert set(columns) == set(ROW_TYPES) | {"run_usage"}
+    assert {t: keys(row_type) for t, row_type in ROW_TYPES.items()} == {t: columns[t] for t in ROW_TYPES}
+    assert keys(rows.SubmittedJob) == columns["jobs"] and keys(rows.LoggedEvent) == columns["events"] | {"data"}
+    assert [t for t, table in WRITE_TYPES.items() if not keys(t) <= columns[table]] == []
+
+
+def test_query_row_types_are_the_queries_columns(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev", "is_array": 1},
+                                 [{"task_index": 0, "param_index": 0, "params_json": "{}"}])
+        ledger.attempts.record(job, 0, 0, started_at=1.0, ended_at=2.0)
+        ledger.sweeps.create("s", "random", "{}")
+        ledger.sweeps.add_trials("s", 0, [{"x": 1}])
+        ledger.sweeps.link("s", job, [(0, 0)])
+        assert set(ledger.jobs.summaries("dev", ())[0]) == keys(rows.JobSummary)
+        assert set(ledger.attempts.usage_of([job], 3.0)[0]) == keys(rows.RunFacts)
+        assert set(ledger.sweeps.trials_with_tasks("s")[0]) == keys(rows.TrialTask)
+        assert set(ledger.sweeps.table("s")[0]) == keys(rows.TrialSummary)
+
+
+def test_site_cache_and_events_read_back_what_was_written(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        assert ledger.site_cache.get("dev", "limits") is None
+        ledger.site_cache.put("dev", "limits", {"MaxArraySize": "1001"})
+        ledger.site_cache.put("dev", "limits", {"MaxArraySize": "2001"})
+        row = ledger.site_cache.get("dev", "limits")
+        assert row is not None and row["value_json"] == '{"MaxArraySize": "2001"}'
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        ledger.events.add("ranks", "first", job, {"step": 1}, at=10.0)
+        ledger.events.add("ranks", "last", job, {"step": 2}, at=20.0)
+        ledger.event("other", job_id=job)
+        last = ledger.events.last(job, "ranks")
+        assert last is not None and (last["message"], last["data"]) == ("last", {"step": 2})
+        assert [e["data_json"] for e in ledger.events.of_job(job)] == ['{"step": 1}', '{"step": 2}', None]

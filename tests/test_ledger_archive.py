@@ -11,6 +11,7 @@ import pytest
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.archive import JOB_TABLES, archive, vacuum
+from hpctrain.ledger.table import Table
 
 from conftest import run_cli
 from ledger_helpers import DAY, make_history
@@ -38,7 +39,7 @@ def test_old_jobs_move_whole_and_nothing_is_lost(history, tmp_path):
         old, running = ledger.db.execute("SELECT min(id), max(id) FROM jobs").fetchone()
         ledger.db.execute("UPDATE jobs SET group_id = ? WHERE id = ?", [old, running])
         done = archive(ledger, tmp_path / "archive.db", cutoff)
-        kept = {r["id"]: r for r in ledger.rows("jobs")}
+        kept = {r["id"]: r for r in Table(ledger, "jobs").rows()}
     moved = counts(tmp_path / "archive.db")
     assert done.jobs == moved["jobs"] > 1000 and old in kept
     assert {t: counts(path)[t] + moved[t] for t in TABLES} == before

@@ -70,7 +70,7 @@ def test_gpu_hours_match_sacct_including_a_requeued_job(dev_cluster, isolated_le
                         f'account = "teama" }}\n')
         ids[name] = submit_cli(spec, tmp_path)
     with Ledger(isolated_ledger) as ledger:
-        slurm = {n: ledger.get("jobs", i)["slurm_job_id"] for n, i in ids.items()}
+        slurm = {n: ledger.jobs.get(i)["slurm_job_id"] for n, i in ids.items()}
     wait_until(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", slurm["requeued"]], capture_output=True,
                                       text=True).stdout.strip(), 60, 0.5, "the job to run")
     time.sleep(3)  # some work to lose: the run has no checkpoint
@@ -119,7 +119,7 @@ def test_a_secret_appears_in_no_artifact(dev_cluster, isolated_ledger, tmp_path)
     report = tmp_path / "report.html"
     assert run_cli("report", str(job), "--out", str(report)).returncode == 0
     with Ledger(isolated_ledger) as ledger:
-        job_dir = Path(ledger.get("jobs", job)["job_dir"])
+        job_dir = Path(ledger.jobs.get(job)["job_dir"])
     artifacts = [p for p in job_dir.rglob("*") if p.is_file()]
     artifacts += [p for p in isolated_ledger.parent.glob(isolated_ledger.name + "*")]  # the ledger, its WAL
     artifacts.append(report)

@@ -51,8 +51,12 @@ def interpreter(version: str) -> str | None:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(REPO)],
+    """Built from a copy of the source: setuptools writes build/ and *.egg-info into the tree it builds, and the
+    Slurm lanes' runs of this test (scripts/test) build from the same repository at the same time."""
+    out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source") / "hpctrain"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
                    check=True, capture_output=True)
     (built,) = out.glob("hpctrain-*.whl")
     return built

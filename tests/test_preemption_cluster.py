@@ -41,7 +41,7 @@ def records(journal: Journal, kind: str) -> list[dict]:
 def submitted(ledger: Ledger, spec_file: Path) -> tuple[int, dict, Journal]:
     """Submit a spec file: the job's ledger id, its row and its journal."""
     sub = Submitter(load_site("dev"), ledger).submit(load_job_spec(spec_file), spec_file)
-    job = ledger.get("jobs", sub.ledger_ids[0])
+    job = ledger.jobs.get(sub.ledger_ids[0])
     return job["id"], job, Journal(Path(job["job_dir"]) / "journal")
 
 
@@ -51,10 +51,10 @@ def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
 
     def done():
         poller.refresh()
-        return ledger.get("jobs", job_id)["state"] in TERMINAL
+        return ledger.jobs.get(job_id)["state"] in TERMINAL
 
     wait_until(done, timeout, 2.0, "the job to finish")
-    return ledger.get("jobs", job_id)["state"]
+    return ledger.jobs.get(job_id)["state"]
 
 
 @pytest.fixture(params=[

@@ -17,6 +17,7 @@ from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.config.types import parse_slurm_time
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.submit import Submitter
 
@@ -80,10 +81,10 @@ def test_quota_matches_sacctmgr_and_sshare(dev_cluster, isolated_ledger):
     # `cost --by account` puts the budget beside the GPU-hours (teamb has none).
     with Ledger(isolated_ledger) as ledger:
         for job_id, account in ((1, "teama"), (2, "teamb")):
-            ledger.insert("jobs", {"name": "done", "site": "dev", "account": account, "user": "root",
-                                   "partition": "gpu", "state": "COMPLETED"})
-            ledger.insert("attempts", {"job_id": job_id, "attempt": 0, "alloc_gpus": 2, "started_at": 0.0,
-                                       "ended_at": 1800.0, "elapsed_s": 1800.0, "cause": "completed"})
+            Table(ledger, "jobs").insert({"name": "done", "site": "dev", "account": account, "user": "root",
+                                          "partition": "gpu", "state": "COMPLETED"})
+            ledger.attempts.record(job_id, -1, 0, alloc_gpus=2, started_at=0.0, ended_at=1800.0, elapsed_s=1800.0,
+                                   cause="completed")
     rows = {r["account"]: r for r in json.loads(run_cli("cost", "--json").stdout)}
     assert rows["teama"]["gpu_hours"] == 1.0 and rows["teama"]["budget_gpu_hours"] == budget["limit"] / 60
     assert abs(rows["teama"]["budget_spent_gpu_hours"] - spent / 60) <= 1 / 60
@@ -133,7 +134,7 @@ def test_a_job_over_the_running_gpu_cap_is_refused_before_sbatch(dev_cluster, is
                           "account teamb allows 8 running GPUs; the job asks 12 GPUs\n")
     assert counts()["sbatch"] == 0
     with Ledger(isolated_ledger) as ledger:
-        assert ledger.rows("jobs") == []
+        assert Table(ledger, "jobs").rows() == []
 
 
 def test_a_job_behind_the_cap_is_warned_shown_waiting_and_runs_when_it_frees(dev_cluster, isolated_ledger, tmp_path):
@@ -213,8 +214,8 @@ def test_a_sweep_runs_no_more_trials_at_once_than_the_cap_lets_run(dev_cluster, 
 
     wait_until(done, 240, 1.0, "the sweep's trials to finish")
     with Ledger(isolated_ledger) as ledger:
-        trials = ledger.rows("trials")
-        slurm_ids = [j["slurm_job_id"] for j in ledger.rows("jobs", "sweep_id = 'capped'")]
+        trials = Table(ledger, "trials").rows()
+        slurm_ids = [j["slurm_job_id"] for j in ledger.jobs.of_sweep("capped")]
     assert len(trials) == 10 and {t["state"] for t in trials} == {"completed"}
     runs = sh("sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State", "-j", ",".join(slurm_ids)).split()
     assert len(runs) == 10 and {r.split("|")[1] for r in runs} == {"COMPLETED"}

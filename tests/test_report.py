@@ -15,6 +15,7 @@ from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.report import account_report, job_report, sweep_report
 from hpctrain.report.collect import attempt_marks, smoothed
 from hpctrain.slurm.assoc_mgr import Limit
@@ -51,18 +52,18 @@ MARK_STEPS = [10, 20, 40]  # where attempts 2, 3 and 4 began
 
 
 def _job(ledger: Ledger, name: str, account: str, spec: dict, **fields: object) -> int:
-    return ledger.insert("jobs", {"name": name, "site": "dev", "user": "alice", "account": account, "partition": "gpu",
-                                  "qos": "normal", "state": "COMPLETED", "submitted_at": T0, "spec_json": spec,
-                                  **fields})
+    return Table(ledger, "jobs").insert({"name": name, "site": "dev", "user": "alice", "account": account,
+                                         "partition": "gpu", "qos": "normal", "state": "COMPLETED", "submitted_at": T0,
+                                         "spec_json": spec, **fields})
 
 
 def _attempt(ledger: Ledger, job_id: int, task: int, attempt: int, start_h: float, end_h: float, cause: str,
              steps: tuple[int | None, int]) -> None:
-    ledger.insert("attempts", {
-        "job_id": job_id, "task_index": task, "attempt": attempt, "state": "COMPLETED" if cause == "completed" else
-        "PREEMPTED", "cause": cause, "started_at": T0 + start_h * 3600, "ended_at": T0 + end_h * 3600, "alloc_gpus": 4,
-        "elapsed_s": int((end_h - start_h) * 3600), "step_start": steps[0], "step_end": steps[1],
-        "requeued": int(cause != "completed"), "decision": None})
+    ledger.attempts.record(
+        job_id, task, attempt, state="COMPLETED" if cause == "completed" else "PREEMPTED", cause=cause,
+        started_at=T0 + start_h * 3600, ended_at=T0 + end_h * 3600, alloc_gpus=4,
+        elapsed_s=int((end_h - start_h) * 3600), step_start=steps[0], step_end=steps[1],
+        requeued=int(cause != "completed"), decision=None)
 
 
 def _loss(step: int, task: int) -> float:
@@ -90,15 +91,15 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         for attempt, (start_h, end_h, cause, steps) in enumerate(RUNS, 1):
             _attempt(ledger, job, -1, attempt, start_h, end_h, cause, steps)
             # Its trainer's start, steps (the second run's last 5 done again by the third) and stop, a minute each.
-            ledger.insert("segments", {
+            Table(ledger, "segments").insert({
                 "job_id": job, "task_index": -1, "attempt": attempt, "main_at": T0 + start_h * 3600 + 60,
                 "loaded_at": T0 + start_h * 3600 + 120, "resumed_from": steps[0] or 0, "steps": 10,
                 "step_seconds": (end_h - start_h) * 3600 - 240, "last_step": steps[1] + 5 * (attempt == 2),
                 "last_step_at": T0 + end_h * 3600 - 60})
         _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
         for step, hour in CHECKPOINT_HOURS.items():
-            ledger.insert("checkpoints", {"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
-                                          "created_at": T0 + hour * 3600, "bytes": 10**9, "duration_s": 2 + step / 10})
+            ledger.checkpoints.record({"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
+                                       "created_at": T0 + hour * 3600, "bytes": 10**9, "duration_s": 2 + step / 10})
         # A row as an old hpctrain might have written it, the secret's value in it: the report redacts it again.
         array = _job(ledger, "gpt-array", "teamb", spec.model_dump(mode="json"), slurm_job_id="102", is_array=1)
         for task in range(3):
@@ -110,8 +111,9 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
         swp, _ = store.register(ledger, load_sweep_spec(path), path)
         trials = _job(ledger, "trial", "teama", swp.job.redacted(), slurm_job_id="103", is_array=1, sweep_id=swp.id)
         for n, lr in enumerate((1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)):
-            ledger.insert("trials", {"sweep_id": swp.id, "number": n, "params_json": {"lr": lr}, "state": "completed",
-                                     "job_id": trials, "task_index": n, "value": 1 + abs(math.log10(lr) + 2.5)})
+            Table(ledger, "trials").insert({"sweep_id": swp.id, "number": n, "params_json": {"lr": lr},
+                                            "state": "completed", "job_id": trials, "task_index": n,
+                                            "value": 1 + abs(math.log10(lr) + 2.5)})
             _attempt(ledger, trials, n, 1, 40, 41, "completed", (None, 20))
             _metrics(ledger, trials, n, ("loss",), steps=20)
 

@@ -17,6 +17,7 @@ from hpctrain.jobs.poll import Poller
 from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
@@ -29,7 +30,7 @@ SMALL = {"mem": "500M", "time": "00:10:00", "account": "teama"}
 
 def submit(ledger: Ledger, spec: dict) -> dict:
     sub = Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(spec), "<test>")
-    return ledger.get("jobs", sub.ledger_ids[0])
+    return ledger.jobs.get(sub.ledger_ids[0])
 
 
 def finish(ledger: Ledger, job_id: int, timeout: float = 180, supervise: bool = False) -> str:
@@ -39,10 +40,10 @@ def finish(ledger: Ledger, job_id: int, timeout: float = 180, supervise: bool = 
 
     def done():
         reconcile(ledger, client, "dev") if supervise else poller.refresh()
-        return ledger.get("jobs", job_id)["state"] in TERMINAL
+        return ledger.jobs.get(job_id)["state"] in TERMINAL
 
     wait_until(done, timeout, 2.0, f"job {job_id} to finish")
-    return ledger.get("jobs", job_id)["state"]
+    return ledger.jobs.get(job_id)["state"]
 
 
 def killed_once(ledger: Ledger, tmp_path: Path, name: str) -> dict:
@@ -64,7 +65,7 @@ def test_a_job_crashing_at_start_stops_after_the_cap(dev_cluster, isolated_ledge
                               "retry": {"on_error": True, "max_stalled_attempts": 3}})
         assert finish(ledger, job["id"]) == "FAILED"
         assert run_cli("reconcile").returncode == 0
-        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+        attempts = ledger.attempts.of_job(job["id"])
     assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("error", 1), ("error", 0)]
     assert attempts[-1]["exit_code"] == "7:0"
     assert attempts[-1]["decision"].startswith("requeue cap: 3 consecutive attempts without checkpoint progress")
@@ -83,7 +84,7 @@ def test_a_run_killed_without_a_word_is_requeued_by_reconcile_once(dev_cluster, 
             [(True, f"scontrol requeue {job['slurm_job_id']}")]
         assert second.decisions == []
         assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
-        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+        attempts = ledger.attempts.of_job(job["id"])
     assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("completed", 0)]
 
 
@@ -93,14 +94,14 @@ def test_a_dead_run_slurm_has_forgotten_is_submitted_again_by_reconcile(dev_clus
     and the ledger follows it with its runs numbered on."""
     with Ledger(isolated_ledger) as ledger:
         job = killed_once(ledger, tmp_path, "forgotten")
-        ledger.update("jobs", job["id"], {"slurm_job_id": "99999999"})
+        Table(ledger, "jobs").update(job["id"], {"slurm_job_id": "99999999"})
         (decision,) = reconcile(ledger, SlurmClient.for_site(load_site("dev")), "dev").decisions
-        new_id = ledger.get("jobs", job["id"])["slurm_job_id"]
+        new_id = ledger.jobs.get(job["id"])["slurm_job_id"]
         assert decision.requeued and decision.why.endswith(
             f"by reconcile: Slurm no longer holds 99999999: submitted again as {new_id}"), decision.why
         assert new_id not in ("99999999", job["slurm_job_id"])
         assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
-        attempts = ledger.rows("attempts", "job_id = ?", [job["id"]], order_by="attempt")
+        attempts = ledger.attempts.of_job(job["id"])
     assert [(a["attempt"], a["cause"], a["requeued"]) for a in attempts] == [(0, "error", 1), (1, "completed", 0)]
     assert attempts[1]["slurm_job_id"] == new_id
 
@@ -124,8 +125,8 @@ def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated
         assert finish(ledger, array["id"], timeout=240) == "COMPLETED"
         SlurmClient.for_site(load_site("dev")).scancel([blocker["slurm_job_id"]])
         assert run_cli("reconcile").returncode == 0
-        tasks = {t["task_index"]: t for t in ledger.rows("array_tasks", "job_id = ?", [array["id"]])}
-        attempts = ledger.rows("attempts", "job_id = ?", [array["id"]], order_by="task_index, attempt")
+        tasks = {t["task_index"]: t for t in ledger.jobs.tasks(array["id"])}
+        attempts = ledger.attempts.of_job(array["id"])
     assert sorted(t["restarts"] for t in tasks.values()) == [0, 1]
     preempted = next(i for i, t in tasks.items() if t["restarts"] == 1)
     assert [(a["task_index"], a["cause"], a["requeued"]) for a in attempts if a["task_index"] == preempted][0] == \

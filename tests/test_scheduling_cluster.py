@@ -53,8 +53,8 @@ def test_auto_account_moves_to_the_account_with_better_fairshare(dev_cluster, is
     sub = submit(isolated_ledger, {"name": "auto", "command": ["true"], "launcher": "none",
                                    "resources": {"account": "auto", "mem": "100M", "time": "5"}})
     with Ledger(isolated_ledger) as ledger:
-        row = ledger.get("jobs", sub.ledger_ids[0])
-        (event,) = ledger.rows("events", "kind = 'placement' AND job_id = ?", [row["id"]])
+        row = ledger.jobs.get(sub.ledger_ids[0])
+        (event,) = [e for e in ledger.events.of_job(row["id"]) if e["kind"] == "placement"]
     assert row["account"] == "teamb"
     assert row["choice_reason"].startswith("auto: best fairshare teamb (") and " over teama (" in row["choice_reason"]
     assert event["message"] == row["choice_reason"]
@@ -71,10 +71,10 @@ def test_low_qos_job_is_requeued_by_a_high_job_and_status_shows_it(dev_cluster, 
 
         def running():
             poller.refresh()
-            return ledger.get("jobs", low.ledger_ids[0])["state"] == "RUNNING"
+            return ledger.jobs.get(low.ledger_ids[0])["state"] == "RUNNING"
 
         wait_until(running, 60, 1.0, "the low job to start")
-        assert ledger.get("jobs", low.ledger_ids[0])["qos"] == "low"
+        assert ledger.jobs.get(low.ledger_ids[0])["qos"] == "low"
     submit(isolated_ledger, {"name": "urgent", "command": ["sleep", "1"], "launcher": "none",
                              "resources": {"nodes": 1, "gpus_per_node": 4, "tasks_per_node": 1, "cpus_per_task": 16, "mem": "1G",
                                            "time": "5", "qos": "high", "account": "teama"}})

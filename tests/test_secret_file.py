@@ -16,6 +16,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.contract import JobPaths
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.submit.placement import Placement
 from hpctrain.submit.render import render_script
@@ -81,11 +82,11 @@ def test_the_poller_removes_the_file_once_the_job_runs_no_more(tmp_path, isolate
     with Ledger(isolated_ledger) as ledger:
         ids = {}
         for slurm_id in states:
-            ids[slurm_id] = ledger.insert("jobs", {"name": "t", "site": "dev", "user": "u", "state": "PENDING",
-                                                   "slurm_job_id": slurm_id, "job_dir": str(tmp_path), "is_array": 0,
-                                                   "spec_json": "{}"})
+            ids[slurm_id] = Table(ledger, "jobs").insert({"name": "t", "site": "dev", "user": "u", "state": "PENDING",
+                                                          "slurm_job_id": slurm_id, "job_dir": str(tmp_path),
+                                                          "is_array": 0, "spec_json": "{}"})
             secret_file.write(tmp_path, ids[slurm_id], VALUES)
         Poller(ledger, Sacct(states), "dev").refresh()
-        assert {s: ledger.get("jobs", i)["state"] for s, i in ids.items()} == states
+        assert {s: ledger.jobs.get(i)["state"] for s, i in ids.items()} == states
     assert {s: secret_file.path(tmp_path, i).exists() for s, i in ids.items()} == {
         "101": False, "102": False, "103": True, "104": True}

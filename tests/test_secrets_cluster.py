@@ -62,7 +62,7 @@ def test_a_secret_reaches_every_run_and_never_slurm(dev_cluster, isolated_ledger
     client = SlurmClient.for_site(site)
     state_dir = Path(client.config()["StateSaveLocation"])
     with Ledger(isolated_ledger) as ledger:
-        job = ledger.get("jobs", Submitter(site, ledger).submit(JobSpec.model_validate(spec), "<test>").ledger_ids[0])
+        job = ledger.jobs.get(Submitter(site, ledger).submit(JobSpec.model_validate(spec), "<test>").ledger_ids[0])
         slurm_id, job_dir = job["slurm_job_id"], Path(job["job_dir"])
         wait_until(lambda: seen.exists() and seen.read_text(), 60, 0.5, "the first run to start")
 
@@ -78,9 +78,9 @@ def test_a_secret_reaches_every_run_and_never_slurm(dev_cluster, isolated_ledger
         wait_until(lambda: client.show_job(slurm_id).get("Restarts") == "1", 30, 0.5, "the requeue")
         assert holding(state_dir, secret) == []  # nor while it waits to run again
         poller = Poller(ledger, client, "dev")
-        wait_until(lambda: poller.refresh() >= 0 and ledger.get("jobs", job["id"])["state"] in TERMINAL, 120, 1.0,
+        wait_until(lambda: poller.refresh() >= 0 and ledger.jobs.get(job["id"])["state"] in TERMINAL, 120, 1.0,
                    "the second run to finish")
-        assert ledger.get("jobs", job["id"])["state"] == "COMPLETED"
+        assert ledger.jobs.get(job["id"])["state"] == "COMPLETED"
 
     assert seen.read_text().splitlines() == ["0 True", "1 True"]  # both runs had the secret
     assert holding(state_dir, secret) == [] and secret not in env_vars(slurm_id)

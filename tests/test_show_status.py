@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 
 from conftest import run_cli
 
 
 def _job(ledger: Ledger, is_array: bool, runs: list[tuple[str, str, int | None]]) -> int:
     """A completed job whose runs (task 0 of an array, else no task) ended with (state, cause, requeued)."""
-    job = ledger.insert("jobs", {"name": "j", "site": "dev", "state": "COMPLETED", "slurm_job_id": "41",
-                                 "is_array": int(is_array)})
+    job = Table(ledger, "jobs").insert({"name": "j", "site": "dev", "state": "COMPLETED", "slurm_job_id": "41",
+                                        "is_array": int(is_array)})
     for attempt, (state, cause, requeued) in enumerate(runs, 1):
-        ledger.insert("attempts", {"job_id": job, "task_index": 0 if is_array else -1, "attempt": attempt,
-                                   "state": state, "cause": cause, "requeued": requeued, "alloc_gpus": 2,
-                                   "decision": cause if requeued == 0 else None})
+        ledger.attempts.record(job, 0 if is_array else -1, attempt, state=state, cause=cause, requeued=requeued,
+                               alloc_gpus=2, decision=cause if requeued == 0 else None)
     return job
 
 

@@ -15,6 +15,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
@@ -60,7 +61,7 @@ def test_specs_run_and_secrets_stay_out(dev_cluster, isolated_ledger, slurm_call
     rows = {r["name"]: r for r in wait_finished(isolated_ledger)}
     assert {r["state"] for r in rows.values()} == {"COMPLETED"}
     with Ledger(isolated_ledger) as ledger:
-        dirs = {r["name"]: r["job_dir"] for r in ledger.rows("jobs")}
+        dirs = {r["name"]: r["job_dir"] for r in Table(ledger, "jobs").rows()}
     assert outputs(dirs["single"]).startswith("hello from n")
     assert "it's $(not) a `command` 12" in outputs(dirs["single"])
     ranks = sorted(ln for ln in LABEL.sub("", outputs(dirs["dist"])).splitlines() if ln.startswith("rank"))
@@ -81,22 +82,21 @@ def test_throttle_holds_and_status_counts_each_task_once(dev_cluster, isolated_l
     restarts = set()
     with Ledger(isolated_ledger) as ledger:
         # a ledger written before the fix: task 0's pending-range twin as a second, never-started run
-        ledger.upsert("attempts", {"job_id": sub.ledger_ids[0], "task_index": 0, "attempt": 1, "state": "PENDING"},
-                      pk=("job_id", "task_index", "attempt"))
+        ledger.attempts.record(sub.ledger_ids[0], 0, 1, state="PENDING")
         poller = Poller(ledger, SlurmClient.for_site(load_site("dev")), "dev")
 
         def done():
             poller.refresh()
-            restarts.update(r["restarts"] for r in ledger.rows("array_tasks"))
-            return ledger.rows("jobs")[0]["state"] in TERMINAL
+            restarts.update(r["restarts"] for r in Table(ledger, "array_tasks").rows())
+            return Table(ledger, "jobs").rows()[0]["state"] in TERMINAL
 
         wait_until(done, 180, 0.5, "the array to finish")
         # sacct lists a started task in the pending-range row too, for a while: never a second run
         assert restarts == {0}
-        attempts = ledger.rows("attempts", order_by="task_index, attempt")
+        attempts = ledger.attempts.of_job(sub.ledger_ids[0])
         assert [(a["task_index"], a["attempt"], a["state"]) for a in attempts] == \
             [(t, 0, "COMPLETED") for t in range(20)]
-        assert ledger.rows("jobs")[0]["state"] == "COMPLETED"
+        assert Table(ledger, "jobs").rows()[0]["state"] == "COMPLETED"
     rows = SlurmClient().sacct(sub.slurm_ids, ("JobID", "State", "Start", "End"))
     spans = [(r["Start"], r["End"]) for r in rows if r["State"] == "COMPLETED"]
     assert len(spans) == 20
@@ -155,8 +155,8 @@ def test_a_throttled_sweep_past_max_array_size_keeps_its_tasks_running(small_max
     assert full >= 0.9, f"four tasks ran {full:.2f} of the time a task waited: {window}"
     wait_finished(isolated_ledger, 60)
     with Ledger(isolated_ledger) as ledger:
-        job_dir = ledger.rows("jobs")[0]["job_dir"]
-        mapped = sorted(r["param_index"] for r in ledger.rows("array_tasks"))
+        job_dir = Table(ledger, "jobs").rows()[0]["job_dir"]
+        mapped = sorted(r["param_index"] for r in Table(ledger, "array_tasks").rows())
     assert mapped == list(range(23))
     assert sorted(outputs(job_dir).splitlines()) == sorted(f'idx={i} {{"x": {i}}}' for i in range(23))
 
@@ -191,7 +191,7 @@ def test_bad_input_is_refused_before_submission(dev_cluster, isolated_ledger, sl
     assert out.stderr == f"hpctrain: error: {spec}: {message}\n"
     assert counts()["sbatch"] == 0
     with Ledger(isolated_ledger) as ledger:
-        assert ledger.rows("jobs") == []
+        assert Table(ledger, "jobs").rows() == []
 
 
 def test_dry_run_renders_and_submits_nothing(dev_cluster, isolated_ledger, slurm_calls):
@@ -201,7 +201,7 @@ def test_dry_run_renders_and_submits_nothing(dev_cluster, isolated_ledger, slurm
     assert out.stdout.startswith("#!/bin/bash\n") and "#SBATCH --nodes=2" in out.stdout
     assert counts()["sbatch"] == 0
     with Ledger(isolated_ledger) as ledger:
-        assert ledger.rows("jobs") == []
+        assert Table(ledger, "jobs").rows() == []
 
 
 def test_associations_are_cached_and_read_again_before_refusing(dev_cluster, isolated_ledger, slurm_calls, tmp_path):
@@ -218,9 +218,8 @@ def test_associations_are_cached_and_read_again_before_refusing(dev_cluster, iso
     assert counts()["sacctmgr"] == first
     # A cache from before the user was added to teamb: read again rather than refused.
     with Ledger(isolated_ledger) as ledger:
-        rows = json.loads(ledger.get("site_cache", ("dev", "assoc:root"))["value_json"])
-        ledger.update("site_cache", ("dev", "assoc:root"),
-                      {"value_json": json.dumps([r for r in rows if r["account"] != "teamb"])})
+        rows = json.loads(ledger.site_cache.get("dev", "assoc:root")["value_json"])
+        ledger.site_cache.put("dev", "assoc:root", [r for r in rows if r["account"] != "teamb"])
     assert dry_run("teamb").returncode == 0
     assert dry_run("teamb").returncode == 0
     assert counts()["sacctmgr"] == first + 1
@@ -239,7 +238,7 @@ def test_injection_attempts_run_as_plain_data(dev_cluster, isolated_ledger, tmp_
                        "env": {"V": nasty[3]}, "resources": {"mem": "100M", "time": "5"}}, isolated_ledger)
     wait_finished(isolated_ledger)
     with Ledger(isolated_ledger) as ledger:
-        job_dir = ledger.get("jobs", sub.ledger_ids[0])["job_dir"]
+        job_dir = ledger.jobs.get(sub.ledger_ids[0])["job_dir"]
     args, env_value, cwd = json.loads(outputs(job_dir).splitlines()[-1])
     assert args == nasty and env_value == nasty[3] and cwd == str(workdir)
     assert not marker.exists()
@@ -256,7 +255,7 @@ def test_a_job_runs_in_a_workdir_named_like_an_option(dev_cluster, isolated_ledg
                        "resources": {"mem": "100M", "time": "5"}}, isolated_ledger)
     assert wait_finished(isolated_ledger)[0]["state"] == "COMPLETED"
     with Ledger(isolated_ledger) as ledger:
-        job_dir = ledger.get("jobs", sub.ledger_ids[0])["job_dir"]
+        job_dir = ledger.jobs.get(sub.ledger_ids[0])["job_dir"]
     assert outputs(job_dir).splitlines()[-1] == str(tmp_path / "-P")
 
 

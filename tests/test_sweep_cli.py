@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from hpctrain.cli import cli
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
 
@@ -38,11 +39,11 @@ def make_sweep(ledger_path: Path, tmp_path: Path, values: list[float | None]) ->
     spec.write_text(SWEEP)
     with Ledger(ledger_path) as ledger:
         swp, _ = store.register(ledger, load_sweep_spec(spec), spec)
-        job = ledger.insert("jobs", {"name": "trial", "site": "dev", "state": "COMPLETED", "is_array": 1,
-                                     "sweep_id": swp.id})
+        job = Table(ledger, "jobs").insert({"name": "trial", "site": "dev", "state": "COMPLETED", "is_array": 1,
+                                            "sweep_id": swp.id})
         for n, value in enumerate(values):
-            ledger.insert("trials", {"sweep_id": swp.id, "number": n, "params_json": {"x": n / 4, "y": -n / 8},
-                                     "state": "completed", "job_id": job, "task_index": n, "value": value})
+            Table(ledger, "trials").insert({"sweep_id": swp.id, "number": n, "params_json": {"x": n / 4, "y": -n / 8},
+                                            "state": "completed", "job_id": job, "task_index": n, "value": value})
 
 
 def test_status_says_no_completed_trial_reported_the_metric(isolated_ledger, tmp_path):

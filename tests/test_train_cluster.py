@@ -67,7 +67,7 @@ def test_two_node_layouts_match_a_single_process(dev_cluster, isolated_ledger, t
         rows = wait_until(finished, 420, 3.0, "both training jobs to finish")
         assert {r["state"] for r in rows} == {"COMPLETED"}, rows
         for name, sub in subs.items():
-            job = ledger.get("jobs", sub.ledger_ids[0])
+            job = ledger.jobs.get(sub.ledger_ids[0])
             out = (Path(job["job_dir"]) / f"slurm-{sub.slurm_ids[0]}.out").read_text()
             out = LABEL.sub("", out)  # srun --label's "3: "
             steps = [json.loads(ln) for ln in out.splitlines() if ln.startswith('{"step"')]

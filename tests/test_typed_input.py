@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.slurm.client import complaint
 from hpctrain.submit.lineage import entry_point
 
@@ -53,7 +54,7 @@ def test_a_nul_byte_in_a_secret_or_an_argument_is_one_line_and_no_row(tmp_path, 
     one_error_line(run_cli("submit", str(spec)), f"{spec}: command: a NUL byte")
     if isolated_ledger.exists():
         with Ledger(isolated_ledger) as ledger:
-            assert ledger.rows("jobs") == []
+            assert Table(ledger, "jobs").rows() == []
 
 
 def test_a_nul_byte_in_a_sweeps_job_path_is_one_line(tmp_path, isolated_ledger):
@@ -88,7 +89,7 @@ def test_a_one_liner_longer_than_a_file_name_runs(dev_cluster, tmp_path, isolate
     done = run_cli("submit", "--wait", str(spec))
     assert done.returncode == 0 and "COMPLETED" in done.stdout.splitlines()[-1], done.stdout + done.stderr
     with Ledger(isolated_ledger) as ledger:
-        (job,) = ledger.rows("jobs")
+        (job,) = Table(ledger, "jobs").rows()
     assert json.loads(job["lineage_json"])["code"] == {"entry_point": None}
 
 
@@ -105,7 +106,7 @@ def test_a_submission_this_machine_refuses_leaves_its_row_failed(dev_cluster, tm
                                '[resources]\nmem = "100M"\ntime = "00:02:00"\naccount = "teama"\n')
     one_error_line(run_cli("submit", "--site", str(site_file), str(spec)), str(blocker))
     with Ledger(isolated_ledger) as ledger:
-        (job,) = ledger.rows("jobs")
+        (job,) = Table(ledger, "jobs").rows()
     assert job["state"] == "SUBMIT_FAILED" and "Error" in job["error"]
 
 
@@ -166,7 +167,7 @@ def test_odd_text_in_a_real_submission_gives_a_job_or_one_line(dev_cluster, tmp_
     else:
         assert_user_error(done.returncode, done.stderr)
     with Ledger(isolated_ledger) as ledger:
-        assert {j["state"] for j in ledger.rows("jobs")} <= {"COMPLETED", "SUBMIT_FAILED"}
+        assert {j["state"] for j in Table(ledger, "jobs").rows()} <= {"COMPLETED", "SUBMIT_FAILED"}
 
 
 # Every string a sweep spec can hold (its inline job's too), set to text a user could type: registered, or one line.
@@ -193,4 +194,4 @@ def test_any_text_in_any_string_of_a_sweep_spec_registers_or_is_refused_in_lines
     assert_ledger_untouched(ledger_path)  # registering submits nothing
     if ledger_path.exists():
         with Ledger(ledger_path) as ledger:
-            assert [s["state"] for s in ledger.rows("sweeps")] in ([], ["ACTIVE"])
+            assert [s["state"] for s in Table(ledger, "sweeps").rows()] in ([], ["ACTIVE"])

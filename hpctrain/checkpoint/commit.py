@@ -143,7 +143,8 @@ def stale_dirs(directory: Path, attempt: str, committed_step: int) -> list[Path]
     return [
         d.path
         for d in list_dirs(directory, kind=None)
-        if d.kind == "trash" or (d.kind == "tmp" and (d.tag.rpartition(".")[0] != attempt or d.step <= committed_step))
+        if d.kind == "trash"
+        or (d.kind == "tmp" and d.tag is not None and (d.tag.rpartition(".")[0] != attempt or d.step <= committed_step))
     ]
 
 

@@ -100,7 +100,7 @@ class TensorMeta:
 
 def checksum(a: np.ndarray | memoryview) -> int:
     """CRC32C of the array's bytes in C order (hardware-accelerated; releases the GIL, so threads share it)."""
-    return crc32c.crc32c(a if isinstance(a, memoryview) else np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return crc32c.crc32c(a if isinstance(a, memoryview) else np.ascontiguousarray(a).reshape(-1).view(np.uint8).data)
 
 
 def chunk_key(index: tuple[int, ...]) -> str:
@@ -118,7 +118,7 @@ def contiguous_chunks(meta: TensorMeta, box: Box) -> bool:
 def chunk_runs(meta: TensorMeta, box: Box, array: np.ndarray) -> Iterator[tuple[tuple[int, ...], memoryview]]:
     """(chunk index, the bytes of ``array`` it holds) for each chunk in ``box``: a ``contiguous_chunks`` box,
     non-empty, that the C-contiguous ``array`` holds."""
-    flat = memoryview(array.reshape(-1).view(np.uint8))
+    flat = array.reshape(-1).view(np.uint8).data
     row = array.nbytes // array.shape[0] if array.ndim else array.nbytes
     for index in meta.chunks_in(box):
         offset, shape = meta.chunk_box(index)

@@ -68,6 +68,7 @@ def load_agreed(directory: Path, like: Any, *, rank: int, newer_than: int = -1) 
         restored = None
         if step in found:
             status = found[step]
+            assert status.manifest is not None  # found holds only statuses with one
             try:
                 state = load(status.dir.path, like, rank=rank)
                 saved = status.manifest.ranks.get(rank, {})

@@ -94,13 +94,11 @@ def read_boxes(m: Manifest, requests: list[_Request], *, torch_memory: bool = Fa
     for r in requests:
         check_files(m, r.entry, r.box)
         aligned = r.entry.meta.aligned_box(r.box)
-        into_out = r.out is not None and aligned == r.box and r.out.flags.c_contiguous
-        targets.append(
-            (
-                aligned,
-                r.out if into_out else empty(aligned[1], numpy_dtype(r.entry.meta.dtype), torch_memory=torch_memory),
-            )
-        )
+        if r.out is not None and aligned == r.box and r.out.flags.c_contiguous:
+            target = r.out
+        else:
+            target = empty(aligned[1], numpy_dtype(r.entry.meta.dtype), torch_memory=torch_memory)
+        targets.append((aligned, target))
         direct.append(contiguous_chunks(r.entry.meta, aligned))
     stores = {
         r.entry.name: ts.open(array_spec(_array_dir(m, r.entry), r.entry.meta), open=True, context=ts_context())

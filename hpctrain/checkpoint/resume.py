@@ -108,6 +108,7 @@ def load_latest(
         if problem is not None:
             report_corrupt(status.dir.path, status.dir.step, problem, journal)
         if agree(problem is None):
+            assert status.manifest is not None  # a status without a manifest has a problem
             saved = status.manifest.ranks.get(rank, {})
             return Restored(
                 status.dir.path, status.manifest.step, state, saved.get("cursor"), saved.get("rng"), status.manifest

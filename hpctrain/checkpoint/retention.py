@@ -37,9 +37,9 @@ class Retention:
         """Steps to delete among valid checkpoints ``{step: metric value or None}``."""
         steps = sorted(scores)
         keep = set(steps[-self.keep_last :])
-        ranked = [s for s in steps if isinstance(scores[s], (int, float)) and not math.isnan(scores[s])]
+        ranked = {s: v for s, v in scores.items() if isinstance(v, (int, float)) and not math.isnan(v)}
         sign = 1 if self.mode == "min" else -1
-        keep.update(sorted(ranked, key=lambda s: (sign * scores[s], -s))[: self.keep_best])
+        keep.update(sorted(ranked, key=lambda s: (sign * ranked[s], -s))[: self.keep_best])
         return [s for s in steps if s not in keep]
 
 

@@ -113,7 +113,7 @@ def write_pieces(root: Path, pieces: list[Piece]) -> dict[str, dict[str, Any]]:
         else ts.open(
             array_spec(root / TENSORS / p.name, p.meta),
             context=ts_context(),
-            **({"open": True, "assume_metadata": True} if any(p.offset) else {"create": True}),
+            open_mode=ts.OpenMode(open=True, assume_metadata=True) if any(p.offset) else ts.OpenMode(create=True),
         )
         for (p, _), d in zip(arrays, direct)
     ]

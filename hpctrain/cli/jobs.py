@@ -6,6 +6,7 @@ import json
 import re
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import click
@@ -96,7 +97,7 @@ def _array_option(text: str) -> Any:
 WAITS_EVERY_S = 60.0
 
 
-def _status_table(rows: list[dict[str, Any]], title: str) -> Any:
+def _status_table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -227,7 +228,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             "job": row,
             "array_tasks": ledger.jobs.tasks(row["id"]),
             "attempts": ledger.attempts.of_job(row["id"]),
-            "events": ledger.events_of(row["id"]),
+            "events": ledger.events.of_job(row["id"]),
             "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
         segments = ledger.segments.of_jobs([row["id"]])
@@ -286,8 +287,8 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     console.print(attempts)
     for a in detail["attempts"]:
         if a["requeued"] == 0 and a["cause"] != "completed":
-            task = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
-            console.print(f"  [bold]{task}stopped after attempt {a['attempt']}[/]: {a['decision']}")
+            which = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
+            console.print(f"  [bold]{which}stopped after attempt {a['attempt']}[/]: {a['decision']}")
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     for (task, attempt), good in goodput.items():
@@ -383,7 +384,11 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
         raise click.UsageError("give a JOB or --sweep, not both")
     _, ledger, client = open_site(site)
     with ledger:
-        cancelled = cancel_jobs(ledger, client, find_job(ledger, job)) if job else cancel_sweep(ledger, client, sweep)
+        if job:
+            cancelled = cancel_jobs(ledger, client, find_job(ledger, job))
+        else:
+            assert sweep  # one of the two, as checked above
+            cancelled = cancel_sweep(ledger, client, sweep)
     click.echo(f"cancelled {len(cancelled)} job(s): {' '.join(cancelled) or '-'}")
 
 

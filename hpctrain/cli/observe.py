@@ -89,7 +89,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
         runs = usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts)
         groups = totals(runs, by)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             by: g.key,
             "jobs": len(g.jobs),

@@ -51,7 +51,7 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
     cfg, ledger, _ = open_site(site)
     summary: list[str] = []
     with ledger:
-        if account is not None:
+        if target is None:  # --account
             html = account_report(
                 ledger, cfg, account or None, since.timestamp() if since else None, account_budgets(cfg, ledger)
             )

@@ -6,7 +6,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -51,6 +51,7 @@ def _not_json(value: Any) -> Loc | None:
     table with a key that is not text); None when JSON holds all of it as it is."""
     if value is None or isinstance(value, (str, int)) or (isinstance(value, float) and math.isfinite(value)):
         return None
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, dict) and all(isinstance(key, str) for key in value):
         items = value.items()
     elif isinstance(value, (list, tuple)):  # a tuple (given in Python) is written as the list it reads back as

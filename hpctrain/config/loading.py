@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from hpctrain.errors import ConfigError
 
@@ -132,7 +133,7 @@ _EXPECTED = {
 }
 
 
-def describe_error(err: dict[str, Any]) -> str:
+def describe_error(err: ErrorDetails) -> str:
     """One pydantic error -> 'what was expected, got what'."""
     kind = err["type"]
     if kind == "missing":

@@ -72,6 +72,8 @@ class ShardLoader:
     time): a batch is then valid only until the next one is asked for, so copy what must outlive a step.
     """
 
+    _positions: list[Position]  # per logical worker: where its next batch starts in its plan
+
     def __init__(
         self,
         index: ShardIndex | str | Path,
@@ -145,7 +147,8 @@ class ShardLoader:
         items = DataLoader(
             EpochDataset(job),
             batch_size=None,
-            collate_fn=as_is,
+            # with batch_size=None the DataLoader passes collate_fn each item, not the list torch's hint expects
+            collate_fn=as_is,  # type: ignore[arg-type]
             num_workers=self.workers,
             prefetch_factor=self.prefetch_factor if self.workers else None,
             worker_init_fn=init_worker if self.workers else None,
@@ -245,7 +248,7 @@ class ShardLoader:
     def _start_epoch(self, epoch: int) -> None:
         self.epoch = epoch
         self._plan = self._plan_for(epoch, self.dp_rank, self.dp_size, self._lanes, self.batch_size)
-        self._positions: list[Position] = [(0, 0)] * self._lanes
+        self._positions = [(0, 0)] * self._lanes
         self._next_worker = 0
 
     def _consume(self, item: Item) -> None:

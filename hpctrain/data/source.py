@@ -31,6 +31,8 @@ from hpctrain.errors import DataError
 if TYPE_CHECKING:
     from http.client import HTTPResponse
 
+    from typing_extensions import Buffer
+
 PIPE = "pipe:"
 HTTP = ("http://", "https://")
 RANGE_GAP = 1 << 20  # reading 1 MiB at 100 MB/s takes about as long as a request's round trip to a store
@@ -82,7 +84,7 @@ class _Stream(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
-    def readinto(self, buffer: memoryview) -> int:
+    def readinto(self, buffer: Buffer) -> int:
         n = self._readinto(buffer)
         self._pos += n
         return n
@@ -106,7 +108,7 @@ class _Stream(io.RawIOBase):
         """Move to ``target`` without reading up to it, if that is possible and cheaper."""
         return False
 
-    def _readinto(self, buffer: memoryview) -> int:
+    def _readinto(self, buffer: Buffer) -> int:
         raise NotImplementedError
 
 
@@ -125,8 +127,8 @@ class _Pipe(_Stream):
             stderr=self._stderr,
         )
 
-    def _readinto(self, buffer: memoryview) -> int:
-        assert self._proc.stdout is not None
+    def _readinto(self, buffer: Buffer) -> int:
+        assert isinstance(self._proc.stdout, io.FileIO)  # bufsize=0: unbuffered
         n = self._proc.stdout.readinto(buffer)
         if not n and (status := self._proc.wait()):
             self._stderr.seek(0)
@@ -189,7 +191,7 @@ class _Http(_Stream):
         self._request(target)
         return True
 
-    def _readinto(self, buffer: memoryview) -> int:
+    def _readinto(self, buffer: Buffer) -> int:
         from http.client import HTTPException
 
         if self._response is None:

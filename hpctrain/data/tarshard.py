@@ -125,7 +125,8 @@ class Shard:
         members = _tar_members(self._tar) if self._fd is None else self.headers()
         targets = iter(wanted)
         target = next(targets, None)
-        i, key, sample = -1, None, {}
+        i, key = -1, None
+        sample: RawSample = {}
         try:
             for member, member_key, extension in _sample_members(members):
                 if member_key != key:
@@ -166,6 +167,7 @@ class Shard:
     def _read(self, member: Header | tarfile.TarInfo) -> bytes:
         if self._fd is not None and not _sparse(member):
             return self._locate(member).read()
+        assert isinstance(member, tarfile.TarInfo)  # a stream's or a sparse one: headers parsed here are neither
         fh = self._tar.extractfile(member)  # any member, from its own offsets: also one of another TarFile here
         assert fh is not None  # a regular file
         return fh.read()
@@ -229,7 +231,8 @@ class Header(NamedTuple):
 def _header(fd: int, offset: int) -> Header | None:
     """The regular file whose header (a pax record then a ustar header, or the ustar header alone) starts at
     ``offset``, read as tarfile reads it; None if it is anything else (tarfile's to read)."""
-    fields, pax = _ustar(os.pread(fd, BLOCK, offset)), {}
+    fields = _ustar(os.pread(fd, BLOCK, offset))
+    pax: dict[str, str] | None = {}
     if fields is not None and fields[0] == b"x":
         pax = _pax(os.pread(fd, fields[2], offset + BLOCK))
         offset += BLOCK + _padded(fields[2])
@@ -287,7 +290,8 @@ def _cut(raw: bytes) -> bytes:
 def _tar_members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
     """``tar``'s members, read lazily: each member's data is read or seeked over before the next header."""
     for member in tar:
-        tar.members = []  # tarfile keeps every header it reads; a shard may hold 100k samples
+        # tarfile keeps every header it reads (in `members`, which typeshed leaves out); a shard may hold 100k samples
+        tar.members = []  # type: ignore[attr-defined]
         yield member
 
 
@@ -295,7 +299,7 @@ def _sample_members(members: Iterable[Header | tarfile.TarInfo]) -> Iterator[tup
     """(member, sample key, extension) of the regular files."""
     for member in members:
         key, extension = key_and_extension(member.name)
-        if member.isreg() and key is not None:
+        if member.isreg() and key is not None and extension is not None:
             yield member, key, extension
 
 
@@ -315,7 +319,8 @@ def scan(location: str) -> Scan:
     with file:
         hashing = _Hashing(file)
         try:
-            with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as tar:
+            # a stream ("r|") is only read; typeshed asks any fileobj for write, seek and close too
+            with tarfile.open(fileobj=hashing, mode="r|", bufsize=1 << 20) as tar:  # type: ignore[call-overload]
                 keys = (k for _, k, _ in _sample_members(_tar_members(tar)))
                 samples, problem = sum(1 for _ in itertools.groupby(keys)), None
         except _READ_ERRORS as exc:

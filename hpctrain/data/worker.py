@@ -204,7 +204,7 @@ def _size(fields: dict[str, list[Any]]) -> int:
 
 
 def _fill(whole: torch.Tensor, samples: list[Sample], fields: dict[str, list[Any]]) -> None:
-    flat, at = memoryview(whole.numpy()), 0
+    flat, at = whole.numpy().data, 0
     for key, ends in fields.items():
         if _metadata(key):
             continue

@@ -46,8 +46,9 @@ def network_checks(site: SiteConfig, ledger: Ledger, client: SlurmClient, partit
         state = wait_finished(ledger, client, site.name, sub.ledger_ids)[sub.ledger_ids[0]]
     except HpctrainError as exc:
         return [Check("network", "FAIL", f"preflight job failed: {exc}")]
-    job = ledger.jobs.get(sub.ledger_ids[0])
-    output = JobPaths(Path(job["job_dir"])).output(sub.slurm_ids[0])
+    job_dir = ledger.jobs.known(sub.ledger_ids[0])["job_dir"]
+    assert job_dir is not None  # recorded before its sbatch
+    output = JobPaths(Path(job_dir)).output(sub.slurm_ids[0])
     try:
         lines = LABEL.sub("", output.read_text()).splitlines()  # each task's lines start "<rank>: " (srun --label)
     except OSError as exc:

@@ -25,6 +25,7 @@ from hpctrain.jobs.goodput import GPU_CAUSES, Goodput, job_goodput
 
 if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite libraries then
     from hpctrain.ledger import Ledger
+    from hpctrain.ledger.rows import RunFacts, SegmentRow
 
 # Runs whose work after the last checkpoint is done again by the next run.
 INTERRUPTED = ("preemption", "timeout", "node_failure", "requeued", "error", "oom")
@@ -71,13 +72,13 @@ def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | Non
     return len(ids)
 
 
-def measure(ledger: Ledger, rows: list[dict[str, Any]], now: float) -> list[Usage]:
+def measure(ledger: Ledger, rows: list[RunFacts], now: float) -> list[Usage]:
     """Runs (the ledger's usage rows, every run of each job) whole: sacct's GPU-seconds (GPUs x elapsed without
     them; a running run's up to ``now``) split by goodput cause, the queue time after them, unpriced."""
-    segments: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    segments: dict[int, list[SegmentRow]] = defaultdict(list)
     for seg in ledger.segments.of_jobs(r["job_id"] for r in rows) if rows else []:
         segments[seg["job_id"]].append(seg)
-    runs_of: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    runs_of: dict[int, list[RunFacts]] = defaultdict(list)
     for r in rows:
         runs_of[r["job_id"]].append(r)
     out = []
@@ -90,7 +91,7 @@ def measure(ledger: Ledger, rows: list[dict[str, Any]], now: float) -> list[Usag
     return out
 
 
-def _whole(r: dict[str, Any], good: Goodput, measured: bool, now: float) -> Usage:
+def _whole(r: RunFacts, good: Goodput, measured: bool, now: float) -> Usage:
     start, end, gpus = r["started_at"], r["ended_at"], r["gpus"] or 0
     if end is None:
         hours, spare = gpus * max(0.0, now - start) / 3600, 0.0
@@ -102,7 +103,7 @@ def _whole(r: dict[str, Any], good: Goodput, measured: bool, now: float) -> Usag
     causes = {k: (hours - spare) * v / run_s if run_s else 0.0 for k, v in good.seconds.items()}
     causes["spare"] = spare
     lost_from = (r["last_checkpoint_at"] or start) if r["cause"] in INTERRUPTED and end is not None else None
-    lost = gpus * max(0.0, end - lost_from) / 3600 if lost_from is not None else 0.0
+    lost = gpus * max(0.0, end - lost_from) / 3600 if lost_from is not None and end is not None else 0.0
     return Usage(
         r["job_id"],
         r["task_index"],

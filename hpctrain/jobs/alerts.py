@@ -4,6 +4,7 @@ stragglers (ranks far slower than their pipeline stage's fastest)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpctrain.config.site import Alerts
@@ -14,7 +15,7 @@ RECENT_STEPS = 20
 
 
 def job_alerts(
-    ledger: Ledger, jobs: list[dict[str, Any]], limits: Alerts, now: float | None = None
+    ledger: Ledger, jobs: Sequence[Mapping[str, Any]], limits: Alerts, now: float | None = None
 ) -> dict[int, list[str]]:
     """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
     now = now or time.time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpctrain.errors import HpctrainError
@@ -10,7 +11,7 @@ from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 
 
-def _cancel(ledger: Ledger, client: SlurmClient, rows: list[dict[str, Any]]) -> list[str]:
+def _cancel(ledger: Ledger, client: SlurmClient, rows: Sequence[Mapping[str, Any]]) -> list[str]:
     live = [r for r in rows if r["slurm_job_id"] and r["state"] not in TERMINAL]
     client.scancel([r["slurm_job_id"] for r in live])
     for r in live:

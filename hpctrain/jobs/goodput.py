@@ -23,7 +23,7 @@ is not the job's GPU time: it is counted apart (``queue_s``).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ def _tail(cause: str | None, last: bool, hung: bool) -> str:
 
 
 def run_goodput(
-    run: dict[str, Any], segments: list[dict[str, Any]], resumed_next: int | None, elapsed_s: float, end: float
+    run: Mapping[str, Any], segments: list[Mapping[str, Any]], resumed_next: int | None, elapsed_s: float, end: float
 ) -> Goodput:
     """Split ``run`` (an attempts row) over ``elapsed_s`` seconds ending at ``end``: its ``segments`` in order,
     and the step the job's next run resumed from (None: none did)."""
@@ -101,10 +101,10 @@ def run_goodput(
 
 
 def job_goodput(
-    runs: list[dict[str, Any]], segments: Iterable[dict[str, Any]], now: float
+    runs: Sequence[Mapping[str, Any]], segments: Iterable[Mapping[str, Any]], now: float
 ) -> dict[tuple[int, int], Goodput]:
     """Each started run of one job (attempts rows) by (task index, run number); ``segments`` are the job's."""
-    by_run: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    by_run: dict[tuple[int, int], list[Mapping[str, Any]]] = defaultdict(list)
     for seg in segments:
         by_run[(seg["task_index"], seg["attempt"])].append(seg)
     started = sorted((r for r in runs if r["started_at"] is not None), key=lambda r: (r["task_index"], r["attempt"]))

@@ -130,7 +130,7 @@ def show_logs(
     while True:
         if follow:
             poller.refresh()
-        finished = not follow or ledger.jobs.get(job["id"])["state"] in TERMINAL
+        finished = not follow or ledger.jobs.known(job["id"])["state"] in TERMINAL
         # A plain job run again under a new Slurm id writes a new file, also while it is followed.
         known = {v.path for v in views}
         views += [v for v in log_views(ledger, job, task, attempt, rank) if v.path not in known]

@@ -4,7 +4,7 @@ every supported release was seen to give (tests/slurm_outputs); any other is quo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpctrain.errors import SlurmError
@@ -93,7 +93,9 @@ def _numbers(lim: Limit) -> str:
     return f"{number(lim.used)} of {number(lim.limit)} {lim.unit} {'spent' if lim.how == 'spent' else 'in use'}"
 
 
-def waiting(jobs: list[dict[str, Any]], client: SlurmClient, limits: Callable[[], list[Limit]]) -> dict[int, str]:
+def waiting(
+    jobs: Sequence[Mapping[str, Any]], client: SlurmClient, limits: Callable[[], list[Limit]]
+) -> dict[int, str]:
     """Why each PENDING job among ``jobs`` (ledger rows or summaries) waits, in words: the controller's reason
     (one squeue call, only when a job is pending; an array's from its first pending task) and, when a
     reason names a limit, that limit's numbers (``limits()``, one more Slurm call)."""

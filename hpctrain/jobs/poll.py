@@ -8,6 +8,7 @@ from typing import Any
 
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import JobSummary, SubmittedJob
 from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm import sacct
@@ -44,7 +45,7 @@ class Poller:
                     changed += 1
         return changed
 
-    def _apply(self, job: dict[str, Any], tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
+    def _apply(self, job: SubmittedJob, tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
         policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
@@ -106,7 +107,7 @@ def next_interval(current: float, start: float, maximum: float, changed: bool) -
     return start if changed else min(current * 2, maximum)
 
 
-def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: int = 200) -> list[dict[str, Any]]:
+def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: int = 200) -> list[JobSummary]:
     """One row per tracked job, newest first, with array task counts, restarts and preemptions (one query)."""
     return ledger.jobs.summaries(site, TERMINAL, active_only, limit)
 
@@ -116,7 +117,7 @@ def wait_finished(ledger: Ledger, client: SlurmClient, site: str, ledger_ids: li
     poller, interval = Poller(ledger, client, site), 1.0
     while True:
         changed = poller.refresh()
-        states = {i: ledger.jobs.get(i)["state"] for i in ledger_ids}
+        states = {i: ledger.jobs.known(i)["state"] for i in ledger_ids}
         if all(s in TERMINAL for s in states.values()):
             return states
         interval = next_interval(interval, 1.0, 15.0, changed > 0)

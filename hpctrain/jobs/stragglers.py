@@ -37,5 +37,5 @@ def stragglers(ranks: list[dict[str, Any]], factor: float = FACTOR) -> list[Stra
 
 def latest(ledger: Ledger, job_id: int) -> tuple[int, list[Straggler]] | None:
     """The step of the job's latest `ranks` record and the stragglers it shows; None if it has none."""
-    event = ledger.last_event(job_id, "ranks")
+    event = ledger.events.last(job_id, "ranks")
     return (event["data"]["step"], stragglers(event["data"]["ranks"])) if event else None

@@ -12,10 +12,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import AttemptRow, JobRow
 from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.runtime.requeue import run_again
@@ -34,14 +34,12 @@ class Decision:
 def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
     """Decide every dead run whose last attempt nobody has decided on yet; returns what was done."""
     return [
-        _decide(ledger, client, ledger.jobs.get(job_id), task, ledger.attempts.of_task(job_id, task))
+        _decide(ledger, client, ledger.jobs.known(job_id), task, ledger.attempts.of_task(job_id, task))
         for job_id, task in ledger.jobs.undecided_deaths(site, DIED)
     ]
 
 
-def _decide(
-    ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: list[dict[str, Any]]
-) -> Decision:
+def _decide(ledger: Ledger, client: SlurmClient, job: JobRow, task: int, attempts: list[AttemptRow]) -> Decision:
     policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
     outcomes = fill_end_steps(
         [Outcome(a["cause"], a["step_start"], a["step_end"]) for a in attempts],
@@ -73,22 +71,25 @@ def _decide(
     return Decision(job["id"], task, go, why)
 
 
-def _run_again(ledger: Ledger, client: SlurmClient, job: dict[str, Any], task: int, attempts: int) -> str:
-    target = job["slurm_job_id"] + (f"_{task}" if task >= 0 else "")
-    secret_names = _keep_secrets_file(job, target)
+def _run_again(ledger: Ledger, client: SlurmClient, job: JobRow, task: int, attempts: int) -> str:
+    slurm_id, script, job_dir = job["slurm_job_id"], job["script_path"], job["job_dir"]
+    if slurm_id is None or script is None or job_dir is None:
+        raise HpctrainError(f"job {job['id']} has no Slurm id, batch script or directory in the ledger")
+    target = slurm_id + (f"_{task}" if task >= 0 else "")
+    secret_names = _keep_secrets_file(job, job_dir, target)
     # A plain job Slurm has forgotten (past MinJobAge) runs its script again under a new id; an array task
     # cannot be submitted alone under its array's id.
-    done = run_again(client, target, Path(job["script_path"]) if task < 0 else None, attempts, unset_env=secret_names)
+    done = run_again(client, target, Path(script) if task < 0 else None, attempts, unset_env=secret_names)
     if done.new_id is not None:
-        ledger.update("jobs", job["id"], {"slurm_job_id": done.new_id, "attempt_base": attempts})
+        ledger.jobs.resubmitted(job["id"], done.new_id, attempts)
     return done.how
 
 
-def _keep_secrets_file(job: dict[str, Any], target: str) -> list[str]:
-    """The job's secret names, its secrets file there for the next run: the one written at submit, else
-    one written now from this environment."""
+def _keep_secrets_file(job: JobRow, job_dir: str, target: str) -> list[str]:
+    """The job's secret names, its secrets file there (in ``job_dir``) for the next run: the one written at submit,
+    else one written now from this environment."""
     names = secret_file.names(json.loads(job["spec_json"] or "{}"))
-    if not names or secret_file.path(job["job_dir"], job["id"]).exists():
+    if not names or secret_file.path(job_dir, job["id"]).exists():
         return names
     missing = sorted(k for k in names if os.environ.get(k) is None)
     if missing:
@@ -96,11 +97,11 @@ def _keep_secrets_file(job: dict[str, Any], target: str) -> list[str]:
             f"job {target} has no secrets file left, and running it again needs the secret(s) "
             f"{', '.join(missing)} in this environment"
         )
-    secret_file.write(job["job_dir"], job["id"], {k: os.environ[k] for k in names})
+    secret_file.write(job_dir, job["id"], {k: os.environ[k] for k in names})
     return names
 
 
-def _mark_requeued(ledger: Ledger, job: dict[str, Any], task: int) -> None:
+def _mark_requeued(ledger: Ledger, job: JobRow, task: int) -> None:
     """Active again, so the next poll follows it (its old run may still be sacct's last for a moment)."""
     if task < 0:
         ledger.jobs.set_state(job["id"], "REQUEUED", ended_at=None)

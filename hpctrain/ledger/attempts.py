@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from hpctrain.ledger.rows import AttemptFields, AttemptRow, RunFacts
+from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from hpctrain.ledger.db import Ledger
 
 PK = ("job_id", "task_index", "attempt")
@@ -43,18 +48,17 @@ class Attempts:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._rows: Table[AttemptRow] = Table(ledger, "attempts", PK)
 
-    def record(self, job_id: int, task_index: int, attempt: int, **fields: Any) -> None:
+    def record(self, job_id: int, task_index: int, attempt: int, **fields: Unpack[AttemptFields]) -> None:
         """Create or update one run's row with ``fields`` (Slurm's view, or the decision taken after it)."""
-        self.ledger.upsert(
-            "attempts", {"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields}, pk=PK
-        )
+        self._rows.upsert({"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields})
 
-    def of_task(self, job_id: int, task_index: int) -> list[dict[str, Any]]:
-        return self.ledger.rows("attempts", "job_id = ? AND task_index = ?", [job_id, task_index], order_by="attempt")
+    def of_task(self, job_id: int, task_index: int) -> list[AttemptRow]:
+        return self._rows.rows("job_id = ? AND task_index = ?", [job_id, task_index], order_by="attempt")
 
-    def of_job(self, job_id: int) -> list[dict[str, Any]]:
-        return self.ledger.rows("attempts", "job_id = ?", [job_id], order_by="task_index, attempt")
+    def of_job(self, job_id: int) -> list[AttemptRow]:
+        return self._rows.rows("job_id = ?", [job_id], order_by="task_index, attempt")
 
     def drop_unstarted_from(self, job_id: int, task_index: int, attempt: int) -> None:
         """Runs from ``attempt`` on that never started nor were looked at: sacct listed them once and no longer
@@ -97,23 +101,20 @@ class Attempts:
         account: str | None = None,
         job_id: int | None = None,
         sweep_id: str | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[RunFacts]:
         """Every run overlapping [since, now] of the site's jobs not settled (of one account, job or sweep), with its
         job's facts and the time of its last checkpoint (committed, or committed and since deleted by retention)."""
-        return [
-            dict(r)
-            for r in self.ledger.db.query(
-                _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
-                {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id},
-            )
-        ]
+        return self._facts(
+            _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
+            {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id},
+        )
 
-    def usage_of(self, job_ids: Collection[int], now: float) -> list[dict[str, Any]]:
+    def usage_of(self, job_ids: Collection[int], now: float) -> list[RunFacts]:
         """Every started run of these jobs, as `unsettled_usage` gives them."""
-        return [
-            dict(r)
-            for r in self.ledger.db.query(
-                _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
-                {"now": now, "ids": json.dumps(sorted(set(job_ids)))},
-            )
-        ]
+        return self._facts(
+            _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
+            {"now": now, "ids": json.dumps(sorted(set(job_ids)))},
+        )
+
+    def _facts(self, sql: str, params: dict[str, Any]) -> list[RunFacts]:
+        return cast("list[RunFacts]", list(self.ledger.db.query(sql, params)))

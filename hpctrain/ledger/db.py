@@ -2,8 +2,9 @@
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
-`ledger.segments`, `ledger.usage` (settled runs' GPU-hours); events
-and the generic row access below serve the rest.
+`ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.events`, `ledger.site_cache` and
+`ledger.ingested` (journal records folded in). Rows come and go as the dicts of `hpctrain.ledger.rows`; the
+generic row access they are built on (`hpctrain.ledger.table`) is the ledger's own.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
 Writes run in BEGIN IMMEDIATE transactions so concurrent writers queue on the busy timeout
@@ -13,10 +14,8 @@ instead of failing with "database is locked" when a read transaction tries to up
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,13 @@ import sqlite_utils
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.attempts import Attempts
 from hpctrain.ledger.checkpoints import Checkpoints
+from hpctrain.ledger.events import Events
+from hpctrain.ledger.ingested import Ingested
 from hpctrain.ledger.jobs import Jobs
 from hpctrain.ledger.metrics import Metrics
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from hpctrain.ledger.segments import Segments
+from hpctrain.ledger.site_cache import SiteCache
 from hpctrain.ledger.sweeps import Sweeps
 from hpctrain.ledger.usage import RunUsage
 
@@ -64,7 +66,8 @@ class Ledger:
             raise LedgerError(f"{self.path}: cannot create ledger: {exc.strerror}") from None
         self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
         self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
-        self.usage = RunUsage(self)
+        self.usage, self.events = RunUsage(self), Events(self)
+        self.site_cache, self.ingested = SiteCache(self), Ingested(self)
 
     def close(self) -> None:
         self.db.close()
@@ -110,58 +113,7 @@ class Ledger:
             raise
         conn.execute("COMMIT")
 
-    # The small write/read API everything else goes through.
-
-    def insert(self, table: str, row: dict[str, Any]) -> int:
-        """Insert one row; returns its rowid."""
-        with self.transaction():
-            return self.db.table(table).insert(_encode(row)).last_rowid
-
-    def upsert(self, table: str, row: dict[str, Any], pk: str | tuple[str, ...]) -> None:
-        with self.transaction():
-            self.db.table(table).upsert(_encode(row), pk=pk)
-
-    def update(self, table: str, pk: Any, fields: dict[str, Any]) -> None:
-        with self.transaction():
-            self.db.table(table).update(pk, _encode(fields))
-
-    def rows(
-        self, table: str, where: str | None = None, params: Any = None, order_by: str | None = None
-    ) -> list[dict[str, Any]]:
-        return list(self.db.table(table).rows_where(where, params, order_by=order_by))
-
-    def get(self, table: str, pk: Any) -> dict[str, Any] | None:
-        try:
-            return self.db.table(table).get(pk)
-        except sqlite_utils.db.NotFoundError:
-            return None
-
-    def events_of(self, job_id: int) -> list[dict[str, Any]]:
-        return self.rows("events", "job_id = ?", [job_id], order_by="time")
-
-    def last_event(self, job_id: int, kind: str) -> dict[str, Any] | None:
-        """The job's latest event of ``kind``, its data decoded."""
-        for row in self.db.table("events").rows_where(
-            "job_id = ? AND kind = ?", [job_id, kind], order_by="time DESC", limit=1
-        ):
-            return {**row, "data": json.loads(row["data_json"] or "{}")}
-        return None
-
     def event(self, kind: str, message: str = "", job_id: int | None = None, **data: Any) -> int:
-        """Append to the event log (submissions, choices, requeues, quarantines, ...)."""
-        return self.insert(
-            "events",
-            {"time": time.time(), "kind": kind, "job_id": job_id, "message": message, "data_json": data or None},
-        )
-
-
-def _encode(row: dict[str, Any]) -> dict[str, Any]:
-    """Columns named *_json hold JSON; everything else is stored as given."""
-    return {
-        k: (
-            json.dumps(v, sort_keys=True, default=str)
-            if k.endswith("_json") and v is not None and not isinstance(v, str)
-            else v
-        )
-        for k, v in row.items()
-    }
+        """Append to the event log (submissions, choices, requeues, quarantines, ...): `Events.add` with the data
+        as keywords."""
+        return self.events.add(kind, message, job_id, data)

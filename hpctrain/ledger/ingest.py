@@ -8,6 +8,7 @@ from typing import Any
 
 from hpctrain.ledger.db import Ledger
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.rows import AttemptFields, NewCheckpoint, SegmentKey
 
 Handler = Callable[[Ledger, dict[str, Any]], None]
 
@@ -15,32 +16,25 @@ _CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "
 
 
 def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
-    row = {
-        k: rec.get(k)
-        for k in (
-            "job_id",
-            "step",
-            "path",
-            "state",
-            "bytes",
-            "duration_s",
-            "manifest_sha256",
-            "metric_name",
-            "metric_value",
-            "note",
+    ledger.checkpoints.record(
+        NewCheckpoint(
+            job_id=rec.get("job_id"),
+            task_index=rec.get("task_index", -1),
+            step=rec.get("step"),
+            path=rec["path"],
+            state=rec.get("state"),
+            created_at=rec["time"],
+            bytes=rec.get("bytes"),
+            duration_s=rec.get("duration_s"),
+            manifest_sha256=rec.get("manifest_sha256"),
+            metric_name=rec.get("metric_name"),
+            metric_value=rec.get("metric_value"),
+            note=rec.get("note"),
         )
-    }
-    row.update(task_index=rec.get("task_index", -1), created_at=rec["time"])
-    existing = ledger.checkpoints.at(rec["path"])
-    if existing:  # a later state (deleted, corrupt): created_at stays the commit's time
-        ledger.update(
-            "checkpoints", existing["id"], {k: v for k, v in row.items() if v is not None and k != "created_at"}
-        )
-    else:
-        ledger.insert("checkpoints", row)
+    )
 
 
-def _segment(rec: dict[str, Any]) -> dict[str, int] | None:
+def _segment(rec: dict[str, Any]) -> SegmentKey | None:
     """The job step start a trainer's record belongs to (None outside Slurm: no run number)."""
     if rec.get("job_id") is None or rec.get("attempt") is None:
         return None
@@ -76,38 +70,18 @@ def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
         raise ValueError("metrics record without a ledger job id")
     if (key := _segment(rec)) and "step_time_s" in rec["values"]:
         ledger.segments.stepped(key, step=rec["step"], seconds=rec["values"]["step_time_s"], time=rec["time"])
-    for name, value in rec["values"].items():
-        ledger.upsert(
-            "metrics",
-            {
-                "job_id": rec["job_id"],
-                "task_index": rec.get("task_index", -1),
-                "name": name,
-                "step": rec["step"],
-                "value": value,
-                "attempt": rec.get("restart", 0),
-                "time": rec["time"],
-            },
-            pk=("job_id", "task_index", "name", "step"),
-        )
+    ledger.metrics.record(
+        rec["job_id"], rec.get("task_index", -1), rec["step"], rec["values"], rec.get("restart", 0), rec["time"]
+    )
 
 
 def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
     data = {k: v for k, v in rec.items() if k not in _CONTEXT and k != "message"}
     data.update(host=rec.get("host"), rank=rec.get("rank"), slurm_job_id=rec.get("slurm_job_id"))
-    ledger.insert(
-        "events",
-        {
-            "time": rec["time"],
-            "kind": rec["kind"],
-            "job_id": rec.get("job_id"),
-            "message": rec.get("message", ""),
-            "data_json": data,
-        },
-    )
+    ledger.events.add(rec["kind"], rec.get("message", ""), rec.get("job_id"), data, at=rec["time"])
 
 
-def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
+def _attempt_fields(rec: dict[str, Any]) -> AttemptFields:
     """What a batch-script (attempt_*) or trainer (requeue, requeue_failed) record says about its run."""
     kind = rec["kind"]
     if kind == "attempt_start":
@@ -120,7 +94,7 @@ def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
             "decision": rec.get("message"),
         }
     if kind == "requeue":
-        fields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
+        fields: AttemptFields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
         return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
     return {"requeued": None, "decision": f"requeue failed: {rec.get('message')}"}  # reconcile may try again
 
@@ -128,34 +102,17 @@ def _attempt_fields(rec: dict[str, Any]) -> dict[str, Any]:
 def _attempt(ledger: Ledger, rec: dict[str, Any]) -> None:
     """Into the run's attempts row (keyed like sacct's runs), and the job's events."""
     if rec.get("job_id") is not None and rec.get("attempt") is not None:
-        ledger.upsert(
-            "attempts",
-            {
-                "job_id": rec["job_id"],
-                "task_index": rec.get("task_index", -1),
-                "attempt": rec["attempt"],
-                **_attempt_fields(rec),
-            },
-            pk=("job_id", "task_index", "attempt"),
-        )
+        ledger.attempts.record(rec["job_id"], rec.get("task_index", -1), rec["attempt"], **_attempt_fields(rec))
     if rec["kind"] != "attempt_start":
         _event(ledger, rec)
 
 
 def _resubmitted(ledger: Ledger, rec: dict[str, Any]) -> None:
     """A job that went on under a new Slurm id (a follow-up job): the ledger follows it there."""
-    job = ledger.get("jobs", rec["job_id"]) if rec.get("job_id") is not None else None
+    job = ledger.jobs.get(rec["job_id"]) if rec.get("job_id") is not None else None
     if job is not None and not job["is_array"]:
-        ledger.update(
-            "jobs",
-            job["id"],
-            {
-                "slurm_job_id": rec["new_slurm_job_id"],
-                "attempt_base": rec["attempt_base"],
-                "state": "PENDING",
-                "ended_at": None,
-            },
-        )
+        ledger.jobs.resubmitted(job["id"], rec["new_slurm_job_id"], rec["attempt_base"])
+        ledger.jobs.set_state(job["id"], "PENDING", ended_at=None)
     _event(ledger, rec)
 
 
@@ -173,14 +130,14 @@ HANDLERS: dict[str, Handler] = {
 def ingest_journal(ledger: Ledger, journal: Journal) -> int:
     """Fold every record not yet ingested; returns how many were new. Safe to run concurrently."""
     key = str(journal.dir.resolve())
-    done = {r["name"] for r in ledger.rows("journal_ingested", "journal = ?", [key])}
+    done = ledger.ingested.names(key)
     new = 0
     for name in journal.names():
         if name in done:
             continue  # never read again: a long job's journal holds many records
         rec = journal.read(name)
         with ledger.transaction():
-            if ledger.rows("journal_ingested", "journal = ? AND name = ?", [key, name]):
+            if ledger.ingested.has(key, name):
                 continue  # another reconcile got there first
             rec.setdefault("time", time.time())
             try:
@@ -195,9 +152,6 @@ def ingest_journal(ledger: Ledger, journal: Journal) -> int:
                         "message": f"{journal.dir / name}: {exc!r}",
                     },
                 )
-            ledger.insert(
-                "journal_ingested",
-                {"journal": key, "name": name, "kind": rec.get("kind", "?"), "ingested_at": time.time()},
-            )
+            ledger.ingested.add(key, name, rec.get("kind", "?"))
         new += 1
     return new

@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from hpctrain.errors import LedgerError
+from hpctrain.ledger.rows import ArrayTaskRow, JobRow, JobSummary, JobTimes, NewJob, NewTask, SubmittedJob
+from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from hpctrain.ledger.db import Ledger
 
 
@@ -47,45 +53,61 @@ class Jobs:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._rows: Table[JobRow] = Table(ledger, "jobs")
+        self._tasks: Table[ArrayTaskRow] = Table(ledger, "array_tasks", ("job_id", "task_index"))
 
-    def get(self, job_id: int) -> dict[str, Any] | None:
-        return self.ledger.get("jobs", job_id)
+    def get(self, job_id: int) -> JobRow | None:
+        return self._rows.get(job_id)
 
-    def by_slurm_id(self, site: str, slurm_job_id: str) -> dict[str, Any] | None:
-        rows = self.ledger.rows("jobs", "site = ? AND slurm_job_id = ?", [site, slurm_job_id])
-        return rows[0] if rows else None
+    def known(self, job_id: int) -> JobRow:
+        """A job whose id came from the ledger; LedgerError if it is not there (any more)."""
+        if (job := self.get(job_id)) is None:
+            raise LedgerError(f"{self.ledger.path}: no job {job_id} in the ledger")
+        return job
 
-    def record(self, row: dict[str, Any], tasks: Iterable[dict[str, Any]] = ()) -> int:
+    def by_slurm_id(self, site: str, slurm_job_id: str) -> SubmittedJob | None:
+        return cast("SubmittedJob | None", self._rows.first("site = ? AND slurm_job_id = ?", [site, slurm_job_id]))
+
+    def record(self, row: NewJob, tasks: Iterable[NewTask] = ()) -> int:
         """A new submission's row, in state SUBMITTING, with its array tasks; the first job of a submission
         is its own group. Returns the ledger id."""
         with self.ledger.transaction():
-            job_id = self.ledger.insert("jobs", {**row, "state": "SUBMITTING", "updated_at": time.time()})
+            job_id = self._rows.insert({**row, "state": "SUBMITTING", "updated_at": time.time()})
             if row.get("group_id") is None:
-                self.ledger.update("jobs", job_id, {"group_id": job_id})
+                self._rows.update(job_id, {"group_id": job_id})
             now = time.time()
-            self.ledger.db.table("array_tasks").insert_all({**t, "job_id": job_id, "updated_at": now} for t in tasks)
+            self._tasks.insert_all({**t, "job_id": job_id, "updated_at": now} for t in tasks)
         return job_id
+
+    def set_script(self, job_id: int, path: str, job_dir: str, sha256: str) -> None:
+        """The job's batch script (its path and SHA-256) and directory, once written."""
+        self._rows.update(job_id, {"script_path": path, "job_dir": job_dir, "script_sha256": sha256})
 
     def submitted(self, job_id: int, slurm_job_id: str) -> None:
         now = time.time()
-        self.ledger.update(
-            "jobs", job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now, "updated_at": now}
+        self._rows.update(
+            job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now, "updated_at": now}
         )
 
     def submit_failed(self, job_id: int, error: str) -> None:
-        self.ledger.update("jobs", job_id, {"state": "SUBMIT_FAILED", "error": error, "updated_at": time.time()})
+        self._rows.update(job_id, {"state": "SUBMIT_FAILED", "error": error, "updated_at": time.time()})
 
-    def set_state(self, job_id: int, state: str, **fields: Any) -> None:
-        """A new state from Slurm or from hpctrain's own decision, with any other fields that change with it."""
-        self.ledger.update("jobs", job_id, {"state": state, **fields, "updated_at": time.time()})
+    def resubmitted(self, job_id: int, slurm_job_id: str, attempt_base: int) -> None:
+        """The job goes on under a new Slurm id (its script submitted again), its runs numbered on from
+        ``attempt_base``."""
+        self._rows.update(job_id, {"slurm_job_id": slurm_job_id, "attempt_base": attempt_base})
 
-    def active(self, site: str, final: Collection[str]) -> list[dict[str, Any]]:
+    def set_state(self, job_id: int, state: str, **times: Unpack[JobTimes]) -> None:
+        """A new state from Slurm or from hpctrain's own decision, with its start and end where they change with it."""
+        self._rows.update(job_id, {"state": state, **times, "updated_at": time.time()})
+
+    def active(self, site: str, final: Collection[str]) -> list[SubmittedJob]:
         """Submitted jobs of the site not in a ``final`` state (none of which has ended: `jobs_open` indexes them)."""
-        return self.ledger.rows(
-            "jobs",
+        rows = self._rows.rows(
             f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)})",
             [site, *sorted(final)],
         )
+        return cast("list[SubmittedJob]", rows)
 
     def journals_to_read(self, site: str, final: Collection[str], ended_since: float) -> dict[str, list[int]]:
         """The job directories whose journals may still grow: of active jobs, and of jobs that ended since
@@ -113,20 +135,20 @@ class Jobs:
 
     def summaries(
         self, site: str, final: Collection[str], active_only: bool = False, limit: int = 200
-    ) -> list[dict[str, Any]]:
+    ) -> list[JobSummary]:
         """One row per job, newest first, with array task counts, restarts and preemptions (one query); a run that
         requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
         where, args = "", [site]
         if active_only:
             where, args = f"AND j.ended_at IS NULL AND j.state NOT IN ({_marks(final)})", args + sorted(final)
-        return [dict(r) for r in self.ledger.db.query(_SUMMARY_SQL.format(where=where), [*args, limit])]
+        return cast("list[JobSummary]", list(self.ledger.db.query(_SUMMARY_SQL.format(where=where), [*args, limit])))
 
-    def in_group(self, group_id: int) -> list[dict[str, Any]]:
+    def in_group(self, group_id: int) -> list[JobRow]:
         """Every job of one submission (arrays split past MaxArraySize are several)."""
-        return self.ledger.rows("jobs", "group_id = ?", [group_id])
+        return self._rows.rows("group_id = ?", [group_id])
 
-    def of_sweep(self, sweep_id: str) -> list[dict[str, Any]]:
-        return self.ledger.rows("jobs", "sweep_id = ?", [sweep_id])
+    def of_sweep(self, sweep_id: str) -> list[JobRow]:
+        return self._rows.rows("sweep_id = ?", [sweep_id])
 
     def has_account(self, site: str, account: str) -> bool:
         return (
@@ -164,8 +186,8 @@ class Jobs:
             [job_id, *final, *died],
         ).fetchone()[0]
 
-    def tasks(self, job_id: int) -> list[dict[str, Any]]:
-        return self.ledger.rows("array_tasks", "job_id = ?", [job_id], order_by="task_index")
+    def tasks(self, job_id: int) -> list[ArrayTaskRow]:
+        return self._tasks.rows("job_id = ?", [job_id], order_by="task_index")
 
     def task_states(self, job_id: int) -> dict[int, str]:
         return {r["task_index"]: r["state"] for r in self.tasks(job_id)}

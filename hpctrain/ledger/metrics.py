@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
+
+from hpctrain.ledger.rows import MetricRow
+from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -22,15 +25,35 @@ class Metrics:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._rows: Table[MetricRow] = Table(ledger, "metrics", ("job_id", "task_index", "name", "step"))
 
-    def of_job(self, job_id: int, task_index: int | None = None, names: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    def record(
+        self, job_id: int, task_index: int, step: int, values: Mapping[str, float | None], restart: int, at: float
+    ) -> None:
+        """A task's values at one step, reported at ``at`` in its ``restart``-th restart (column ``attempt``); a value
+        reported again replaces the one before."""
+        self._rows.upsert_all(
+            {
+                "job_id": job_id,
+                "task_index": task_index,
+                "name": name,
+                "step": step,
+                "value": value,
+                "attempt": restart,
+                "time": at,
+            }
+            for name, value in values.items()
+        )
+
+    def of_job(self, job_id: int, task_index: int | None = None, names: tuple[str, ...] = ()) -> list[MetricRow]:
         """A job's values (of one task, of some names), by task and step."""
-        where, args = "job_id = ?", [job_id]
+        where = "job_id = ?"
+        args: list[object] = [job_id]
         if task_index is not None:
             where, args = where + " AND task_index = ?", args + [task_index]
         if names:
             where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
-        return self.ledger.rows("metrics", where, args, order_by="task_index, step")
+        return self._rows.rows(where, args, order_by="task_index, step")
 
     def points(self, job_id: int) -> Iterator[tuple[str, int, int, float]]:
         """(name, task, step, value) of every reported value, by name, task and step."""

@@ -6,7 +6,10 @@ accounting reads it."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpctrain.ledger.rows import SegmentKey, SegmentRow
+from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -27,10 +30,11 @@ class Segments:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._rows: Table[SegmentRow] = Table(ledger, "segments", PK)
 
     def started(
         self,
-        key: dict[str, int],
+        key: SegmentKey,
         *,
         main_at: float | None,
         loaded_at: float | None,
@@ -38,24 +42,21 @@ class Segments:
         tier: str | None,
     ) -> None:
         """A trainer's start-up: process start, checkpoint loaded, the step it resumed from and the tier."""
-        self.ledger.upsert(
-            "segments",
-            {**key, "main_at": main_at, "loaded_at": loaded_at, "resumed_from": resumed_from, "tier": tier},
-            pk=PK,
+        self._rows.upsert(
+            {**key, "main_at": main_at, "loaded_at": loaded_at, "resumed_from": resumed_from, "tier": tier}
         )
 
-    def stepped(self, key: dict[str, int], *, step: int, seconds: float, time: float) -> None:
+    def stepped(self, key: SegmentKey, *, step: int, seconds: float, time: float) -> None:
         """One training step done (each journaled step is ingested once)."""
         with self.ledger.transaction() as db:
             db.execute(_STEP_SQL, {**key, "step": step, "seconds": seconds, "time": time})
 
-    def hung(self, key: dict[str, int]) -> None:
-        self.ledger.upsert("segments", {**key, "hung": 1}, pk=PK)
+    def hung(self, key: SegmentKey) -> None:
+        self._rows.upsert({**key, "hung": 1})
 
-    def of_jobs(self, job_ids: Iterable[int]) -> list[dict[str, Any]]:
+    def of_jobs(self, job_ids: Iterable[int]) -> list[SegmentRow]:
         ids = sorted(set(job_ids))
-        return self.ledger.rows(
-            "segments",
+        return self._rows.rows(
             f"job_id IN ({','.join('?' * len(ids))})",
             ids,
             order_by="job_id, task_index, attempt, step_restart",

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from hpctrain.ledger.rows import SweepRow, TrialRow, TrialSummary, TrialTask
+from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -39,14 +42,15 @@ class Sweeps:
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
+        self._rows: Table[SweepRow] = Table(ledger, "sweeps")
+        self._trials: Table[TrialRow] = Table(ledger, "trials", ("sweep_id", "number"))
 
-    def get(self, sweep_id: str) -> dict[str, Any] | None:
-        return self.ledger.get("sweeps", sweep_id)
+    def get(self, sweep_id: str) -> SweepRow | None:
+        return self._rows.get(sweep_id)
 
     def create(self, sweep_id: str, method: str, spec_json: str) -> None:
         now = time.time()
-        self.ledger.insert(
-            "sweeps",
+        self._rows.insert(
             {
                 "id": sweep_id,
                 "name": sweep_id,
@@ -60,17 +64,17 @@ class Sweeps:
 
     def set_state(self, sweep_id: str, state: str) -> None:
         """ACTIVE, DONE, FAILED (its tick failed on its own account) or CANCELLED."""
-        self.ledger.update("sweeps", sweep_id, {"state": state, "updated_at": time.time()})
+        self._rows.update(sweep_id, {"state": state, "updated_at": time.time()})
 
     def active(self) -> list[str]:
         """Ids of the sweeps a tick works on, oldest first."""
-        return [r["id"] for r in self.ledger.rows("sweeps", "state = 'ACTIVE'", order_by="created_at")]
+        return [r["id"] for r in self._rows.rows("state = 'ACTIVE'", order_by="created_at")]
 
     # Trials.
 
-    def trials_with_tasks(self, sweep_id: str) -> list[dict[str, Any]]:
+    def trials_with_tasks(self, sweep_id: str) -> list[TrialTask]:
         """Every trial with its task's state and whether its job's sbatch failed ("unsent")."""
-        return [dict(r) for r in self.ledger.db.query(_WITH_TASKS_SQL, [sweep_id])]
+        return cast("list[TrialTask]", list(self.ledger.db.query(_WITH_TASKS_SQL, [sweep_id])))
 
     def final_values(self, sweep_id: str, metric: str) -> dict[int, float]:
         return dict(self.ledger.db.execute(_FINAL_SQL, [sweep_id, metric]).fetchall())
@@ -88,28 +92,30 @@ class Sweeps:
                 out[number][step] = value
         return out
 
-    def table(self, sweep_id: str) -> list[dict[str, Any]]:
+    def table(self, sweep_id: str) -> list[TrialSummary]:
         """Every trial with its parameters (JSON), state, value and GPU-hours so far (one query)."""
-        return [dict(r) for r in self.ledger.db.query(_TABLE_SQL, {"now": time.time(), "sweep": sweep_id})]
+        return cast(
+            "list[TrialSummary]", list(self.ledger.db.query(_TABLE_SQL, {"now": time.time(), "sweep": sweep_id}))
+        )
 
-    def new_trials(self, sweep_id: str) -> list[dict[str, Any]]:
+    def new_trials(self, sweep_id: str) -> list[TrialRow]:
         """Trials suggested and not yet submitted, by number."""
-        return self.ledger.rows("trials", "sweep_id = ? AND state = 'new'", [sweep_id], order_by="number")
+        return self._trials.rows("sweep_id = ? AND state = 'new'", [sweep_id], order_by="number")
 
-    def add_trials(self, sweep_id: str, first: int, params: Iterable[dict[str, Any]]) -> None:
+    def add_trials(self, sweep_id: str, first: int, params: Iterable[Mapping[str, Any]]) -> None:
+        """New trials numbered from ``first``, each with its parameters."""
         now = time.time()
-        with self.ledger.transaction() as db:
-            db.table("trials").insert_all(
-                {
-                    "sweep_id": sweep_id,
-                    "number": first + i,
-                    "params_json": json.dumps(p, sort_keys=True),
-                    "state": "new",
-                    "failures": 0,
-                    "updated_at": now,
-                }
-                for i, p in enumerate(params)
-            )
+        self._trials.insert_all(
+            {
+                "sweep_id": sweep_id,
+                "number": first + i,
+                "params_json": json.dumps(p, sort_keys=True),
+                "state": "new",
+                "failures": 0,
+                "updated_at": now,
+            }
+            for i, p in enumerate(params)
+        )
 
     def set_outcomes(self, sweep_id: str, outcomes: Iterable[tuple[int, str, float | None]]) -> None:
         """(number, state, value) of trials whose state or value changed."""

@@ -87,8 +87,9 @@ def split_parameter(full: torch.Tensor, dim: int, group: dist.ProcessGroup | Non
         raise ValueError(f"dimension {dim} of size {full.shape[dim]} is not divisible by tp = {size}")
     part = full.chunk(size, dim=dim)[tp_rank(group)].clone()
     param = nn.Parameter(part)
-    param.tensor_model_parallel = True
-    param.tp_split_dim = dim
+    # markers read with getattr (by DeepSpeed, and train/state.py), which Parameter does not declare
+    param.tensor_model_parallel = True  # type: ignore[attr-defined]
+    param.tp_split_dim = dim  # type: ignore[attr-defined]
     return param
 
 

@@ -6,12 +6,12 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import AttemptRow, CheckpointRow, JobRow
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
 Curves = dict[int, tuple[list[int], list[float]]]
@@ -19,9 +19,9 @@ Curves = dict[int, tuple[list[int], list[float]]]
 
 @dataclass
 class JobData:
-    job: dict[str, Any]
-    attempts: list[dict[str, Any]]
-    checkpoints: list[dict[str, Any]]
+    job: JobRow
+    attempts: list[AttemptRow]
+    checkpoints: list[CheckpointRow]
     metrics: dict[str, Curves]
     env: dict[str, str]
 
@@ -49,7 +49,7 @@ def add_point(curves: Curves, key: int, step: int, value: float) -> None:
     values.append(value)
 
 
-def checkpoint_durations(checkpoints: list[dict[str, Any]]) -> Curves:
+def checkpoint_durations(checkpoints: list[CheckpointRow]) -> Curves:
     """Seconds each checkpoint took to write, by step, per task."""
     curves: Curves = {}
     for c in checkpoints:
@@ -71,7 +71,7 @@ def smoothed(values: Sequence[float], span: int | None = None) -> list[float]:
     return out
 
 
-def attempt_marks(attempts: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+def attempt_marks(attempts: list[AttemptRow]) -> list[tuple[int, int, str]]:
     """(task, step, label) where each resumed attempt began: the checkpoint step it started from, for every
     attempt after its task's first whose step is known, labelled "attempt 2 after preemption" (the cause that
     ended the attempt before). ``attempts`` in task and attempt order, as the ledger lists them."""

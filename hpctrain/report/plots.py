@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # label -> (x values, y values); an empty label draws an unlabelled line.
-Series = dict[str, tuple[Sequence[Any], Sequence[float]]]
+Series = Mapping[str, tuple[Sequence[Any], Sequence[float]]]
 # (x, label): a vertical line across the plot, such as where an attempt began.
 Mark = tuple[Any, str]
 
@@ -80,7 +80,7 @@ def lines(
 
 
 def stacked_bars(
-    labels: Sequence[str], stacks: dict[str, Sequence[float]], title: str, xlabel: str, ylabel: str
+    labels: Sequence[str], stacks: Mapping[str, Sequence[float]], title: str, xlabel: str, ylabel: str
 ) -> bytes:
     """One bar per label, its parts (``stacks``: part name -> one value per label) stacked in order, with a legend
     of the parts that are not zero everywhere."""

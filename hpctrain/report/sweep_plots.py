@@ -40,7 +40,7 @@ def importance_png(spec: SweepSpec, rows: list[dict[str, Any]]) -> tuple[bytes |
             f"({len(done)} reported it, {len({r['value'] for r in done})} different value(s))"
         )
     fig, ax = figure(7, 1.6 + 0.4 * len(scores))  # room for the title and axis with one parameter
-    names = sorted(scores, key=scores.get)
+    names = sorted(scores, key=lambda n: scores[n])
     ax.barh(names, [scores[n] for n in names])
     ax.set(xlabel="importance (fANOVA)", title=f"sweep {spec.name}: parameter importance for {spec.metric}")
     return png(fig), ""

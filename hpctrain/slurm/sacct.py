@@ -12,12 +12,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from typing import TypeVar
 
 from hpctrain.slurm.states import REQUEUE_STATES, normal_state
 
 FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
 _JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
+_N = TypeVar("_N", int, float)
 
 
 def expand_task_range(text: str) -> list[int]:
@@ -112,8 +114,8 @@ def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
         )
         for t in tasks:
             out.setdefault(base, {}).setdefault(t, TaskHistory()).attempts.append(attempt)
-    for tasks in out.values():
-        for h in tasks.values():
+    for by_task in out.values():
+        for h in by_task.values():
             h.attempts = merge_resized(sorted(h.attempts, key=lambda a: (a.submit or 0, a.start or float("inf"))))
     return out
 
@@ -141,5 +143,5 @@ def merge_resized(attempts: list[Attempt]) -> list[Attempt]:
     return out
 
 
-def _sum(a: float | None, b: float | None) -> float | None:
+def _sum(a: _N | None, b: _N | None) -> _N | None:
     return None if a is None or b is None else a + b

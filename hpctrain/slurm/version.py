@@ -69,7 +69,8 @@ class SlurmFeatures:
     @classmethod
     def from_config(cls, conf: dict[str, str]) -> SlurmFeatures:
         version = SlurmVersion.parse(conf.get("SLURM_VERSION", ""))
-        delay, source = _option(conf.get("AuthInfo", ""), "cred_expire", 120), "AuthInfo cred_expire"
+        cred_expire = _option(conf.get("AuthInfo", ""), "cred_expire")
+        delay, source = 120 if cred_expire is None else cred_expire, "AuthInfo cred_expire"
         if (
             version.has_requeue_delay
             and (own := _option(conf.get("SchedulerParameters", ""), "requeue_delay")) is not None
@@ -88,10 +89,10 @@ class SlurmFeatures:
         ]
 
 
-def _option(value: str, key: str, default: int | None = None) -> int | None:
+def _option(value: str, key: str) -> int | None:
     """``key``'s integer in a comma-separated Slurm option list ('socket=/x,cred_expire=10')."""
     for item in value.split(","):
         name, _, number = item.strip().partition("=")
         if name == key and number.isdigit():
             return int(number)
-    return default
+    return None

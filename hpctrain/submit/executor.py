@@ -30,6 +30,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, FiniteFloat, create_model
 from submitit.core import logger
 from submitit.core import utils as submitit_utils
+from submitit.core.core import Job
 from submitit.slurm.slurm import SlurmExecutor, SlurmInfoWatcher, SlurmJob
 
 from hpctrain.config import load_site
@@ -75,36 +76,34 @@ def _minutes(value: Any) -> Any:
 Minutes = Annotated[Any, AfterValidator(_minutes)]
 # The type of every parameter, submitit's generic names (timeout_min, mem_gb, ...) included, checked before submitit
 # converts any; the job spec made of them checks their values. Each is optional: only those given are checked.
-ExecutorParameters = create_model(
-    "ExecutorParameters",
-    __base__=StrictModel,
-    **{
-        name: (kind, None)
-        for name, kind in {
-            "name": str,
-            "job_name": str,
-            "timeout_min": Minutes,
-            "time": Minutes,
-            "mem_gb": Annotated[float, Field(gt=0, allow_inf_nan=False)],
-            "mem": MiB | None,
-            "nodes": int,
-            "tasks_per_node": int | None,
-            "ntasks_per_node": int | None,
-            "cpus_per_task": int,
-            "gpus_per_node": int,
-            "partition": str | None,
-            "qos": str | None,
-            "account": str | None,
-            "setup": list[str],
-            "array_parallelism": int | None,
-            "dependency": str,
-            "preemptible": bool,
-            "requeue": bool,
-            "env": dict[str, Any],
-            "workdir": ExpandedPath | None,
-        }.items()
-    },
-)
+# (dict[str, Any]: a dict passed as **kwargs is checked against each of create_model's own keywords as well)
+_PARAMETERS: dict[str, Any] = {
+    name: (kind, None)
+    for name, kind in {
+        "name": str,
+        "job_name": str,
+        "timeout_min": Minutes,
+        "time": Minutes,
+        "mem_gb": Annotated[float, Field(gt=0, allow_inf_nan=False)],
+        "mem": MiB | None,
+        "nodes": int,
+        "tasks_per_node": int | None,
+        "ntasks_per_node": int | None,
+        "cpus_per_task": int,
+        "gpus_per_node": int,
+        "partition": str | None,
+        "qos": str | None,
+        "account": str | None,
+        "setup": list[str],
+        "array_parallelism": int | None,
+        "dependency": str,
+        "preemptible": bool,
+        "requeue": bool,
+        "env": dict[str, Any],
+        "workdir": ExpandedPath | None,
+    }.items()
+}
+ExecutorParameters = create_model("ExecutorParameters", __base__=StrictModel, **_PARAMETERS)
 
 
 class ExecutorOptions(StrictModel):
@@ -255,7 +254,7 @@ class Executor(SlurmExecutor):
 
     def _internal_process_submissions(
         self, delayed_submissions: list[submitit_utils.DelayedSubmission]
-    ) -> list[HpctrainJob]:
+    ) -> list[Job[Any]]:
         spec = self.job_spec(len(delayed_submissions))
 
         def write_calls(files: JobPaths) -> None:
@@ -272,11 +271,11 @@ class Executor(SlurmExecutor):
         sub = Submitter(self.site, self.ledger, self.client).submit(spec, WHERE, on_files=write_calls)
         return self._jobs(sub, spec)
 
-    def _jobs(self, sub: Submission, spec: JobSpec) -> list[HpctrainJob]:
+    def _jobs(self, sub: Submission, spec: JobSpec) -> list[Job[Any]]:
         """submitit's jobs of a submission: one per call, in call order (array tasks across chunks)."""
         assert sub.files is not None
         tasks = list(range(spec.resources.nodes * spec.resources.ntasks_per_node))
-        made: list[HpctrainJob] = []
+        made: list[Job[Any]] = []
         for ledger_id, slurm_id, chunk in zip(sub.ledger_ids, sub.slurm_ids, sub.chunks):
             for job_id in [f"{slurm_id}_{t}" for t in range(chunk.count)] if chunk else [slurm_id]:
                 job = HpctrainJob(folder=sub.files.job_dir, job_id=job_id, tasks=tasks)

@@ -32,15 +32,11 @@ def cached(site: SiteConfig, ledger: Ledger | None, key: str, max_age_s: float, 
     ledger, ``fetch()``'s."""
     if ledger is None:
         return fetch()
-    row = ledger.get("site_cache", (site.name, key))
+    row = ledger.site_cache.get(site.name, key)
     if row and time.time() - row["fetched_at"] < max_age_s:
-        return json.loads(row["value_json"])
+        return json.loads(row["value_json"] or "null")
     value = fetch()
-    ledger.upsert(
-        "site_cache",
-        {"site": site.name, "key": key, "value_json": value, "fetched_at": time.time()},
-        pk=("site", "key"),
-    )
+    ledger.site_cache.put(site.name, key, value)
     return value
 
 

@@ -118,11 +118,11 @@ def user_limits(
         row, usage = per_user.get(rec.name, {}), rec.users.get(uid, {})
         for field, (name, what, how) in QOS_USER_LIMITS.items():
             text = row.get(field, "")
-            value = _tres(text, GPU) if field == "maxtrespu" else (float(text) if text else None)
-            if value is not None:
+            cap = _tres(text, GPU) if field == "maxtrespu" else (float(text) if text else None)
+            if cap is not None:
                 used = usage.get(name)
                 limits.append(
-                    Limit(f"QOS {rec.name} per user", what, name, value, (used.used if used else 0) or 0.0, how)
+                    Limit(f"QOS {rec.name} per user", what, name, cap, (used.used if used else 0) or 0.0, how)
                 )
     return limits
 

@@ -24,8 +24,8 @@ class Rerun:
 
 def rerun(site: SiteConfig, ledger: Ledger, client: SlurmClient, job: dict[str, Any]) -> Rerun:
     """Submit ``job``'s submission again; relative paths in its command resolve as they did then."""
-    first = ledger.jobs.get(job["group_id"] or job["id"])
-    spec = JobSpec.model_validate(json.loads(first["spec_json"]))
+    first = ledger.jobs.known(job["group_id"] or job["id"])
+    spec = JobSpec.model_validate(json.loads(first["spec_json"] or "{}"))
     recorded = json.loads(first["lineage_json"] or "{}")
     here = os.getcwd()
     try:

@@ -148,7 +148,7 @@ class Submitter:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
                     files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
                     self._prepare_dir(files, spec, params)
-                    if len(chunks) > 1 and chunk.throttle:
+                    if chunk is not None and len(chunks) > 1 and chunk.throttle:
                         chunk_table.start_table(files, chunk.throttle, spec.dependency.singleton)
                     sub.files = files
                     if on_files is not None:
@@ -158,14 +158,8 @@ class Submitter:
                 path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
                 secret_file.write(files.job_dir, job_id, secret_values)
-                self.ledger.update(
-                    "jobs",
-                    job_id,
-                    {
-                        "script_path": str(path),
-                        "job_dir": str(files.job_dir),
-                        "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
-                    },
+                self.ledger.jobs.set_script(
+                    job_id, str(path), str(files.job_dir), hashlib.sha256(script.encode()).hexdigest()
                 )
                 previous = [self._sbatch(job_id, script, spec.secret_names(), submission_tag(files, str(job_id)))]
             except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
@@ -177,14 +171,14 @@ class Submitter:
             sub.ledger_ids.append(job_id)
             sub.slurm_ids.extend(previous)
             sub.chunks.append(chunk)
-            if len(chunks) > 1 and chunk.throttle:
+            if chunk is not None and len(chunks) > 1 and chunk.throttle:
                 self._add_chunk(files, chunk, previous[0], job_id)
         return sub
 
     def _add_chunk(self, files: JobPaths, chunk: ArrayChunk, slurm_id: str, job_id: int) -> None:
         """Enter a chunk sbatch took in the submission's chunk table (its throttle holds across chunks); if
         Slurm refuses its early release, it still starts after the chunk before (afterany)."""
-        released = chunk.throttle if chunk.index == 0 else 0
+        released = (chunk.throttle or 0) if chunk.index == 0 else 0
         try:
             chunk_table.add_chunk(files, chunk_table.Chunk(slurm_id, chunk.offset, chunk.count, released), self.client)
         except (HpctrainError, OSError) as exc:
@@ -209,7 +203,11 @@ class Submitter:
         for n, job_id in enumerate(dep.after_jobs):
             row = self.ledger.jobs.get(job_id)
             ids = (
-                [r["slurm_job_id"] for r in self.ledger.jobs.in_group(row["group_id"]) if r["slurm_job_id"]]
+                [
+                    r["slurm_job_id"]
+                    for r in self.ledger.jobs.in_group(row["group_id"] or row["id"])
+                    if r["slurm_job_id"]
+                ]
                 if row
                 else []
             )

@@ -11,7 +11,7 @@ import math
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 from hpctrain.sweep.spec import Param, SweepSpec
 
@@ -25,6 +25,7 @@ State = Literal["pending", "running", "completed", "failed", "pruned"]
 # TPE sees at most this many trials of a long history (see _tpe_window); each of its calls is
 # linear in the trials it sees, and older trials weigh little in its model anyway.
 TPE_WINDOW = 1000
+_VALIDATED = "a validated spec: a choice parameter has values, a range low and high"
 
 
 @dataclass(slots=True)
@@ -80,8 +81,10 @@ def derive_seed(seed: int, k: int) -> int:
 
 def _sample(param: Param, rng: random.Random) -> Any:
     if param.type == "choice":
+        assert param.values is not None, _VALIDATED
         return rng.choice(param.values)
     low, high = param.low, param.high
+    assert low is not None and high is not None, _VALIDATED
     if param.type == "uniform":
         return rng.uniform(low, high)
     if param.type == "loguniform":
@@ -89,7 +92,9 @@ def _sample(param: Param, rng: random.Random) -> Any:
     if param.log:
         # floor of a log-uniform draw on [low, high + 1): P(v) proportional to log((v + 1) / v).
         return min(int(math.exp(rng.uniform(math.log(low), math.log(high + 1)))), int(high))
-    return rng.choice(param.grid_values())
+    values = param.grid_values()
+    assert values is not None, _VALIDATED
+    return rng.choice(values)
 
 
 def _tpe_points(spec: SweepSpec, history: list[TrialRecord], numbers: range) -> list[dict[str, Any]]:
@@ -129,12 +134,12 @@ def _tpe_window(spec: SweepSpec, history: list[TrialRecord]) -> list[TrialRecord
         return history
     recent = history[-TPE_WINDOW:]
     sign = 1.0 if spec.direction == "minimize" else -1.0
-    done = [t for t in history[:-TPE_WINDOW] if t.state == "completed" and _finite(t.value)]
-    best = sorted(done, key=lambda t: sign * t.value)[:25]
+    done = [(sign * t.value, t) for t in history[:-TPE_WINDOW] if t.state == "completed" and _finite(t.value)]
+    best = [t for _, t in sorted(done, key=lambda scored: scored[0])[:25]]
     return sorted(best, key=lambda t: t.number) + recent
 
 
-def _finite(value: float | None) -> bool:
+def _finite(value: float | None) -> TypeGuard[float]:
     return value is not None and math.isfinite(value)
 
 
@@ -169,7 +174,9 @@ def _distribution(param: Param) -> BaseDistribution:
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     if param.type == "choice":
+        assert param.values is not None, _VALIDATED
         return CategoricalDistribution(param.values)
+    assert param.low is not None and param.high is not None, _VALIDATED
     if param.type == "int":
         return IntDistribution(int(param.low), int(param.high), log=bool(param.log), step=param.step or 1)
     return FloatDistribution(param.low, param.high, log=param.type == "loguniform")

@@ -79,11 +79,11 @@ class Param(StrictModel):
                 yield ("values", i), f"duplicate value {value!r}"
 
     def _range_problems(self) -> Iterator[tuple[Loc, str]]:
-        missing = [key for key in ("low", "high") if getattr(self, key) is None]
-        if missing:
+        low, high = self.low, self.high
+        if low is None or high is None:
+            missing = [key for key in ("low", "high") if getattr(self, key) is None]
             yield (), f"type {self.type!r} needs {' and '.join(missing)}"
             return
-        low, high = self.low, self.high
         if self.type != "int":
             if not low < high:
                 yield (), f"low must be < high, got low = {low}, high = {high}"

@@ -56,7 +56,7 @@ def load(ledger: Ledger, sweep_id: str) -> Sweep:
     row = ledger.sweeps.get(sweep_id)
     if row is None:
         raise HpctrainError(f"sweep {sweep_id!r}: not in the ledger (see `hpctrain sweep status`)")
-    data = json.loads(row["spec_json"])
+    data = json.loads(row["spec_json"] or "{}")
     return Sweep(row["id"], SweepSpec.model_validate(data["sweep"]), JobSpec.model_validate(data["job"]), row["state"])
 
 
@@ -78,7 +78,7 @@ def trial_state(trial_state: str, task_state: str | None, reporting: bool = Fals
 
 def refresh(ledger: Ledger, sweep: Sweep) -> list[dict[str, Any]]:
     """Trial rows with states from their tasks and values from their metrics, written back where changed."""
-    rows = ledger.sweeps.trials_with_tasks(sweep.id)
+    rows: list[dict[str, Any]] = [dict(r) for r in ledger.sweeps.trials_with_tasks(sweep.id)]
     final = ledger.sweeps.final_values(sweep.id, sweep.spec.metric)
     changed, unsent = [], []
     for r in rows:
@@ -117,7 +117,7 @@ def records(rows: list[dict[str, Any]], curves: dict[int, dict[int, float]]) -> 
 
 def trial_table(ledger: Ledger, sweep: Sweep) -> list[dict[str, Any]]:
     """Every trial with its parameters, state, value and GPU-hours so far (one query)."""
-    rows = ledger.sweeps.table(sweep.id)
+    rows: list[dict[str, Any]] = [dict(r) for r in ledger.sweeps.table(sweep.id)]
     for r in rows:
         r["params"] = json.loads(r.pop("params_json"))
         r["gpu_hours"] = r["gpu_hours"] or 0.0

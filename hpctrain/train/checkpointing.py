@@ -136,14 +136,17 @@ class TrainCheckpoints:
     def memory_tree(self, tree: dict[str, Shard]) -> dict[str, Any]:
         """The memory tier keeps each rank's own tensors, not global ones: no rank leaves its part to a
         data-parallel peer, which may be on another node."""
+        assert self.memory is not None
         return {f"rank{self.memory.rank}": {k: s.data for k, s in tree.items()}}
 
     def save(self, step: int, loss: float, async_: bool, memory: bool = False) -> None:
         """Save ``step`` to the parallel file system, or to the memory tier."""
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
         tree = engine_tree(self.engine)
+        tier = self.memory if memory else self.ck
+        assert tier is not None
         # local_state's tensors are fresh copies that nothing else changes: written without another copy
-        (self.memory if memory else self.ck).save(
+        tier.save(
             step,
             self.memory_tree(tree) if memory else tree,
             cursor=cursor,
@@ -164,7 +167,7 @@ class TrainCheckpoints:
         policy = self.spec.checkpoint
         if policy.every_steps and result.step % policy.every_steps == 0:
             self.save(result.step, result.loss, policy.async_save)
-        elif self.memory is not None and result.step % policy.memory_every_steps == 0:
+        elif self.memory is not None and policy.memory_every_steps and result.step % policy.memory_every_steps == 0:
             self.save(result.step, result.loss, policy.async_save, memory=True)
 
     def close(self) -> None:

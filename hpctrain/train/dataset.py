@@ -7,7 +7,7 @@ last seq_len.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ def pack_token_dataset(out_dir: str | Path, model: Model, seed: int, count: int,
     return pack(token_samples(model, seed, count), out_dir, shard_bytes=shard_bytes)
 
 
-def loader_batches(loader: Any) -> Iterator[Batch]:
+def loader_batches(loader: Any) -> Generator[Batch, None, None]:
     """Endless (input_ids, labels) micro-batches from a ShardLoader, epoch after epoch."""
     while True:
         for batch in loader:

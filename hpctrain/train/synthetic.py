@@ -9,7 +9,7 @@ samples with the same signature as ``samples`` (e.g. text) can be batched the sa
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from itertools import count
 
 import torch
@@ -39,7 +39,7 @@ def global_batch(model: Model, parallel: Parallel, seed: int, step: int, source:
 
 def micro_batches(
     model: Model, parallel: Parallel, seed: int, dp_rank: int, start_step: int = 0, source: Source = samples
-) -> Iterator[Batch]:
+) -> Generator[Batch, None, None]:
     """Endless micro-batches of one data-parallel rank, from optimizer step ``start_step`` on."""
     per_rank = parallel.micro_batch * parallel.grad_accum
     for step in count(start_step):

@@ -1,0 +1,333 @@
+"""The ledger's rows as its table classes give and take them: dicts whose keys and value types are the columns of
+`hpctrain.ledger.schema` (a test holds them equal). A ``*_json`` column reads as JSON text; where a table class
+takes one to write, it takes the object too (encoded on the way in)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from typing_extensions import Required
+
+
+class NewJob(TypedDict, total=False):
+    """A submission's job as `Jobs.record` takes it: name and site, and what placement chose."""
+
+    name: Required[str]
+    site: Required[str]
+    user: str | None
+    account: str | None
+    partition: str | None
+    qos: str | None
+    is_array: int
+    spec_json: Any
+    choice_reason: str | None
+    sweep_id: str | None
+    lineage_json: Any
+    group_id: int | None
+    param_offset: int | None
+
+
+class JobTimes(TypedDict, total=False):
+    """When a job started and ended, as `Jobs.set_state` sets them with its state (None: not yet)."""
+
+    started_at: float | None
+    ended_at: float | None
+
+
+class _JobColumns(TypedDict):
+    """The columns of `jobs` but its Slurm id."""
+
+    id: int
+    name: str
+    site: str
+    user: str | None
+    account: str | None
+    partition: str | None
+    qos: str | None
+    is_array: int
+    state: str
+    submitted_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    spec_json: str | None
+    script_sha256: str | None
+    script_path: str | None
+    choice_reason: str | None
+    sweep_id: str | None
+    lineage_json: str | None
+    updated_at: float | None
+    group_id: int | None
+    job_dir: str | None
+    param_offset: int | None
+    error: str | None
+    attempt_base: int
+    journal_read_at: float | None
+    usage_settled_at: float | None
+
+
+class JobRow(_JobColumns):
+    """A row of `jobs`: one sbatch (an array's chunk is one each), its Slurm id None until sbatch took it."""
+
+    slurm_job_id: str | None
+
+
+class SubmittedJob(_JobColumns):
+    """A row of `jobs` that sbatch took."""
+
+    slurm_job_id: str
+
+
+class JobSummary(TypedDict):
+    """A job as `Jobs.summaries` lists it: its row's main facts, its array tasks' count and states ("STATE:n,..."),
+    its restarts and preemptions."""
+
+    id: int
+    name: str
+    slurm_job_id: str | None
+    state: str
+    account: str | None
+    qos: str | None
+    partition: str | None
+    is_array: int
+    group_id: int | None
+    sweep_id: str | None
+    submitted_at: float | None
+    started_at: float | None
+    ended_at: float | None
+    tasks: int
+    task_states: str | None
+    restarts: int
+    preemptions: int
+
+
+class NewTask(TypedDict):
+    """An array task as `Jobs.record` takes it: its index and its line of parameters."""
+
+    task_index: int
+    param_index: int
+    params_json: str
+
+
+class ArrayTaskRow(NewTask):
+    """A row of `array_tasks`."""
+
+    job_id: int
+    state: str
+    restarts: int
+    updated_at: float | None
+
+
+class AttemptFields(TypedDict, total=False):
+    """A run's columns besides its key, as `Attempts.record` sets any of them: Slurm's view of the run, what it
+    achieved (steps, cause) and the decision taken after it."""
+
+    slurm_job_id: str | None
+    state: str | None
+    node_list: str | None
+    started_at: float | None
+    ended_at: float | None
+    exit_code: str | None
+    alloc_gpus: int | None
+    reason: str | None
+    cause: str | None
+    step_start: int | None
+    step_end: int | None
+    requeued: int | None
+    decision: str | None
+    elapsed_s: int | None
+    gpu_s: float | None
+    idle_gpu_s: float | None
+
+
+class AttemptRow(AttemptFields):
+    """A row of `attempts`: one run of a job (task index -1) or array task, numbered from 0; every column is there."""
+
+    id: int
+    job_id: int
+    task_index: int
+    attempt: int
+
+
+class RunFacts(TypedDict):
+    """A started run as GPU-hours are measured from (`Attempts.unsettled_usage`): its row's times and GPUs, its
+    job's facts, and when its last checkpoint was made."""
+
+    job_id: int
+    task_index: int
+    attempt: int
+    gpus: int | None
+    started_at: float
+    ended_at: float | None
+    elapsed_s: int | None
+    gpu_s: float | None
+    idle_gpu_s: float | None
+    cause: str | None
+    name: str
+    account: str | None
+    user: str | None
+    sweep_id: str | None
+    partition: str | None
+    site: str
+    last_checkpoint_at: float | None
+
+
+class NewCheckpoint(TypedDict):
+    """A checkpoint as its job journaled it (`Checkpoints.record`); None where the record did not say."""
+
+    job_id: int | None
+    task_index: int
+    step: int | None
+    path: str
+    state: str | None
+    created_at: float
+    bytes: int | None
+    duration_s: float | None
+    manifest_sha256: str | None
+    metric_name: str | None
+    metric_value: float | None
+    note: str | None
+
+
+class CheckpointRow(TypedDict):
+    """A row of `checkpoints`: one checkpoint directory of a job's task, its state (committed, deleted, corrupt)."""
+
+    id: int
+    job_id: int | None
+    task_index: int
+    step: int
+    path: str
+    state: str
+    created_at: float
+    bytes: int | None
+    duration_s: float | None
+    manifest_sha256: str | None
+    metric_name: str | None
+    metric_value: float | None
+    note: str | None
+
+
+class MetricRow(TypedDict):
+    """A row of `metrics`: one value of one metric at one step of a job's task (``attempt``: its restart count)."""
+
+    job_id: int
+    task_index: int
+    name: str
+    step: int
+    value: float | None
+    attempt: int | None
+    time: float | None
+
+
+class SweepRow(TypedDict):
+    """A row of `sweeps`."""
+
+    id: str
+    name: str
+    method: str
+    state: str
+    spec_json: str | None
+    created_at: float
+    updated_at: float | None
+
+
+class TrialRow(TypedDict):
+    """A row of `trials`: one point a sweep suggested, and the array task that runs it once submitted."""
+
+    sweep_id: str
+    number: int
+    params_json: str
+    state: str
+    job_id: int | None
+    task_index: int | None
+    failures: int
+    value: float | None
+    reason: str | None
+    updated_at: float | None
+
+
+class TrialTask(TypedDict):
+    """A trial with its array task's state (`Sweeps.trials_with_tasks`); ``unsent``: its job's sbatch failed."""
+
+    number: int
+    params_json: str
+    trial_state: str
+    job_id: int | None
+    task_index: int | None
+    failures: int
+    value: float | None
+    slurm_job_id: str | None
+    unsent: int | None
+    task_state: str | None
+
+
+class TrialSummary(TypedDict):
+    """A trial as `Sweeps.table` lists it, with its job's Slurm id and its GPU-hours so far."""
+
+    number: int
+    params_json: str
+    state: str
+    value: float | None
+    failures: int
+    reason: str | None
+    slurm_job_id: str | None
+    task_index: int | None
+    gpu_hours: float | None
+
+
+class EventRow(TypedDict):
+    """A row of `events`: ``data_json`` holds the event's data, a JSON object."""
+
+    id: int
+    time: float
+    kind: str
+    job_id: int | None
+    message: str | None
+    data_json: str | None
+
+
+class LoggedEvent(EventRow):
+    """An event with its data decoded."""
+
+    data: dict[str, Any]
+
+
+class SegmentKey(TypedDict):
+    """The key of a `segments` row: one start of a job step (``step_restart``) within a run (``attempt``)."""
+
+    job_id: int
+    task_index: int
+    attempt: int
+    step_restart: int
+
+
+class SegmentRow(SegmentKey):
+    """A row of `segments`."""
+
+    main_at: float | None
+    loaded_at: float | None
+    resumed_from: int | None
+    tier: str | None
+    steps: int
+    step_seconds: float
+    last_step: int | None
+    last_step_at: float | None
+    hung: int
+
+
+class SiteCacheRow(TypedDict):
+    """A row of `site_cache`: one value (JSON) cached for a site, and when it was fetched."""
+
+    site: str
+    key: str
+    value_json: str | None
+    fetched_at: float
+
+
+class IngestedRow(TypedDict):
+    """A row of `journal_ingested`: a journal record (by file name) already folded into the ledger."""
+
+    journal: str
+    name: str
+    kind: str
+    ingested_at: float
