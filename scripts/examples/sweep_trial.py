@@ -33,8 +33,9 @@ def main() -> None:
     final = objective(float(params.get("x", 0.0)), float(params.get("y", 0.0)))
     for step in range(1, args.steps + 1):
         time.sleep(args.step_s)
-        log_metrics(step, loss=final + (args.steps - step) / args.steps)
-        if args.stop_file is not None and args.stop_file.exists():
+        last = step == args.steps or (args.stop_file is not None and args.stop_file.exists())
+        log_metrics(step, loss=final if last else final + (args.steps - step) / args.steps)  # the last is the objective
+        if last:
             break
     print(json.dumps({"params": params, "loss": final}))
 
