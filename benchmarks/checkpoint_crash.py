@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/checkpoint_crash.py [--trials 100] [--ranks 2] [--rows 2048] [--seed 0] [--dir DIR]
 
-Each trial starts the crash writer of the test suite (tests/checkpoint_helpers.py): ``--ranks`` ranks as
+Each trial starts the crash writer of the test suite (tests/helpers/checkpoint.py): ``--ranks`` ranks as
 threads of one process, each writing its row shards (about ``--rows`` KiB per rank), rank 0 also a
 replicated tensor. It resumes from what the previous trial left, checking it, then makes one save (odd
 steps async) and is SIGKILLed after a random delay, drawn with a fixed seed uniformly over 1.1 times a
@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
-from checkpoint_helpers import check_checkpoint, start_crash_writer  # noqa: E402
+from helpers.checkpoint import check_checkpoint, start_crash_writer  # noqa: E402
 from hpctrain.checkpoint import latest_valid  # noqa: E402
 from hpctrain.checkpoint.naming import MANIFEST, TENSORS, committed_name, list_dirs, parse  # noqa: E402
 

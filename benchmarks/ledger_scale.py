@@ -4,7 +4,7 @@ sweep tick, on a user's year of 1,000,000 jobs (10,000 sweeps, 10 million metric
 
     .venv/bin/python benchmarks/ledger_scale.py [--jobs 1000000] [--sweeps 10000] [--metrics 10000000] [--repeats 5]
 
-Both ledgers are generated straight into SQLite (tests/ledger_helpers.py: a job every 32 s, the newest 50 still
+Both ledgers are generated straight into SQLite (tests/helpers/ledger.py: a job every 32 s, the newest 50 still
 running; each ended one with its run, events and checkpoints; sweeps as arrays of 20 trials)
 and kept under /var/tmp/hpctrain-bench-ledger for later runs. Slurm answers nothing (what Slurm costs is
 benchmarks/submit_sweep.py's): each figure is the ledger's and hpctrain's own time, the median of the repeats
@@ -26,7 +26,7 @@ from hpctrain.ledger import Ledger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
-from ledger_helpers import SITE, commands, make_history  # noqa: E402
+from helpers.ledger import SITE, commands, make_history  # noqa: E402
 
 CACHE = Path("/var/tmp/hpctrain-bench-ledger")
 RECENT_DAYS = 40  # longer than any window the commands ask for (cost: 7 days, report: 30)

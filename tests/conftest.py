@@ -1,23 +1,21 @@
-"""Shared fixtures: the live dev cluster, an isolated ledger per test."""
+"""Fixtures every test folder shares (the live dev cluster, an isolated ledger per test, ...); the plain helpers
+are in the helpers package (tests/helpers/), which no test reaches through this file."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-os.environ["OMP_NUM_THREADS"] = "1"
+from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims
+from helpers.paths import REPO
+from helpers.wheels import LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter, metadata
 
-REPO = Path(__file__).resolve().parents[1]
-DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
-HPCTRAIN = [sys.executable, "-m", "hpctrain"]
-# A job spec taking every GPU of the dev cluster's three nodes in QOS high: whatever runs in QOS low is preempted.
-HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
-        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
-                      "qos": "high", "account": "teama"}}
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture(scope="session")
@@ -49,46 +47,9 @@ def isolated_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             subprocess.run(["scancel", *ids], capture_output=True)
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """Run `hpctrain ARGS` in a fresh process, as a user would."""
-    return subprocess.run(
-        [*HPCTRAIN, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
-    )
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    import time
-
-    end = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
-def sacct_gpu_hours(slurm_id: str) -> float:
-    """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
-    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],
-                         capture_output=True, text=True, check=True).stdout
-    total = 0.0
-    for line in out.splitlines():
-        elapsed, tres = line.split("|")
-        gpus = dict(t.split("=") for t in tres.split(",") if "=" in t).get("gres/gpu", "0")
-        total += int(elapsed) * int(gpus) / 3600
-    return total
-
-
-SHIMMED = ("sbatch", "sacct", "squeue", "sacctmgr", "sshare", "scontrol", "scancel", "sinfo")
-
-
 @pytest.fixture
 def slurm_calls(tmp_path: Path):
     """PATH wrappers that log every Slurm command run by hpctrain; returns (env, counts())."""
-    import shutil
     from collections import Counter
 
     bin_dir, log = tmp_path / "shim-bin", tmp_path / "slurm-calls.log"
@@ -104,3 +65,62 @@ def slurm_calls(tmp_path: Path):
         return Counter(log.read_text().split()) if log.exists() else Counter()
 
     return env, counts
+
+
+@pytest.fixture
+def no_slurm(tmp_path: Path) -> SlurmLog:
+    """PATH stubs of every Slurm command that log it and fail without running it; returns (env, counts())."""
+    return slurm_shims(tmp_path / "no-slurm")
+
+
+# hpctrain as users install it (helpers.wheels): tests/unit/project/test_packaging.py and its cluster half.
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> Path:
+    """Built from a copy of the source: setuptools writes build/ and *.egg-info into the tree it builds, and the
+    Slurm lanes' runs of this test (scripts/test) build from the same repository at the same time."""
+    out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source") / "hpctrain"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                                "__pycache__", ".pytest_cache", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
+                   check=True, capture_output=True)
+    (built,) = out.glob("hpctrain-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def resolutions(wheel, tmp_path_factory) -> dict[str, dict[str, Resolution]]:
+    """Per Python on this machine: pip resolving every extra claimed for it together ("claimed"; those that pull
+    torch only where a local torch wheel lets them), and each extra that pulls no torch and is not claimed for it,
+    alone (by its name). They all run at once."""
+    out = tmp_path_factory.mktemp("resolve")
+    local = PICK_PYTHON["local_torch_tags"]()
+    extras = metadata(wheel).get_all("Provides-Extra")
+    found: dict[str, dict[str, Resolution]] = {}
+    for version in PYTHONS:
+        python = interpreter(version)
+        if python is None:
+            continue
+        torch = f"cp{version.replace('.', '')}" in local
+        found[version] = {"claimed": Resolution(python, wheel, [e for e in extras if claimed(e, version) and (
+            torch or e not in TORCH_EXTRAS)], out / f"{version}.json")}
+        found[version].update({e: Resolution(python, wheel, [e], out / f"{version}-{e}.json") for e in extras
+                               if not claimed(e, version) and e not in TORCH_EXTRAS})
+    yield found
+    for runs in found.values():
+        for run in runs.values():
+            run.proc.kill()
+            run.proc.wait()
+
+
+@pytest.fixture(scope="session", params=LOGIN_PYTHONS)
+def login_install(request, wheel, resolutions, tmp_path_factory) -> Path:
+    """The wheel with its login-node dependencies only, in a venv of each Python: its bin directory. (The extras'
+    resolutions start first, to run while the venvs are made.)"""
+    python = interpreter(request.param)
+    if python is None:
+        pytest.skip(f"no Python {request.param} on this machine")
+    venv = tmp_path_factory.mktemp(f"venv{request.param}")
+    subprocess.run([python, "-m", "venv", str(venv)], check=True)
+    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    return venv / "bin"

@@ -27,7 +27,7 @@ from hpctrain.data.source import open_shard
 from hpctrain.errors import DataError
 
 # webdataset's own rule (tariterators.base_plus_ext), kept here: importing webdataset imports torch, and
-# `hpctrain data verify` runs on login nodes; tests/test_data_loader.py checks the two agree.
+# `hpctrain data verify` runs on login nodes; tests/unit/data/test_data_loader.py checks the two agree.
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
 
 

@@ -1,6 +1,6 @@
 """Why a job waits, in words: Slurm's pending reason as a short sentence, with the numbers of the limit
 behind it where hpctrain knows them (see hpctrain.submit.quota). Every reason worded here is one that
-every supported release was seen to give (tests/slurm_outputs); any other is quoted as Slurm says it."""
+every supported release was seen to give (tests/assets/slurm_outputs); any other is quoted as Slurm says it."""
 
 from __future__ import annotations
 

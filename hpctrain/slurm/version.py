@@ -5,7 +5,7 @@ configuration, never guessed from symptoms.
 Measured on the dev cluster: a preempted job whose batch script exits during its QOS grace time is left
 COMPLETED by 22.05 but requeued by Slurm itself on 24.11 and 26.05; on 24.11 a job that requeues itself
 during the grace gets a third run (Slurm requeues the second one again), and so does a job that Slurm
-killed at the end of the grace (tests/slurm_outputs: the completed second run is recorded PREEMPTED).
+killed at the end of the grace (tests/assets/slurm_outputs: the completed second run is recorded PREEMPTED).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ SuccessiveHalvingPruner keeps the value it sees when first asked past a rung, so
 when a tick happens to look; here a trial is judged by its best value by the rung, whenever that is. It
 keeps floor(n / reduction_factor) (at least one) where this keeps ceil: with a small sweep's few trials at
 a rung, the second best of four is not stopped. Where the inputs coincide, both rules decide exactly as
-Optuna's pruners do (tests/test_sweep_stopping.py checks it, and shows each difference).
+Optuna's pruners do (tests/unit/sweep/test_sweep_stopping.py checks it, and shows each difference).
 """
 
 from __future__ import annotations

@@ -1,0 +1,99 @@
+"""scripts/dev-cluster brings up a real Slurm cluster: idempotent, 3 nodes x 4 GPUs, QOS preemption."""
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from helpers.cluster import DEV_CLUSTER
+from helpers.waiting import wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+def sh(*cmd: str, env: dict[str, str] | None = None) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, env={**os.environ, **(env or {})}, timeout=120).stdout
+
+
+def daemon_pids(env: dict[str, str] | None = None) -> dict[str, str]:
+    out = subprocess.run([DEV_CLUSTER, "status"], capture_output=True, text=True, env={**os.environ, **(env or {})})
+    return {f[0]: f[3] for f in (ln.split() for ln in out.stdout.splitlines()) if len(f) == 4 and f[1] == "up"}
+
+
+def running(command: str) -> bool:
+    return subprocess.run(["pgrep", "-fx", command], capture_output=True).returncode == 0
+
+
+def test_up_again_is_a_no_op(dev_cluster):
+    before = daemon_pids()
+    assert len(before) == 7
+    out = sh(str(DEV_CLUSTER), "up")
+    assert "already up" in out
+    assert f"SLURM_CONF={dev_cluster['SLURM_CONF']}" in out
+    assert daemon_pids() == before
+
+
+def test_three_nodes_with_four_gpus_each(dev_cluster):
+    nodes = sh("sinfo", "-h", "-N", "-p", "gpu", "-o", "%N %G %t").split("\n")[:-1]
+    assert [n.split()[:2] for n in nodes] == [["n1", "gpu:4"], ["n2", "gpu:4"], ["n3", "gpu:4"]]
+    parts = sh("sinfo", "-h", "-o", "%P").split()
+    assert parts == ["gpu*", "debug"]
+
+
+def test_gpus_are_allocated_per_node(dev_cluster):
+    out = sh("srun", "-N3", "--gpus-per-node=2", "-t", "1", "bash", "-c", 'echo "$SLURMD_NODENAME $CUDA_VISIBLE_DEVICES"')
+    assert sorted(out.splitlines()) == ["n1 0,1", "n2 0,1", "n3 0,1"]
+
+
+def test_qos_preemption_relation(dev_cluster):
+    rows = sh("sacctmgr", "-n", "-P", "show", "qos", "format=name,priority,preempt,preemptmode").splitlines()
+    qos = {r.split("|")[0]: r.split("|")[1:] for r in rows}
+    assert set(qos) == {"low", "normal", "high", "deadline"}
+    assert qos["high"][1] == "low"
+    assert qos["low"][2] == "requeue"
+    assert int(qos["high"][0]) > int(qos["normal"][0]) > int(qos["low"][0])
+    conf = sh("scontrol", "show", "config")
+    assert "preempt/qos" in conf and "priority/multifactor" in conf
+
+
+def test_accounts_have_distinct_fairshare(dev_cluster):
+    rows = sh("sacctmgr", "-n", "-P", "show", "assoc", "where", "user=", "format=account,share").splitlines()
+    shares = dict(r.split("|") for r in rows)
+    assert shares["teama"] != shares["teamb"]
+    users = sh("sacctmgr", "-n", "-P", "show", "assoc", "format=account,user").splitlines()
+    assert {"teama|alice", "teamb|bob", "teama|root", "teamb|root"} <= set(users)
+
+
+@pytest.mark.slow
+def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
+    """A cluster in another root: up, down (only its own daemons and jobs), up again."""
+    # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
+    root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
+    root.chmod(0o755)
+    env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": "18800"}
+    conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
+    first = daemon_pids()
+    first_job = sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 171").strip()
+    try:
+        sh(str(DEV_CLUSTER), "up", env=env)
+        second = daemon_pids(env)
+        assert len(second) == 7 and not set(second.values()) & set(first.values())
+        # A job still running when its cluster goes down goes with it, slurmstepd included.
+        sh("sbatch", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 172", env=conf)
+        wait_until(lambda: running("sleep 171") and running("sleep 172"), 30, 0.5, "a job on each cluster")
+        sh(str(DEV_CLUSTER), "down", env=env)
+        assert daemon_pids(env) == {}
+        for pid in second.values():
+            assert not os.path.exists(f"/proc/{pid}")
+        assert daemon_pids() == first
+        wait_until(lambda: not running("sleep 172"), 5, 0.2, "the second cluster's job to be gone")
+        assert running("sleep 171")
+        out = sh(str(DEV_CLUSTER), "up", env=env)
+        assert "up in" in out
+        assert sh("sinfo", "-h", "-N", "-p", "gpu", "-o", "%N", env=conf).split() == ["n1", "n2", "n3"]
+        assert "teamb" in sh("sacctmgr", "-n", "-P", "show", "account", "format=account", env=conf)
+    finally:
+        subprocess.run([DEV_CLUSTER, "reset"], env={**os.environ, **env}, capture_output=True)
+        subprocess.run(["scancel", first_job], capture_output=True)

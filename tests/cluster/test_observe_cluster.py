@@ -1,0 +1,131 @@
+"""Lineage, rerun, GPU-hours against sacct's own numbers, and secrets kept out of every artifact, on the dev
+cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.ledger import Ledger
+
+from helpers.cli import run_cli
+from helpers.cluster import sacct_gpu_hours
+from helpers.waiting import wait_until
+
+pytestmark = pytest.mark.slurm
+GIT = ["git", "-c", "user.email=t@example.org", "-c", "user.name=t"]
+
+
+def submit_cli(spec: Path, cwd: Path) -> int:
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "submit", str(spec), "--json"], cwd=cwd,
+                         capture_output=True, text=True, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["ledger_ids"][0]
+
+
+def rerun(job: int, cwd: Path) -> tuple[int, str]:
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "rerun", str(job)], cwd=cwd, capture_output=True,
+                         text=True, env=os.environ)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split("ledger id ")[1].split(",")[0]), out.stdout
+
+
+def test_rerun_has_identical_lineage_until_the_code_changes(dev_cluster, isolated_ledger, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text("print('training')\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "add", "."], check=True)
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qm", "v1"], check=True)
+    (repo / "job.toml").write_text('name = "lin"\ncommand = ["python", "train.py"]\nlauncher = "none"\nseed = 9\n'
+                                   'hyperparameters = { lr = 0.5 }\nresources = { mem = "100M", time = "2" }\n')
+    first = submit_cli(repo / "job.toml", repo)
+    # From elsewhere: the rerun runs from the job's directory, so the same file is found.
+    again, out = rerun(first, tmp_path)
+    assert "lineage: identical" in out
+    shown = run_cli("show", str(again), "--lineage").stdout
+    assert f"rerun of job {first}: identical lineage" in shown and "hyperparameters.lr: 0.5" in shown
+    assert "code now: as recorded" in shown
+
+    (repo / "train.py").write_text("print('training v2')\n")
+    subprocess.run([*GIT, "-C", str(repo), "commit", "-qam", "v2"], check=True)
+    assert "code now: differs (commit" in run_cli("show", str(first), "--lineage").stdout
+    changed, out = rerun(first, tmp_path)
+    assert "lineage differs:" in out and "code.commit:" in out
+    shown = run_cli("show", str(changed), "--lineage").stdout
+    assert f"rerun of job {first}: lineage differs" in shown and "code.commit:" in shown
+
+
+def test_gpu_hours_match_sacct_including_a_requeued_job(dev_cluster, isolated_ledger, tmp_path):
+    ids = {}
+    for name, gpus, seconds in (("plain", 2, 4), ("requeued", 3, 6)):
+        spec = tmp_path / f"{name}.toml"
+        spec.write_text(f'name = "{name}"\ncommand = ["sleep", "{seconds}"]\nlauncher = "none"\n'
+                        f'resources = {{ gpus_per_node = {gpus}, tasks_per_node = 1, mem = "100M", time = "2", '
+                        f'account = "teama" }}\n')
+        ids[name] = submit_cli(spec, tmp_path)
+    with Ledger(isolated_ledger) as ledger:
+        slurm = {n: ledger.jobs.get(i)["slurm_job_id"] for n, i in ids.items()}
+    wait_until(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", slurm["requeued"]], capture_output=True,
+                                      text=True).stdout.strip(), 60, 0.5, "the job to run")
+    time.sleep(3)  # some work to lose: the run has no checkpoint
+    subprocess.run(["scontrol", "requeue", slurm["requeued"]], check=True)
+
+    def finished():
+        rows = json.loads(run_cli("status", "--all", "--json").stdout)
+        return {r["state"] for r in rows} == {"COMPLETED"}
+
+    wait_until(finished, 180, 2, "both jobs to complete")
+    costs = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}
+    assert costs[ids["requeued"]]["runs"] == 2 and costs[ids["plain"]]["runs"] == 1
+    for name, job in ids.items():
+        assert costs[job]["gpu_hours"] == pytest.approx(sacct_gpu_hours(slurm[name]), abs=1e-9)
+        assert costs[job]["gpu_hours"] > 0
+    # The requeued run did work it had no checkpoint of: lost; the plain job lost nothing.
+    assert costs[ids["requeued"]]["lost_gpu_hours"] > 0 and costs[ids["plain"]]["lost_gpu_hours"] == 0
+    prices = load_site("dev").gpu_hour_price
+    assert costs[ids["plain"]]["cost"] == pytest.approx(costs[ids["plain"]]["gpu_hours"] * prices["gpu"])
+    by_account = json.loads(run_cli("cost", "--json", "--no-refresh").stdout)
+    assert [r["account"] for r in by_account] == ["teama"]
+    assert by_account[0]["gpu_hours"] == pytest.approx(sum(c["gpu_hours"] for c in costs.values()))
+
+
+SECRET = "s3cr3t-Token-9f2c41d7"
+
+
+def test_a_secret_appears_in_no_artifact(dev_cluster, isolated_ledger, tmp_path):
+    """The job uses the secret (and proves it had it) without printing it: no file hpctrain wrote, no
+    ledger byte, no report holds it."""
+    spec = tmp_path / "secret.toml"
+    spec.write_text(
+        'name = "secretive"\nlauncher = "none"\n'
+        'command = ["python", "-c", "import os; from hpctrain.runtime import log_metrics; '
+        "t = os.environ['API_TOKEN']; print('token length', len(t)); log_metrics(1, loss=len(t))\"]\n"
+        'resources = { mem = "100M", time = "2" }\n'
+        '[env]\nAPI_TOKEN = { secret = true }\nPLAIN = "visible"\n')
+    env = {"API_TOKEN": SECRET}
+    sub = run_cli("submit", str(spec), "--json", "--wait", env=env)
+    assert sub.returncode == 0, sub.stderr
+    job = json.loads(sub.stdout.splitlines()[0])["ledger_ids"][0]
+    assert run_cli("reconcile").returncode == 0
+    shown = run_cli("show", str(job)).stdout + run_cli("show", str(job), "--json").stdout
+    metrics = json.loads(run_cli("metrics", str(job), "--json").stdout)
+    assert metrics["loss"] == len(SECRET)  # the job had the secret
+    report = tmp_path / "report.html"
+    assert run_cli("report", str(job), "--out", str(report)).returncode == 0
+    with Ledger(isolated_ledger) as ledger:
+        job_dir = Path(ledger.jobs.get(job)["job_dir"])
+    artifacts = [p for p in job_dir.rglob("*") if p.is_file()]
+    artifacts += [p for p in isolated_ledger.parent.glob(isolated_ledger.name + "*")]  # the ledger, its WAL
+    artifacts.append(report)
+    assert len(artifacts) > 5
+    leaks = [str(p) for p in artifacts if SECRET.encode() in p.read_bytes()]
+    assert leaks == [] and SECRET not in shown
+    assert b"token length 21" in b"".join(p.read_bytes() for p in job_dir.glob("*.out"))

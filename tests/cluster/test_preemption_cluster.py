@@ -1,0 +1,358 @@
+"""Preemption end to end on the dev cluster: a training job in QOS low is preempted three times by high
+jobs, checkpoints and requeues itself each time, and ends bitwise identical to a run never preempted."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_job_spec, load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.jobs.poll import Poller
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm import SlurmClient
+from hpctrain.slurm.states import TERMINAL
+from hpctrain.submit import Submitter
+
+from helpers.cli import run_cli
+from helpers.cluster import HIGH, sacct_gpu_hours
+from helpers.report import mark_steps, pixels, plot_images, screenshot
+from helpers.train import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, rank_pid, straight_run, trainer_spec
+from helpers.waiting import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# Long enough (about 0.1 s a step) to outlast GraceTime after a notice: were a notice lost, as once in
+# about 70 preemptions here, SIGTERM at the end of the grace still stops the run before it finishes.
+STEPS = 300
+
+
+RESOURCES = {"nodes": 2, "gpus_per_node": 2, "mem": "2G", "time": "00:15:00", "account": "teama", "preemptible": True}
+
+
+def records(journal: Journal, kind: str) -> list[dict]:
+    return [r for _, r in journal.records() if r["kind"] == kind]
+
+
+def submitted(ledger: Ledger, spec_file: Path) -> tuple[int, dict, Journal]:
+    """Submit a spec file: the job's ledger id, its row and its journal."""
+    sub = Submitter(load_site("dev"), ledger).submit(load_job_spec(spec_file), spec_file)
+    job = ledger.jobs.get(sub.ledger_ids[0])
+    return job["id"], job, Journal(Path(job["job_dir"]) / "journal")
+
+
+def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
+    """The job's state once it has ended, polled as `hpctrain status` does."""
+    poller = Poller(ledger, SlurmClient.for_site(load_site("dev")), "dev")
+
+    def done():
+        poller.refresh()
+        return ledger.jobs.get(job_id)["state"] in TERMINAL
+
+    wait_until(done, timeout, 2.0, "the job to finish")
+    return ledger.jobs.get(job_id)["state"]
+
+
+@pytest.fixture(params=[
+    pytest.param(20, marks=pytest.mark.skipif(os.environ.get("HPCTRAIN_LANE") == "24.11", reason=(
+        "CI time (about 2.3 min): 26.05 requeues a job preempted with grace as 24.11 does (both passed it before)"))),
+    pytest.param(0, marks=pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+        "CI time (about 2 min a lane): without grace every release requeues the preempted job itself at once, as the "
+        "host's does; the releases differ in the grace variant")))],
+    ids=["grace20s", "grace0"])
+def low_qos_grace(request, dev_cluster):
+    """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
+    (notice and SIGTERM together, SIGKILL after KillWait=10 s, Slurm requeues the job itself)."""
+    def set_grace(seconds: int) -> None:
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={seconds}"],
+                       check=True, capture_output=True)
+
+    set_grace(request.param)
+    yield request.param
+    set_grace(20)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The data both grace variants train on, and the checkpoints of the run never preempted: made once, by the
+    first test that asks (during its run, after its preemptions), not per variant."""
+    work = tmp_path_factory.mktemp("straight")
+    index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
+
+    def spec(name: str) -> str:
+        return trainer_spec("gpt-preempt", seed=11, index=index, ckpt=work / f"ck-{name}", every_steps=10, steps=STEPS,
+                            resources=RESOURCES)
+
+    done: list[Path] = []
+
+    def checkpoints() -> Path:
+        if not done:
+            (work / "straight.toml").write_text(spec("straight"))
+            straight_run(work / "straight.toml", STEPS)
+            done.append(work / "ck-straight")
+        return done[0]
+
+    return spec, checkpoints
+
+
+def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, isolated_ledger, tmp_path):
+    spec, straight_checkpoints = straight
+    specs = {"preempted": tmp_path / "preempted.toml"}
+    specs["preempted"].write_text(spec(f"preempted-grace{low_qos_grace}"))
+
+    site = load_site("dev")
+    with Ledger(isolated_ledger) as ledger:
+        low, job, journal = submitted(ledger, specs["preempted"])
+        assert job["qos"] == "low"
+        for k in range(1, 4):
+            resumed_at = records(journal, "requeue")[-1]["step"] if k > 1 else 0
+            wait_until(lambda: any(r["step"] >= resumed_at + 3 for r in records(journal, "metrics")[-3:]),
+                       180, 0.5, f"attempt {k} to train")
+            Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+            wait_until(lambda: len(records(journal, "requeue")) == k, 120, 0.5, f"preemption {k} to checkpoint and requeue")
+
+        # The run never preempted, the same layout and data, meanwhile under torchrun (once for both variants).
+        straight_ckpt = straight_checkpoints()
+        assert final_state(ledger, low, 300) == "COMPLETED"
+
+    requeues = records(journal, "requeue")
+    assert [r["cause"] for r in requeues] == ["preemption"] * 3
+    assert all(r["checkpointed"] for r in requeues)
+    assert_bitwise_equal(Path(load_job_spec(specs["preempted"]).checkpoint.dir), straight_ckpt, STEPS)
+
+    # Every attempt, and why it ended, is in the ledger.
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(low), "--json").stdout)
+    assert len(shown["attempts"]) == 4
+    assert [e["data_json"] and json.loads(e["data_json"]).get("cause") for e in shown["events"] if e["kind"] == "requeue"] \
+        == ["preemption"] * 3
+    listed = {r["id"]: r for r in json.loads(run_cli("status", "--all", "--json").stdout)}
+    assert (listed[low]["restarts"], listed[low]["preemptions"]) == (3, 3)
+    # Goodput: each preempted run ends in its stop checkpoint, resumed from by the next (nothing recomputed), and
+    # the job waits in the queue; the causes add up to sacct's GPU time (which ends a run where it is preempted:
+    # the stop's checkpoint after that is not counted).
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[low]
+    seconds = {k: 3600 * v for k, v in cost["cause_gpu_hours"].items()}
+    assert sum(seconds.values()) == pytest.approx(3600 * sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    assert seconds["productive"] > 0 and seconds["startup"] > 0 and seconds["recomputed"] == 0
+    assert cost["queued_after_requeue_s"] > 0 and 0.2 < cost["goodput"] < 1
+
+    # Its report marks where attempts 2, 3 and 4 began on the loss plot: in the PNG, and as Chromium shows the page
+    # (the host's; the lanes' trees have no browser).
+    began = [a["step_start"] for a in shown["attempts"][1:]]
+    assert began == [r["step"] for r in requeues]
+    page = tmp_path / "report.html"
+    assert run_cli("report", str(low), "--out", str(page)).returncode == 0
+    steps = [json.loads(line)["step"] for line in
+             run_cli("metrics", str(low), "--name", "loss", "--tail", "0", "--json").stdout.splitlines()]
+    assert steps == list(range(1, STEPS + 1))
+    loss_plot = pixels(plot_images(page.read_text())["loss vs step"])
+    assert mark_steps(loss_plot, 1, STEPS) == pytest.approx(began, abs=1)
+    if not os.environ.get("HPCTRAIN_LANE"):
+        assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
+
+
+def patched_trainer(before_step: str) -> str:
+    """The reference trainer to step STEPS, running the line ``before_step`` (with os, time, and the number of
+    this step in this process, ``calls[0]``) before each step; a stack shows it at line 8, in `patched`."""
+    return f"""\
+import os, sys, time
+import hpctrain.train.engine as engine
+from hpctrain.train.__main__ import main
+
+calls, train = [0], engine.train
+def patched(*args, **kwargs):
+    calls[0] += 1
+    {before_step}
+    return train(*args, **kwargs)
+engine.train = patched
+sys.exit(main(["--steps", "{STEPS}"]))
+"""
+
+
+# Rank 2 stuck for good in step 50 of the job step's first start.
+HANGING = patched_trainer('if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
+                          '"0" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(3600)')
+SLOW = patched_trainer("time.sleep(0.25)")  # each step 0.25 s slower
+
+
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time): the restart is the batch script's and srun's, the watchdog the trainer's, the "
+    "same on every release"))
+def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tmp_path):
+    """[hang] step_s and retry.in_place with the memory tier every 3 steps: rank 2 sleeps inside step 50; every
+    rank's watchdog writes its stacks, the step ends within the timeout plus 10 s and starts again in the allocation
+    from the memory tier's step 48 (the file system has 40), the stuck rank's frame shown. Then rank 2 is SIGKILLed
+    past step 95 (srun --kill-on-bad-exit ends the step): again in place, from a checkpoint at most 3 steps back
+    (6 with a save in flight), in the same Slurm run; its shim journals the kill. Then a high job preempts it: the
+    second run resumes from the stop's checkpoint. The run ends bitwise identical, and the job's GPU time by cause
+    adds up to sacct's."""
+    spec, straight_checkpoints = straight
+    path = tmp_path / "faulty.toml"
+    text = spec("faulty").replace('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
+                                  f"command = {json.dumps(['python', '-c', HANGING])}")
+    assert "HPCTRAIN_STEP_RESTART" in text and "every_steps = 10\n" in text
+    text = text.replace("every_steps = 10\n", "every_steps = 10\nmemory_every_steps = 3\n")
+    path.write_text(text + "\n[retry]\nin_place = 2\n\n[hang]\nstartup_s = 300\nstep_s = 15\n")
+    with Ledger(isolated_ledger) as ledger:
+        job_id, job, journal = submitted(ledger, path)
+        wait_until(lambda: records(journal, "step_restart") and any(
+            r["step"] >= 95 for r in records(journal, "metrics")[-3:]), 240, 0.5, "the restarted step past 95")
+        pid = rank_pid(job["slurm_job_id"], 2)
+        assert pid is not None
+        os.kill(pid, 9)
+        killed_after = records(journal, "metrics")[-1]["step"]
+        wait_until(lambda: len(records(journal, "startup")) == 3 and any(
+            r["step"] >= killed_after + 20 for r in records(journal, "metrics")[-3:]), 240, 0.5, "the step past the kill")
+        Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+        wait_until(lambda: records(journal, "requeue"), 120, 0.5, "the preemption's checkpoint and requeue")
+        straight_ckpt = straight_checkpoints()
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
+    (hang,) = records(journal, "hang")
+    assert hang["message"].startswith("hung in phase step, timeout 15 s: ") and "rank 2 (<string>:8 in patched)" in hang[
+        "message"]
+    last_step = max((r for r in records(journal, "metrics") if r["time"] < hang["time"]), key=lambda r: r["time"])
+    assert last_step["step"] == 49 and hang["time"] - last_step["time"] <= 15 + 10
+    restarts = records(journal, "step_restart")
+    assert [(r["step_restart"], r["step"]) for r in restarts[:1]] == [(1, 40)] and len(restarts) == 2
+    assert 80 <= restarts[1]["step"] <= 90 and all(r["exit_code"] != 0 for r in restarts)  # 90 unless its save lags
+    (failed,) = records(journal, "rank_failed")
+    assert (failed["rank"], failed["exit_code"], failed["step_restart"]) == (2, -9, 1)
+    starts = records(journal, "startup")
+    assert [(s["resumed_from"], s["tier"]) for s in starts[:2]] == [(0, None), (48, "memory")] and len(starts) == 4
+    (requeue,) = records(journal, "requeue")
+    assert requeue["cause"] == "preemption" and starts[3]["resumed_from"] == requeue["step"]
+    # The newest save of either tier is at most 3 steps back, 6 when the kill came while it was being written
+    # (the file system alone: up to 10, 20 likewise)
+    assert killed_after - 6 < starts[2]["resumed_from"] <= killed_after
+    assert not list(Path("/dev/shm").glob(f"hpctrain-{job['slurm_job_id']}.*"))  # freed at the end
+    assert len(records(journal, "attempt_start")) == 2
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
+    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "preemption"), (1, "completed")]
+    assert [e["kind"] for e in shown["events"] if e["kind"] in ("hang", "step_restart")] == [
+        "hang", "step_restart", "step_restart"]
+    # Every 50 steps the ranks' compute times: the tensor-parallel peers of each stage alike, no straggler.
+    assert shown["stragglers"]["step"] % 50 == 0 and shown["stragglers"]["ranks"] == []
+    assert len({r["node"] for r in records(journal, "ranks")[-1]["ranks"]}) == 2
+    shown_text = " ".join(run_cli("show", str(job_id)).stdout.split())  # the table wraps
+    assert "rank 2 (<string>:8 in patched)" in shown_text
+    # Goodput: the hang cost 4 GPUs its 15 s timeout and more, the kill a restart, and steps past the checkpoints
+    # resumed from were done again; the preemption a wait in the queue; the causes add up to sacct's GPU time.
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
+    seconds = {k: 3600 * v for k, v in cost["cause_gpu_hours"].items()}
+    assert sum(seconds.values()) == pytest.approx(3600 * sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    assert seconds["hang"] >= 4 * 15 and seconds["crash"] > 0 and seconds["recomputed"] > 0 and seconds["end"] > 0
+    assert seconds["spare"] == 0 and cost["queued_after_requeue_s"] > 0
+    assert re.search(r"attempt 0 time: productive \d+ s \(\d+%\), .*startup \d+ s, .*hang \d+ s, crash \d+ s", shown_text)
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
+
+
+IN_ALLOCATION_ON_HOST_ONLY = pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time, about 75 s a lane): both passed on 24.11.5 and 26.05.5 when added (slurmctld took the "
+    "failed node out of the --no-kill job, ended its step and listed the run in parts alike)"))
+
+
+@IN_ALLOCATION_ON_HOST_ONLY
+def test_a_node_set_down_is_replaced_by_the_spare_in_the_allocation(straight, isolated_ledger, tmp_path):
+    """Two nodes and a spare (retry.in_place): past step 40 the step's second node is set DOWN. Slurm takes it out of
+    the allocation (--no-kill) and ends the step; the step starts again on the batch host and the spare, from the
+    newest checkpoint, in the same Slurm run, and ends bitwise identical. sacct lists the run in two parts (RESIZING,
+    then COMPLETED): one run in the ledger, its GPU time theirs, the spare's wait a cause of its own."""
+    spec, straight_checkpoints = straight
+    path = tmp_path / "spare.toml"
+    text = spec("spare")
+    assert "\nnodes = 2\n" in text
+    path.write_text(text.replace("\nnodes = 2\n", "\nnodes = 2\nspare_nodes = 1\n") + "\n[retry]\nin_place = 1\n")
+    with Ledger(isolated_ledger) as ledger:
+        job_id, job, journal = submitted(ledger, path)
+        wait_until(lambda: any(r["step"] >= 40 for r in records(journal, "metrics")[-3:]), 240, 0.5, "step 40")
+        (launch,) = records(journal, "launch")
+        first, down = launch["nodes"].split(",")
+        try:
+            downed_at = time.time()
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=hpctrain spare test"],
+                           check=True, capture_output=True)
+            wait_until(lambda: records(journal, "step_restart"), 60, 0.5, "the step's restart")
+        finally:  # ReturnToService=2 may have resumed it already
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=RESUME"], capture_output=True)
+        straight_ckpt = straight_checkpoints()
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
+    (restart,) = records(journal, "step_restart")
+    spare = restart["nodes"][1]
+    assert restart["nodes"][0] == first and spare not in (first, down)
+    assert restart["left_out"] == {down: "Slurm took it out of the allocation"} and restart["step"] >= 30
+    assert [r["nodes"] for r in records(journal, "launch")] == [f"{first},{down}", f"{first},{spare}"]
+    assert {r["node"] for r in records(journal, "ranks")[-1]["ranks"]} == {first, spare}
+    assert records(journal, "requeue") == [] and len(records(journal, "attempt_start")) == 1
+    assert run_cli("reconcile").returncode == 0
+    shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
+    assert [(a["attempt"], a["cause"], a["node_list"]) for a in shown["attempts"]] == [(0, "completed", "n[1-3]")]
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
+    assert cost["gpu_hours"] == pytest.approx(sacct_gpu_hours(job["slurm_job_id"]), rel=0.01)
+    # The spare's 2 GPUs waited from the start until the node went down (Slurm's clock counts whole seconds).
+    waited = downed_at - shown["attempts"][0]["started_at"]
+    assert 3600 * cost["cause_gpu_hours"]["spare"] == pytest.approx(2 * waited, abs=2 * 2)
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_ckpt, STEPS)
+
+
+@IN_ALLOCATION_ON_HOST_ONLY
+def test_a_failed_node_without_a_spare_requeues_the_job_off_it(isolated_ledger, tmp_path):
+    """Two nodes, no spare, retry.in_place: the second node set DOWN leaves one node, too few for the step. The run
+    ends as a node failure and is requeued with that node in its ExcNodeList; the next run starts elsewhere. (sacct
+    22.05 then lists the shrunk run's part and the next run as one record: the journal tells the runs apart.)"""
+    path = tmp_path / "nospare.toml"
+    path.write_text(
+        'name = "nospare"\n'
+        "command = [\"python\", \"-c\", \"import os, time; time.sleep(0 if os.environ.get('SLURM_RESTART_COUNT', '0') "
+        "!= '0' else 120)\"]\n"
+        '[resources]\nnodes = 2\ntasks_per_node = 1\ntime = "00:05:00"\naccount = "teama"\n'
+        "[retry]\nin_place = 1\n")
+    with Ledger(isolated_ledger) as ledger:
+        job_id, job, journal = submitted(ledger, path)
+        (launch,) = wait_until(lambda: records(journal, "launch"), 60, 0.5, "the job step")
+        first, down = launch["nodes"].split(",")
+        try:
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=DOWN", "Reason=hpctrain no-spare test"],
+                           check=True, capture_output=True)
+            wait_until(lambda: records(journal, "attempt_end"), 60, 0.5, "the run's end")
+        finally:
+            subprocess.run(["scontrol", "update", f"NodeName={down}", "State=RESUME"], capture_output=True)
+        assert final_state(ledger, job_id, 120) == "COMPLETED"
+        excluded = SlurmClient().show_job(job["slurm_job_id"])["ExcNodeList"]
+    ended = records(journal, "attempt_end")
+    assert [(e["cause"], e["requeued"], e.get("excluded")) for e in ended] == [
+        ("node_failure", True, [down]), ("completed", False, None)]
+    assert records(journal, "step_restart") == [] and excluded == down
+    assert down not in records(journal, "launch")[1]["nodes"].split(",")
+
+
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "2 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
+    "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "
+    "them is preemption's requeue"))
+def test_time_limit_checkpoints_on_the_notice_and_requeues(straight, isolated_ledger, tmp_path):
+    """A 2-minute job gets USR2 about a minute before its limit (the dev site's signal lead), checkpoints,
+    requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run (the
+    preemption tests' run: each step here sleeps 0.25 s first, so that the job lasts past the notice)."""
+    spec, straight_checkpoints = straight
+    text = spec("limited")
+    for old, new in (('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
+                      f"command = {json.dumps(['python', '-c', SLOW])}"),
+                     ('time = "00:15:00"', 'time = "00:02:00"'), ("preemptible = true", "preemptible = false")):
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / "limited.toml"
+    path.write_text(text)
+    with Ledger(isolated_ledger) as ledger:
+        job_id, _, journal = submitted(ledger, path)
+        assert final_state(ledger, job_id, 400) == "COMPLETED"
+    requeues = records(journal, "requeue")
+    assert requeues and {r["cause"] for r in requeues} == {"timeout"} and all(r["checkpointed"] for r in requeues)
+    assert_bitwise_equal(Path(load_job_spec(path).checkpoint.dir), straight_checkpoints(), STEPS)

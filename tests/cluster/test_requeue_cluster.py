@@ -1,0 +1,160 @@
+"""Requeue policy on the dev cluster: the cap on runs without progress, runs that die without a word
+(requeued by reconcile), preemption of one array task (only that task is requeued), a stop signal sent
+to the batch shell alone, and a cancel (never requeued)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.jobs.reconcile import reconcile
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
+from hpctrain.slurm import SlurmClient
+from hpctrain.submit import Submitter
+
+from helpers.cli import run_cli
+from helpers.cluster import finish
+from helpers.paths import REPO
+from helpers.waiting import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+SMALL = {"mem": "500M", "time": "00:10:00", "account": "teama"}
+
+
+def submit(ledger: Ledger, spec: dict) -> dict:
+    sub = Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(spec), "<test>")
+    return ledger.jobs.get(sub.ledger_ids[0])
+
+
+def killed_once(ledger: Ledger, tmp_path: Path, name: str) -> dict:
+    """A job whose first run has its batch shell killed (as by the OOM killer: nothing in the job can requeue
+    it), finished FAILED with its last attempt undecided; a second run completes."""
+    marker = tmp_path / f"{name}-killed-once"
+    kill_first_run = f"if [ -e {marker} ]; then exit 0; fi; touch {marker}; kill -9 $PPID"
+    job = submit(ledger, {"name": name, "command": ["bash", "-c", kill_first_run], "launcher": "none",
+                          "resources": SMALL, "retry": {"on_error": True}})
+    assert finish(ledger, job["id"]) == "FAILED"
+    return job
+
+
+def test_a_job_crashing_at_start_stops_after_the_cap(dev_cluster, isolated_ledger, tmp_path):
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "crasher", "command": [sys.executable, "-c", "raise SystemExit(7)"],
+                              "launcher": "none", "resources": SMALL,
+                              "checkpoint": {"dir": str(tmp_path / "ck")},
+                              "retry": {"on_error": True, "max_stalled_attempts": 3}})
+        assert finish(ledger, job["id"]) == "FAILED"
+        assert run_cli("reconcile").returncode == 0
+        attempts = ledger.attempts.of_job(job["id"])
+    assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("error", 1), ("error", 0)]
+    assert attempts[-1]["exit_code"] == "7:0"
+    assert attempts[-1]["decision"].startswith("requeue cap: 3 consecutive attempts without checkpoint progress")
+    shown = run_cli("show", str(job["id"]))
+    assert "stopped after attempt 2: requeue cap: 3 consecutive attempts" in " ".join(shown.stdout.split())
+
+
+def test_a_run_killed_without_a_word_is_requeued_by_reconcile_once(dev_cluster, isolated_ledger, tmp_path):
+    """The batch shell is killed (as by the OOM killer): nothing in the job can requeue it; reconcile does,
+    exactly once however often it runs, and the second run completes."""
+    with Ledger(isolated_ledger) as ledger:
+        job = killed_once(ledger, tmp_path, "killed")
+        client = SlurmClient.for_site(load_site("dev"))
+        first, second = reconcile(ledger, client, "dev"), reconcile(ledger, client, "dev")
+        assert [(d.requeued, d.why.split(" by reconcile: ")[1]) for d in first.decisions] == \
+            [(True, f"scontrol requeue {job['slurm_job_id']}")]
+        assert second.decisions == []
+        assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
+        attempts = ledger.attempts.of_job(job["id"])
+    assert [(a["cause"], a["requeued"]) for a in attempts] == [("error", 1), ("completed", 0)]
+
+
+def test_a_dead_run_slurm_has_forgotten_is_submitted_again_by_reconcile(dev_cluster, isolated_ledger, tmp_path):
+    """Past MinJobAge Slurm no longer knows a job (here: the ledger points at an id Slurm never issued):
+    reconcile submits the same script again under a new id, through the same path as the in-job requeue,
+    and the ledger follows it with its runs numbered on."""
+    with Ledger(isolated_ledger) as ledger:
+        job = killed_once(ledger, tmp_path, "forgotten")
+        Table(ledger, "jobs").update(job["id"], {"slurm_job_id": "99999999"})
+        (decision,) = reconcile(ledger, SlurmClient.for_site(load_site("dev")), "dev").decisions
+        new_id = ledger.jobs.get(job["id"])["slurm_job_id"]
+        assert decision.requeued and decision.why.endswith(
+            f"by reconcile: Slurm no longer holds 99999999: submitted again as {new_id}"), decision.why
+        assert new_id not in ("99999999", job["slurm_job_id"])
+        assert finish(ledger, job["id"], supervise=True) == "COMPLETED"
+        attempts = ledger.attempts.of_job(job["id"])
+    assert [(a["attempt"], a["cause"], a["requeued"]) for a in attempts] == [(0, "error", 1), (1, "completed", 0)]
+    assert attempts[1]["slurm_job_id"] == new_id
+
+
+def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated_ledger, tmp_path):
+    """Two low tasks fill n1 and n2, a normal job holds n3: a one-node high job preempts exactly one task.
+    That task saves its state on the notice and its batch script requeues it alone; both finish."""
+    loop = REPO / "scripts" / "examples" / "guarded_loop.py"
+    whole_node = {**SMALL, "gpus_per_node": 4, "tasks_per_node": 1, "time": "00:15:00"}
+    with Ledger(isolated_ledger) as ledger:
+        blocker = submit(ledger, {"name": "blocker", "command": ["sleep", "600"], "launcher": "none",
+                                  "resources": {**whole_node, "qos": "normal"}})
+        array = submit(ledger, {"name": "looped", "launcher": "none", "resources": {**whole_node, "preemptible": True},
+                                "command": ["bash", "-c", f"exec {sys.executable} {loop} {tmp_path}/state-$SLURM_ARRAY_TASK_ID 150"],
+                                "array": {"count": 2}})
+        journal = Journal(Path(array["job_dir"]) / "journal")
+        starts = lambda: [r for _, r in journal.records(kinds=["attempt_start"])]  # noqa: E731
+        wait_until(lambda: len(starts()) == 2, 120, 0.5, "both tasks to start")
+        submit(ledger, {"name": "urgent", "command": ["sleep", "1"], "launcher": "none",
+                        "resources": {**whole_node, "qos": "high", "time": "00:02:00"}})
+        assert finish(ledger, array["id"], timeout=240) == "COMPLETED"
+        SlurmClient.for_site(load_site("dev")).scancel([blocker["slurm_job_id"]])
+        assert run_cli("reconcile").returncode == 0
+        tasks = {t["task_index"]: t for t in ledger.jobs.tasks(array["id"])}
+        attempts = ledger.attempts.of_job(array["id"])
+    assert sorted(t["restarts"] for t in tasks.values()) == [0, 1]
+    preempted = next(i for i, t in tasks.items() if t["restarts"] == 1)
+    assert [(a["task_index"], a["cause"], a["requeued"]) for a in attempts if a["task_index"] == preempted][0] == \
+        (preempted, "preemption", 1)
+    for t in (0, 1):  # each task ran its 150 steps exactly once across its runs
+        assert json.loads((tmp_path / f"state-{t}").read_text()) == {"step": 150, "total": 150 * 151 // 2}
+
+
+def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_notice(dev_cluster, isolated_ledger,
+                                                                                      tmp_path):
+    """scancel --batch --signal=TERM: the shell passes USR2 on to srun (which answers a TERM by SIGKILLing its
+    tasks); the loop saves its state at once, and the requeued run finishes it, every step exactly once."""
+    loop = REPO / "scripts" / "examples" / "guarded_loop.py"
+    state = tmp_path / "state"
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "termed", "command": [sys.executable, str(loop), str(state), "150"],
+                              "resources": SMALL})
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
+        time.sleep(3)  # srun has started the loop, which handles the stop signals
+        SlurmClient.for_site(load_site("dev")).scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
+        saved = wait_until(lambda: state.exists() and json.loads(state.read_text()), 20, 0.2, "the state saved on TERM")
+        assert 0 < saved["step"] < 150
+        notice = Path(job["job_dir"]) / f"notice-{job['slurm_job_id']}.0"  # for a guard the signal missed
+        assert notice.read_text().strip() == "TERM"
+        assert finish(ledger, job["id"], timeout=240) == "COMPLETED"
+    assert json.loads(state.read_text()) == {"step": 150, "total": 150 * 151 // 2}
+
+
+def test_a_cancelled_job_is_not_requeued(dev_cluster, isolated_ledger, tmp_path):
+    """scancel sends SIGTERM like a preemption without user signal: the job's state (ending, not requeued by
+    Slurm) tells them apart, so the batch script does not bring a cancelled job back."""
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "tocancel", "command": ["sleep", "300"], "launcher": "none", "resources": SMALL})
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
+        assert run_cli("cancel", str(job["id"])).returncode == 0
+        ends = wait_until(lambda: [r for _, r in journal.records(kinds=["attempt_end"])], 30, 0.5, "the run's end")
+        assert (ends[0]["cause"], ends[0]["requeued"]) == ("cancelled", False)
+        assert finish(ledger, job["id"]) == "CANCELLED"
+        time.sleep(12)  # past cred_expire a requeued job would be back
+        squeue = SlurmClient.for_site(load_site("dev")).run("squeue", "-h", "-j", job["slurm_job_id"])
+    assert squeue.strip() == ""

@@ -1,0 +1,162 @@
+"""Sweeps on the dev cluster: concurrent cron ticks never duplicate a trial, a tick with slurmctld down
+changes nothing, early stopping cancels the trials behind the median."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
+
+from helpers.cli import HPCTRAIN, run_cli
+from helpers.cluster import DEV_CLUSTER
+from helpers.paths import REPO
+from helpers.waiting import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+TRIAL = REPO / "scripts" / "examples" / "sweep_trial.py"
+
+
+def sweep_spec(tmp_path: Path, name: str, extra: str, steps: int = 3, step_s: float = 0.1,
+               stop_file: Path | None = None) -> Path:
+    """A sweep of sweep_trial.py; with ``stop_file``, its trials run until that file exists (at most ``steps``)."""
+    path = tmp_path / f"{name}.toml"
+    until = f', "--stop-file", "{stop_file}"' if stop_file else ""
+    path.write_text(f'''
+name = "{name}"
+metric = "loss"
+direction = "minimize"
+{extra}
+
+[job]
+name = "{name}-trial"
+command = ["{sys.executable}", "{TRIAL}", "--steps", "{steps}", "--step-s", "{step_s}"{until}]
+launcher = "none"
+resources = {{ mem = "100M", time = "00:05:00", account = "teama" }}
+''')
+    return path
+
+
+def snapshot(ledger_path: Path) -> dict[str, list]:
+    with Ledger(ledger_path) as ledger:
+        return {t: [tuple(r.values()) for r in Table(ledger, t).rows()]
+                for t in ("sweeps", "trials", "jobs", "array_tasks")}
+
+
+def test_ten_concurrent_ticks_submit_each_trial_once(dev_cluster, isolated_ledger, tmp_path):
+    # The trials run until the ticks are done: every tick then finds the sweep running, however slow it is.
+    stop = tmp_path / "stop"
+    spec = sweep_spec(tmp_path, "tenticks", 'method = "random"\nmax_trials = 12\nmax_parallel = 12\n'
+                      '[search]\nx = { type = "uniform", low = -2.0, high = 2.0 }\ny = { type = "uniform", low = -2.0, high = 2.0 }',
+                      steps=3000, step_s=0.1, stop_file=stop)
+    assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
+    ticks = [subprocess.Popen([*HPCTRAIN, "sweep", "tick"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(10)]
+    outs = [p.communicate(timeout=300) for p in ticks]
+    assert all(p.returncode == 0 for p in ticks), [o[1] for o in outs]
+    assert sorted(o[0].split(":")[1].split(",")[0].strip() for o in outs) == ["0 submitted"] * 9 + ["12 submitted"]
+    with Ledger(isolated_ledger) as ledger:
+        trials = Table(ledger, "trials").rows(order_by="number")
+        jobs = ledger.jobs.of_sweep("tenticks")
+    assert [t["number"] for t in trials] == list(range(12)) and len(jobs) == 1
+    assert sorted((t["job_id"], t["task_index"]) for t in trials) == [(jobs[0]["id"], k) for k in range(12)]
+    stop.touch()
+    # Slurm agrees: one array of 12 tasks, each run once.
+    wait_until(lambda: run_cli("sweep", "tick").returncode == 0 and _all_completed(isolated_ledger), 180, 2,
+               "the trials to complete")
+    sacct = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State", "-j", jobs[0]["slurm_job_id"]],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(sacct) == sorted(f"{jobs[0]['slurm_job_id']}_{k}|COMPLETED" for k in range(12))
+    # Nothing is due any more: another tick changes nothing, and the sweep is done.
+    before = snapshot(isolated_ledger)
+    assert "0 submitted, 0 resubmitted, 0 stopped early; DONE" in run_cli("sweep", "tick", "tenticks").stdout
+    assert snapshot(isolated_ledger)["trials"] == before["trials"]
+    status = json.loads(run_cli("sweep", "status", "tenticks", "--json").stdout)
+    best = min(t["value"] for t in status["trials"])
+    assert status["state"] == "DONE" and status["best"]["value"] == best
+    x, y = status["best"]["params"]["x"], status["best"]["params"]["y"]
+    assert best == pytest.approx((x - 0.3) ** 2 + (y + 0.2) ** 2)
+
+
+def _all_completed(ledger_path: Path) -> bool:
+    with Ledger(ledger_path) as ledger:
+        return {t["state"] for t in Table(ledger, "trials").rows()} == {"completed"}
+
+
+def test_a_tick_with_slurmctld_down_fails_in_one_line_and_changes_nothing(dev_cluster, isolated_ledger, tmp_path):
+    spec = sweep_spec(tmp_path, "ctlddown", 'method = "grid"\nmax_parallel = 2\n[search]\nx = { type = "choice", values = [0.0, 0.5, 1.0] }\ny = { type = "choice", values = [0.0] }')
+    assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
+    before = snapshot(isolated_ledger)
+    subprocess.run([DEV_CLUSTER, "stop-daemon", "slurmctld"], check=True, capture_output=True)
+    try:
+        down = run_cli("sweep", "tick")
+    finally:
+        subprocess.run([DEV_CLUSTER, "up"], check=True, capture_output=True)
+    assert down.returncode == 2 and down.stdout == ""
+    assert len(down.stderr.splitlines()) == 1 and down.stderr.startswith("hpctrain: error: scontrol ping"), down.stderr
+    assert snapshot(isolated_ledger) == before
+    # Back up: the next ticks go on, each trial once.
+    assert "2 submitted" in run_cli("sweep", "tick").stdout
+    assert "0 submitted" in run_cli("sweep", "tick").stdout
+    with Ledger(isolated_ledger) as ledger:
+        assert [t["number"] for t in Table(ledger, "trials").rows()] == [0, 1]
+
+
+def test_early_stopping_cancels_trials_behind_the_median(dev_cluster, isolated_ledger, tmp_path):
+    """Five trials with flat curves at loss x + const: at each step, x = 3 and x = 4 are worse than the median
+    of the others and are cancelled; the rest complete. The trials run until both are pruned, however slow the
+    ticks are."""
+    stop = tmp_path / "stop"
+    spec = sweep_spec(tmp_path, "median", 'method = "grid"\nmax_parallel = 5\n'
+                      '[search]\nx = { type = "choice", values = [0.3, 1.3, 2.3, 3.3, 4.3] }\ny = { type = "choice", values = [-0.2] }\n'
+                      '[early_stopping]\nrule = "median"\ngrace_steps = 3\nmin_trials = 2', steps=3000, step_s=0.2,
+                      stop_file=stop)
+    assert run_cli("sweep", "start", str(spec)).returncode == 0
+
+    def states() -> dict[float, str]:
+        with Ledger(isolated_ledger) as ledger:
+            return {json.loads(t["params_json"])["x"]: t["state"] for t in Table(ledger, "trials").rows()}
+
+    wait_until(lambda: run_cli("sweep", "tick", "median").returncode == 0
+               and states().get(3.3) == states().get(4.3) == "pruned", 240, 2, "x = 3.3 and 4.3 to be pruned")
+    stop.touch()
+    wait_until(lambda: "DONE" in run_cli("sweep", "tick", "median").stdout, 240, 2, "the sweep to finish")
+    with Ledger(isolated_ledger) as ledger:
+        trials = {json.loads(t["params_json"])["x"]: t for t in Table(ledger, "trials").rows()}
+        slurm_id = ledger.jobs.get(trials[0.3]["job_id"])["slurm_job_id"]
+    # 2.3 may follow once 3.3 and 4.3 stop reporting (the median of the rest is then lower); 0.3 never.
+    assert trials[0.3]["state"] == "completed" and trials[3.3]["state"] == trials[4.3]["state"] == "pruned"
+    assert all(t["reason"].startswith("median stopping") for t in trials.values() if t["state"] == "pruned")
+    sacct = dict(line.split("|") for line in subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", slurm_id], capture_output=True, text=True,
+        check=True).stdout.splitlines())
+    pruned = {t["task_index"] for t in trials.values() if t["state"] == "pruned"}
+    assert {int(k.split("_")[1]) for k, v in sacct.items() if v.startswith("CANCELLED")} == pruned, (sacct, trials)
+
+
+def test_one_broken_sweep_leaves_the_cron_tick_to_the_others(dev_cluster, isolated_ledger, tmp_path):
+    """A sweep whose trials cannot be submitted (its job names an account the user lacks) is marked FAILED in
+    one line and the tick exits 1 for cron's mail; the sweep registered after it still gets its trials, and
+    later ticks leave the broken one out."""
+    grid = ('method = "grid"\nmax_parallel = 2\n[search]\nx = { type = "choice", values = [0.0, 0.5] }\n'
+            'y = { type = "choice", values = [0.0] }')
+    broken = sweep_spec(tmp_path, "broken", grid)
+    broken.write_text(broken.read_text().replace('account = "teama"', 'account = "teamz"'))
+    for spec in (broken, sweep_spec(tmp_path, "healthy", grid)):
+        assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
+    first = run_cli("sweep", "tick")
+    assert first.returncode == 1, first.stderr
+    assert first.stderr.startswith("hpctrain: error: sweep broken: ") and first.stderr.count("\n") == 1
+    assert "'teamz'" in first.stderr and "Traceback" not in first.stderr
+    assert "sweep healthy: 2 submitted" in first.stdout
+    later = run_cli("sweep", "tick")
+    assert later.returncode == 0 and "broken" not in later.stdout + later.stderr
+    with Ledger(isolated_ledger) as ledger:
+        states = {s["id"]: s["state"] for s in Table(ledger, "sweeps").rows()}
+        assert states["broken"] == "FAILED" and states["healthy"] in ("ACTIVE", "DONE")
+        assert "SUBMITTING" not in {j["state"] for j in Table(ledger, "jobs").rows()}

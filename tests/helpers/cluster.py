@@ -1,0 +1,82 @@
+"""The dev cluster and Slurm's commands: the cluster's script, a job spec that preempts whatever runs in QOS low,
+sacct's own GPU-hours, waiting for a job to finish, Slurm's hostlist forms, and PATH shims that log (or block) every
+Slurm command hpctrain runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from helpers.paths import REPO
+from helpers.waiting import wait_until
+
+if TYPE_CHECKING:
+    from hpctrain.ledger import Ledger
+
+DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
+# A job spec taking every GPU of the dev cluster's three nodes in QOS high: whatever runs in QOS low is preempted.
+HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
+        "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
+                      "qos": "high", "account": "teama"}}
+
+
+def sacct_gpu_hours(slurm_id: str) -> float:
+    """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],
+                         capture_output=True, text=True, check=True).stdout
+    total = 0.0
+    for line in out.splitlines():
+        elapsed, tres = line.split("|")
+        gpus = dict(t.split("=") for t in tres.split(",") if "=" in t).get("gres/gpu", "0")
+        total += int(elapsed) * int(gpus) / 3600
+    return total
+
+
+def finish(ledger: Ledger, job_id: int, timeout: float = 180, supervise: bool = False) -> str:
+    """Poll (or reconcile, which also requeues dead runs) until the job is finished; its final state."""
+    from hpctrain.config import load_site
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.jobs.reconcile import reconcile
+    from hpctrain.slurm import SlurmClient
+    from hpctrain.slurm.states import TERMINAL
+
+    client = SlurmClient.for_site(load_site("dev"))
+    poller = Poller(ledger, client, "dev")
+
+    def done():
+        reconcile(ledger, client, "dev") if supervise else poller.refresh()
+        return ledger.jobs.get(job_id)["state"] in TERMINAL
+
+    wait_until(done, timeout, 2.0, f"job {job_id} to finish")
+    return ledger.jobs.get(job_id)["state"]
+
+
+# Every form `scontrol show hostnames` accepts (tests/unit/launch/test_launch.py expands them, and
+# tests/cluster/test_launch_cluster.py compares that with scontrol's expansion).
+HOSTLISTS = ["n[1-3,7],gpu[08-10],login1", "rack[1-2]-n[01-02]", "r[1,3]c[2-3]s[9-10],x1", "a[1-2]b[3-4]c[5-6]d[7-8]",
+             "n[098-101]", "n[01-2]", "n[1-02]", "n[9-10]", "login1,login2", "gpu[7]", "a1-ib[2-3]"]
+
+SHIMMED = ("sbatch", "sacct", "squeue", "sacctmgr", "sshare", "scontrol", "scancel", "sinfo")
+
+SlurmLog = tuple[dict[str, str], Callable[[], Counter]]
+
+
+def slurm_shims(directory: Path, passthrough: tuple[str, ...] = ()) -> SlurmLog:
+    """(env, counts()): PATH stubs that log every Slurm command; those not in ``passthrough`` fail without
+    running, so that input wrongly accepted can never submit a job."""
+    log = directory / "calls.log"
+    directory.mkdir(exist_ok=True)
+    for cmd in SHIMMED:
+        run = f'exec {shutil.which(cmd)} "$@"' if cmd in passthrough else f'echo "{cmd}: blocked by the test" >&2; exit 1'
+        stub = directory / cmd
+        stub.write_text(f'#!/bin/bash\necho {cmd} >> {log}\n{run}\n')
+        stub.chmod(0o755)
+
+    def counts() -> Counter:
+        return Counter(log.read_text().split()) if log.exists() else Counter()
+
+    return {"PATH": f"{directory}:{os.environ['PATH']}"}, counts

@@ -1,0 +1,79 @@
+"""hpctrain as users install it (tests/unit/project/test_packaging.py, tests/cluster/test_packaging_cluster.py; the
+fixtures ``wheel``, ``resolutions`` and ``login_install`` are in tests/conftest.py): the Pythons the login node may
+have, the extras and pip's resolutions of them, and `hpctrain` run from an installed venv."""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import runpy
+import shutil
+import subprocess
+import zipfile
+from email.message import Message
+from pathlib import Path
+
+from packaging.utils import canonicalize_name
+
+from helpers.paths import REPO
+
+LOGIN_PYTHONS = ("3.10", "3.12", "3.13")
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")  # setup.cfg's classifiers
+# Extras whose requirements pull torch (train pins it; accelerate and lightning depend on it). They are resolved
+# with torch named as setup.cfg pins it, and only on a Python with a local torch wheel in pip's find-links:
+# elsewhere pip would download the multi-GB CUDA build to read its metadata.
+TORCH_EXTRAS = ("train", "hf", "lightning", "all")
+PICK_PYTHON = runpy.run_path(str(REPO / "scripts" / "pick-python"))  # its TORCH and local_torch_tags()
+SPEC = """\
+name = "from-wheel"
+command = ["python3", "-c", "print('ran from a wheel')"]
+launcher = "none"
+[resources]
+mem = "100M"
+time = "00:02:00"
+"""
+
+
+def interpreter(version: str) -> str | None:
+    """A CPython of ``version`` on this machine: under pyenv or on PATH (where pyenv's shims may not run it)."""
+    pyenv = sorted(Path("~/.pyenv/versions").expanduser().glob(f"{version}.*/bin/python{version}"))
+    for candidate in [*map(str, pyenv), shutil.which(f"python{version}")]:
+        if candidate and subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    return None
+
+
+def claimed(extra: str, version: str) -> bool:
+    """Whether the README and setup.cfg say ``extra`` installs on Python ``version`` (hpctrain's own hint too)."""
+    from hpctrain.cli import EXTRA_PYTHON
+
+    return tuple(map(int, version.split("."))) >= EXTRA_PYTHON.get(extra, (3, 10))
+
+
+def metadata(wheel: Path) -> Message:
+    with zipfile.ZipFile(wheel) as z:
+        return email.parser.Parser().parsestr(z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA")))
+                                              .decode())
+
+
+class Resolution:
+    """One `pip install --dry-run --report` of the wheel with some extras, by one Python's own pip, running."""
+
+    def __init__(self, python: str, wheel: Path, extras: list[str], report: Path):
+        self.extras, self.report = extras, report
+        torch = [f"torch=={PICK_PYTHON['TORCH']}"] if set(extras) & set(TORCH_EXTRAS) else []
+        self.proc = subprocess.Popen([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                                      "--report", str(report), f"{wheel}[{','.join(extras)}]", *torch],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def result(self) -> tuple[int, str, dict[str, dict]]:
+        """pip's exit status, its stderr, and what it would install by name (the report's entries)."""
+        _, err = self.proc.communicate(timeout=600)
+        installs = json.loads(self.report.read_text())["install"] if self.proc.returncode == 0 else []
+        return self.proc.returncode, err, {canonicalize_name(i["metadata"]["name"]): i for i in installs}
+
+
+def hpctrain(bin_dir: Path, *args: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([bin_dir / "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **env})

@@ -1,0 +1,326 @@
+"""Site config and job spec validation: every problem is one line naming file, key path and expectation."""
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import JobSpec, load_job_spec, load_site
+from hpctrain.config.types import format_slurm_time, parse_memory, parse_slurm_time
+from hpctrain.errors import ConfigError
+
+from helpers.cli import run_cli
+from helpers.paths import REPO
+
+GOOD_SPEC = """\
+name = "gpt-tiny"
+command = ["python", "-m", "train", "--lr", "3e-4"]
+seed = 7
+
+[resources]
+nodes = 2
+gpus_per_node = 4
+time = "01:30:00"
+mem = "32G"
+
+[parallel]
+dp = 2
+tp = 2
+pp = 2
+
+[env]
+PLAIN = "x"
+WANDB_API_KEY = { secret = true }
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "spec.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def spec_error(tmp_path: Path, text: str, name: str = "spec.toml") -> str:
+    path = write(tmp_path, text, name)
+    with pytest.raises(ConfigError) as info:
+        load_job_spec(path)
+    return str(info.value).replace(str(path), name)
+
+
+def test_good_spec_loads_with_derived_values(tmp_path):
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC))
+    assert spec.resources.time == 5400
+    assert spec.resources.mem == 32 * 1024
+    assert spec.resources.ntasks_per_node == 4
+    assert spec.parallel.world_size == 8
+    assert spec.secret_names() == ["WANDB_API_KEY"]
+    assert spec.env["PLAIN"].value == "x"
+
+
+def test_yaml_spec_loads(tmp_path):
+    text = "name: y\ncommand: [python, t.py]\nresources:\n  gpus_per_node: 2\n"
+    assert load_job_spec(write(tmp_path, text, "spec.yaml")).resources.gpus_per_node == 2
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ("nodes = 2", "nodes = 'two'", "resources.nodes: expected an integer, got 'two'"),
+        ("nodes = 2", "nodes = '2'", "resources.nodes: expected an integer, got '2'"),
+        ("nodes = 2", "gpu = 4", "resources.gpu: unknown key"),
+        ('time = "01:30:00"', 'time = "25h"', "resources.time: expected a Slurm time such as '04:00:00' or '1-12:00:00', got '25h'"),
+        ('mem = "32G"', 'mem = "lots"', "resources.mem: expected a memory size such as '16G' or '512M', got 'lots'"),
+        ("nodes = 2", "nodes = 0", "resources.nodes: expected a number >= 1, got 0"),
+        ("nodes = 2", 'preemptible = "yes"', "resources.preemptible: expected true or false, got 'yes'"),
+    ],
+)
+def test_bad_resource_values(tmp_path, old, new, expected):
+    text = GOOD_SPEC.replace(old, new, 1)
+    if old == "nodes = 2" and not new.startswith("nodes"):
+        text = text.replace("[parallel]\ndp = 2", "[parallel]\ndp = 1")
+    assert spec_error(tmp_path, text) == f"spec.toml: {expected}"
+
+
+def test_missing_required_keys_are_each_one_line(tmp_path):
+    assert spec_error(tmp_path, 'seed = 1\n').splitlines() == [
+        "spec.toml: name: missing required key",
+        "spec.toml: command: missing required key",
+    ]
+
+
+def test_unknown_top_level_key(tmp_path):
+    assert spec_error(tmp_path, 'colour = "red"\n' + GOOD_SPEC) == "spec.toml: colour: unknown key"
+
+
+def test_list_element_type_names_index(tmp_path):
+    text = GOOD_SPEC.replace('"--lr", "3e-4"]', '"--lr", 3]')
+    assert spec_error(tmp_path, text) == "spec.toml: command[4]: expected a string, got 3"
+
+
+def test_bad_job_name(tmp_path):
+    text = GOOD_SPEC.replace('name = "gpt-tiny"', 'name = "a b;rm"')
+    assert spec_error(tmp_path, text) == (
+        "spec.toml: name: expected a string matching ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$, got 'a b;rm'"
+    )
+
+
+def test_env_entry_without_value_or_secret(tmp_path):
+    text = GOOD_SPEC + "BROKEN = { secret = false }\n"
+    assert spec_error(tmp_path, text) == (
+        "spec.toml: env.BROKEN: expected a value, or secret = true to take it from the submitting environment, "
+        "got {'secret': False}"
+    )
+
+
+def test_env_name_must_be_a_variable_name(tmp_path):
+    text = GOOD_SPEC + '"BAD-NAME" = "v"\n'
+    assert spec_error(tmp_path, text) == "spec.toml: env.BAD-NAME: expected an environment variable name (letters, digits, _)"
+
+
+def test_parallel_layout_must_fill_the_allocation(tmp_path):
+    text = GOOD_SPEC.replace("pp = 2", "pp = 1")
+    assert spec_error(tmp_path, text) == (
+        "spec.toml: parallel: dp*tp*pp = 2*2*1 = 4 must equal nodes*tasks_per_node = 2*4 = 8"
+    )
+
+
+def test_invalid_toml_names_line(tmp_path):
+    msg = spec_error(tmp_path, 'name = "x"\ncommand = ["a",,]\n')
+    assert msg == "spec.toml: invalid TOML: Invalid value (at line 2, column 16)"
+
+
+def test_invalid_yaml_names_line(tmp_path):
+    msg = spec_error(tmp_path, "name: x\ncommand: [a\n", "spec.yaml")
+    assert msg.startswith("spec.yaml: invalid YAML (line 3, column 1): ")
+
+
+def test_top_level_must_be_a_table(tmp_path):
+    assert spec_error(tmp_path, "- a\n- b\n", "spec.yaml") == "spec.yaml: expected a table of keys at the top level, got list"
+
+
+# Site configs.
+
+DEV = (REPO / "site_configs" / "dev.toml").read_text()
+
+
+def site_error(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text, "site.toml")
+    with pytest.raises(ConfigError) as info:
+        load_site(str(path))
+    return str(info.value).replace(str(path), "site.toml")
+
+
+def test_shipped_site_configs_load():
+    dev = load_site("dev")
+    assert dev.partitions["gpu"].gpus_per_node == 4
+    assert dev.qos["low"].preemptible and dev.qos["high"].preempts == ["low"]
+    ib = load_site("example-ib-cluster")
+    assert ib.network_env["NCCL_IB_HCA"].startswith("mlx5_")
+    assert ib.partitions["h100"].mem_per_node == 2000 * 1024
+    assert ib.partitions["a100-debug"].gpu_request == "gres"
+    assert (ib.hang.startup_s, ib.hang.step_s, dev.hang.step_s) == (1800, 900, None)
+
+
+def test_site_default_qos_must_be_defined(tmp_path):
+    assert site_error(tmp_path, DEV.replace('qos = "normal"', 'qos = "bogus"', 1)) == (
+        "site.toml: defaults.qos: QOS 'bogus' is not defined in this site config (defined: deadline, high, low, normal)"
+    )
+
+
+def test_site_preempts_reference_checked(tmp_path):
+    assert site_error(tmp_path, DEV.replace('preempts = ["low"]', 'preempts = ["lowest"]')) == (
+        "site.toml: qos.high.preempts[0]: QOS 'lowest' is not defined in this site config (defined: deadline, high, low, normal)"
+    )
+
+
+def test_site_wrong_type_in_partition(tmp_path):
+    text = DEV.replace("gpus_per_node = 4", 'gpus_per_node = "four"', 1)
+    assert site_error(tmp_path, text) == "site.toml: partitions.gpu.gpus_per_node: expected an integer, got 'four'"
+
+
+def test_site_missing_section(tmp_path):
+    text = DEV.replace("[paths]", "[unused]")
+    assert site_error(tmp_path, text).splitlines() == ["site.toml: paths: missing required key", "site.toml: unused: unknown key"]
+
+
+def test_site_checkpoint_mode_is_permission_bits(tmp_path):
+    assert load_site("dev").checkpoint.mode == 0o600
+    shared = write(tmp_path, DEV.replace("# mode = 0o640", "mode = 0o640"), "shared.toml")
+    assert load_site(str(shared)).checkpoint.mode == 0o640
+    assert site_error(tmp_path, DEV.replace("# mode = 0o640", "mode = 0o1640")) == (
+        "site.toml: checkpoint.mode: expected permission bits from 0o000 to 0o777, such as 0o640, got 928")
+
+
+def test_site_ledger_env_override(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_LEDGER", str(tmp_path / "l.db"))
+    assert load_site("dev").ledger.path == tmp_path / "l.db"
+
+
+def test_site_paths_expand_defaults(monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_DEV_ROOT", "/srv/devroot")
+    assert str(load_site("dev").paths.checkpoints) == "/srv/devroot/checkpoints"
+    monkeypatch.delenv("HPCTRAIN_DEV_ROOT")
+    assert str(load_site("dev").paths.checkpoints) == "/var/tmp/hpctrain-dev/checkpoints"
+
+
+def test_cli_prints_config_errors_one_per_line(tmp_path):
+    path = write(tmp_path, DEV.replace('qos = "normal"', 'qos = "bogus"', 1), "site.toml")
+    out = run_cli("doctor", "--site", str(path))
+    assert out.returncode == 2
+    assert out.stderr == (
+        f"hpctrain: error: {path}: defaults.qos: QOS 'bogus' is not defined in this site config (defined: deadline, high, low, normal)\n"
+    )
+
+
+# Field types.
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("30", 1800), (45, 2700), ("10:30", 630), ("01:00:00", 3600), ("2-00", 172800), ("1-12:30", 131400), ("1-00:00:05", 86405)],
+)
+def test_slurm_time(text, seconds):
+    assert parse_slurm_time(text) == seconds
+
+
+def test_slurm_time_format_round_trip():
+    assert format_slurm_time(131400) == "1-12:30:00"
+    assert format_slurm_time(3599) == "00:59:59"
+
+
+@pytest.mark.parametrize("text, mb", [("16G", 16384), ("512M", 512), ("1T", 1048576), (2048, 2048), ("4gb", 4096)])
+def test_memory(text, mb):
+    assert parse_memory(text) == mb
+
+
+# Parallel layout rules, checked when the spec is loaded (so at submit time).
+
+LAYOUT = """\
+name = "gpt"
+command = ["python", "-m", "hpctrain.train"]
+
+[resources]
+nodes = 2
+gpus_per_node = 4
+
+[parallel]
+dp = 2
+tp = 2
+pp = 2
+micro_batch = 2
+grad_accum = 4
+
+[model]
+layers = 8
+heads = 8
+hidden = 512
+"""
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("dp = 2", "dp = 1", "parallel: dp*tp*pp = 1*2*2 = 4 must equal nodes*tasks_per_node = 2*4 = 8"),
+    ("gpus_per_node = 4", "gpus_per_node = 4\ntasks_per_node = 3",
+     "parallel: dp*tp*pp = 2*2*2 = 8 must equal nodes*tasks_per_node = 2*3 = 6\n"
+     "spec.toml: parallel.tp: tp = 2 must divide the 3 tasks per node (tensor-parallel peers share a node)"),
+    ("layers = 8", "layers = 7", "model.layers: layers = 7 must be divisible by pp = 2"),
+    ("heads = 8", "heads = 7", "model.heads: heads = 7 must be divisible by tp = 2\n"
+     "spec.toml: model.hidden: hidden = 512 must be divisible by heads = 7"),
+    ("hidden = 512", "hidden = 511", "model.hidden: hidden = 511 must be divisible by tp = 2\n"
+     "spec.toml: model.hidden: hidden = 511 must be divisible by heads = 8"),
+    ("grad_accum = 4", "grad_accum = 4\nglobal_batch = 32",
+     "parallel.global_batch: global_batch = 32 must equal micro_batch*grad_accum*dp = 2*4*2 = 16"),
+])
+def test_layout_rules_name_the_numbers(tmp_path, old, new, expected):
+    assert load_job_spec(write(tmp_path, LAYOUT)).parallel.samples_per_step == 16
+    assert spec_error(tmp_path, LAYOUT.replace(old, new)) == f"spec.toml: {expected}"
+
+
+def test_tp_must_stay_within_a_node(tmp_path):
+    text = LAYOUT.replace("nodes = 2\ngpus_per_node = 4", "nodes = 4\ngpus_per_node = 2").replace("tp = 2", "tp = 4").replace("dp = 2", "dp = 1")
+    assert spec_error(tmp_path, text) == (
+        "spec.toml: parallel.tp: tp = 4 must divide the 2 tasks per node (tensor-parallel peers share a node)"
+    )
+
+
+def test_dumped_spec_validates_to_the_same_spec(tmp_path):
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC))
+    again = JobSpec.model_validate(spec.redacted())
+    assert again == spec
+    assert spec.redacted()["resources"]["time"] == "01:30:00" and spec.redacted()["resources"]["mem"] == "32768M"
+
+
+def test_dependencies_take_slurm_and_ledger_ids_as_integers_or_strings(tmp_path):
+    path = tmp_path / "dep.toml"
+    path.write_text('name = "d"\ncommand = ["true"]\n[dependency]\nafter = [1234, "1234_5"]\nafter_jobs = [3, "4"]\n')
+    dep = load_job_spec(path).dependency
+    assert (dep.after, dep.after_jobs) == (["1234", "1234_5"], [3, 4])
+    for bad, message in (("after_jobs = [0]", "dependency.after_jobs[0]: expected a number >= 1, got 0"),
+                         ('after_jobs = ["x"]', "dependency.after_jobs[0]: expected an integer, got 'x'"),
+                         ("after = [true]", "dependency.after[0]: expected a string, got True")):
+        path.write_text(f'name = "d"\ncommand = ["true"]\n[dependency]\n{bad}\n')
+        with pytest.raises(ConfigError) as err:
+            load_job_spec(path)
+        assert str(err.value) == f"{path}: {message}"
+
+
+def test_job_setup_lines_are_one_shell_line_each(tmp_path):
+    path = tmp_path / "setup.toml"
+    path.write_text('name = "s"\ncommand = ["true"]\nsetup = ["module load cuda/12.4", "source env.sh"]\n')
+    assert load_job_spec(path).setup == ["module load cuda/12.4", "source env.sh"]
+    path.write_text('name = "s"\ncommand = ["true"]\nsetup = ["module load a\\nrm -rf ~"]\n')
+    with pytest.raises(ConfigError, match=r"setup\[0\]: expected one shell line per item"):
+        load_job_spec(path)
+
+
+def test_the_memory_tier_needs_restarts_in_the_allocation(tmp_path):
+    text = LAYOUT + "\n[checkpoint]\nmemory_every_steps = 5\n"
+    assert spec_error(tmp_path, text) == ("spec.toml: checkpoint.memory_every_steps: the memory tier serves restarts "
+                                          "inside the allocation only: set retry.in_place too")
+    assert load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).checkpoint.memory_every_steps == 5
+
+
+def test_spare_nodes_need_restarts_in_the_allocation(tmp_path):
+    text = LAYOUT.replace("nodes = 2\n", "nodes = 2\nspare_nodes = 1\n")
+    assert spec_error(tmp_path, text) == ("spec.toml: resources.spare_nodes: spare nodes serve restarts inside the "
+                                          "allocation only: set retry.in_place and launcher = 'srun'")
+    resources = load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).resources
+    # The layout fills the step's nodes; Slurm is asked for the spares too.
+    assert (resources.nodes, resources.allocated_nodes, resources.allocated_gpus) == (2, 3, 12)

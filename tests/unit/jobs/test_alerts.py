@@ -1,0 +1,70 @@
+"""Status alerts and `hpctrain metrics` on ledger rows (the cluster tests feed real ones)."""
+
+import json
+import time
+
+from hpctrain.config.site import Alerts
+from hpctrain.jobs.alerts import job_alerts
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
+
+from helpers.cli import run_cli
+
+LIMITS = Alerts(stall_minutes=10, data_wait_fraction=0.3)
+
+
+def add_steps(ledger, job_id, steps, start, wait_s, step_s=1.0):
+    ledger.db.table("metrics").insert_all(
+        {"job_id": job_id, "task_index": -1, "name": name, "step": s, "value": value, "time": start + s}
+        for s in steps for name, value in (("loss", 10 / s), ("step_time_s", step_s), ("data_wait_s", wait_s)))
+
+
+def test_stalled_and_data_bound_jobs_are_flagged(isolated_ledger):
+    now = time.time()
+    with Ledger(isolated_ledger) as ledger:
+        for name in ("healthy", "stalled", "starved", "silent", "done"):
+            state = "COMPLETED" if name == "done" else "RUNNING"
+            Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": state})
+        add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.05)
+        add_steps(ledger, 2, range(1, 30), now - 3600, wait_s=0.05)
+        add_steps(ledger, 3, range(1, 60), now - 70, wait_s=0.6)
+        ledger.attempts.record(4, -1, 0, started_at=now - 1200)
+        add_steps(ledger, 5, range(1, 30), now - 9000, wait_s=0.9)
+        jobs = Table(ledger, "jobs").rows()
+        found = job_alerts(ledger, jobs, LIMITS, now=now)
+    assert set(found) == {2, 3, 4}
+    assert found[2] == ["stalled: no training step for 60 min"]
+    assert found[3] == ["data-bound: 60% of step time waiting for data (last 20 steps)"]
+    assert found[4] == ["stalled: no training step for 20 min (none since the run started)"]
+
+
+def test_metrics_command_pivots_steps(isolated_ledger):
+    with Ledger(isolated_ledger) as ledger:
+        Table(ledger, "jobs").insert({"name": "m", "site": "dev", "state": "COMPLETED"})
+        add_steps(ledger, 1, range(1, 6), time.time(), wait_s=0.1)
+    out = run_cli("metrics", "1", "--no-refresh", "--json", "--tail", "2")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert rows == [{"task": -1, "step": s, "loss": 10 / s, "step_time_s": 1.0, "data_wait_s": 0.1} for s in (4, 5)]
+    table = run_cli("metrics", "1", "--no-refresh", "--name", "loss").stdout
+    assert "loss" in table and "data_wait_s" not in table and "metrics of job 1 (m)" in table
+    assert run_cli("metrics", "7", "--no-refresh").stderr.strip() == \
+        "hpctrain: error: job '7': no such ledger id (see `hpctrain status --all`)"
+
+
+def test_ranks_far_slower_than_their_stages_fastest_are_stragglers(isolated_ledger):
+    # dp2 x tp2 x pp2: stage 0 is ranks 0-1 (n1) and 4-5 (n3); stage 1 ranks 2-3 (n2) and 6-7 (n4); n3 is slow,
+    # and its tensor-parallel peers wait for each other inside the forward pass.
+    def ranks(compute):
+        return [{"rank": r, "node": f"n{1 + r // 2}", "stage": r // 2 % 2, "compute_s": c} for r, c in enumerate(compute)]
+
+    now = time.time()
+    with Ledger(isolated_ledger) as ledger:
+        Table(ledger, "jobs").insert({"name": "slow", "site": "dev", "state": "RUNNING"})
+        add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.0)
+        for step, compute in ((50, [0.10, 0.10, 0.20, 0.21, 0.11, 0.10, 0.22, 0.20]),  # n3 became slow later
+                              (100, [0.10, 0.10, 0.20, 0.21, 0.19, 0.19, 0.22, 0.20])):
+            ledger.event("ranks", "compute seconds per step", job_id=1, step=step, ranks=ranks(compute))
+        found = job_alerts(ledger, Table(ledger, "jobs").rows(), LIMITS, now=now)
+    assert found == {1: ["stragglers at step 100: rank 4 on n3 (1.9x its stage's fastest), "
+                         "rank 5 on n3 (1.9x its stage's fastest)"]}

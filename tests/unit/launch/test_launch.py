@@ -1,0 +1,182 @@
+"""hpctrain launch: rendezvous and task variables from Slurm's environment."""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.errors import HpctrainError
+from hpctrain.contract import JobEnvironment
+from hpctrain.launch.launcher import launch_env, placement_options, srun_argv
+from hpctrain.launch.nodes import choose, excluded_nodes, unhealthy
+from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.watchdog import HUNG_EXIT
+
+from helpers.cli import HPCTRAIN
+from helpers.paths import ASSETS
+
+
+def test_hostlist_expansion():
+    assert expand_hostlist("n[1-3,7],gpu[08-10],login1") == ["n1", "n2", "n3", "n7", "gpu08", "gpu09", "gpu10", "login1"]
+    assert expand_hostlist("a1-ib[2-3]x") == ["a1-ib2x", "a1-ib3x"]
+    assert expand_hostlist("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
+    assert expand_hostlist("n[098-101]") == ["n098", "n099", "n100", "n101"]
+    assert expand_hostlist("a[1-2]b[3-4]c[5-6]")[:5] == ["a1b3c5", "a1b3c6", "a2b3c5", "a2b3c6", "a1b4c5"]
+
+
+@pytest.mark.parametrize("bad", ["n[1-3", "n1-3]", "n[a-b]", "n[5-3]"])
+def test_a_hostlist_that_cannot_be_read_is_named(bad):
+    with pytest.raises(HpctrainError, match="hostlist"):
+        expand_hostlist(bad)
+
+
+def test_tasks_per_node_run_length_form():
+    assert [tasks_on_node("4(x2),3", i) for i in range(3)] == [4, 4, 3]
+
+
+def test_ports_differ_between_jobs_and_array_tasks():
+    rng = (21000, 29999)
+    ports = {master_port({"SLURM_JOB_ID": str(j)}, rng, lambda p: True) for j in range(1000, 1100)}
+    assert len(ports) == 100 and all(21000 <= p <= 29999 for p in ports)
+    a = master_port({"SLURM_JOB_ID": "77", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "1"}, rng, lambda p: True)
+    b = master_port({"SLURM_JOB_ID": "78", "SLURM_ARRAY_JOB_ID": "70", "SLURM_ARRAY_TASK_ID": "2"}, rng, lambda p: True)
+    assert a != b
+
+
+def test_a_restarted_step_starts_from_another_port():
+    rng = (21000, 29999)
+    ports = [master_port({"SLURM_JOB_ID": "77", "HPCTRAIN_STEP_RESTART": str(k)}, rng, lambda p: True) for k in range(3)]
+    assert len(set(ports)) == 3
+
+
+def test_busy_port_moves_to_the_next_free_one():
+    first = master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: True)
+    busy = {first, first + 1 if first < 30009 else 30000}
+    assert master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: p not in busy) not in busy
+    with pytest.raises(HpctrainError, match="no free port in launch.master_port_range 30000-30009"):
+        master_port({"SLURM_JOB_ID": "5"}, (30000, 30009), lambda p: False)
+
+
+def test_task_env_from_slurm_ids():
+    env = {"SLURM_PROCID": "5", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_TASKS_PER_NODE": "4(x2)",
+           "SLURM_NODEID": "1"}
+    assert task_env(env) == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    with pytest.raises(HpctrainError, match="SLURM_PROCID is not set: run this inside an srun task"):
+        task_env({})
+
+
+def test_launch_env_takes_site_network_settings_and_respects_overrides():
+    site = load_site("example-ib-cluster")
+    env = {"SLURM_JOB_NODELIST": "gpu[017-018]", "SLURM_JOB_ID": "123", "NCCL_DEBUG": "INFO"}
+    out = launch_env(site, env)
+    assert out["MASTER_ADDR"] == "gpu017"
+    assert 29500 <= int(out["MASTER_PORT"]) <= 39499
+    assert out["NCCL_IB_HCA"] == "mlx5_0,mlx5_1,mlx5_2,mlx5_3" and out["NCCL_DEBUG"] == "INFO"
+    with pytest.raises(HpctrainError, match="SLURM_JOB_NODELIST is not set"):
+        launch_env(site, {"SLURM_JOB_ID": "1"})
+
+
+def test_srun_runs_the_task_shim():
+    argv = srun_argv(["python", "train.py", "--lr", "1e-3"], python="/venv/bin/python")
+    assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "--", "/venv/bin/python", "-m", "hpctrain.launch.task", "--",
+                    "python", "train.py", "--lr", "1e-3"]
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer"])
+def test_the_rendered_container_launch_line_starts_the_shim_in_the_image(runtime):
+    """The golden script's `hpctrain launch ...` line, read back as the batch shell would, gives srun the pyxis
+    options, or runs the image's Python under `apptainer exec`."""
+    script = (ASSETS / "golden" / f"container-distributed-{runtime}.sh").read_text()
+    line = next(ln for ln in script.splitlines() if " -m hpctrain launch " in ln)
+    args = shlex.split(line.rstrip(" &"))[4:]
+    env = {**os.environ, "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_ID": "7"}
+    out = subprocess.run([*HPCTRAIN, "launch", "--dry-run", *args], capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr
+    argv = shlex.split(out.stdout.strip().splitlines()[-1])
+    shim = ["/usr/bin/python3", "-m", "hpctrain.launch.task", "--", "python", "train.py", "--config", "run 1.yaml"]
+    mounts = "/shared/logs/job-42:/shared/logs/job-42,/lustre,/scratch:/scratch:rw,/datasets/imagenet:/data:ro"
+    if runtime == "pyxis":
+        assert argv == ["srun", "--container-image=nvcr.io#nvidia/pytorch:24.05-py3", f"--container-mounts={mounts}",
+                        "--container-workdir=/home/alice/proj", "--kill-on-bad-exit=1", "--label", "--", *shim]
+    else:
+        assert argv == ["srun", "--kill-on-bad-exit=1", "--label", "--", "apptainer", "exec", "--nv", "--bind", mounts,
+                        "--pwd=/home/alice/proj", "nvcr.io#nvidia/pytorch:24.05-py3", *shim]
+
+
+def test_sinfo_states_that_rule_a_node_out():
+    assert [s for s in ("allocated", "mixed", "idle", "draining", "completing") if unhealthy(s)] == []
+    assert all(unhealthy(s) for s in ("down", "down*", "drained", "fail", "failing", "allocated*", "mixed*", "unknown"))
+
+
+def test_the_step_runs_on_the_first_healthy_nodes_and_keeps_the_rest_spare():
+    nodes = ["n1", "n2", "n3", "n4"]
+    step = choose(nodes, nodes, {n: "allocated" for n in nodes}, {}, 2)
+    assert (step.chosen, step.left_out, step.lost(), step.enough) == (["n1", "n2"], {"n3": "spare", "n4": "spare"}, {},
+                                                                      True)
+    # n2 left the allocation (--no-kill), n3 does not respond: n4 stands in.
+    step = choose(nodes, ["n1", "n3", "n4"], {"n1": "mixed", "n3": "allocated*", "n4": "allocated"}, {}, 2)
+    assert step.chosen == ["n1", "n4"] and step.lost() == {"n2": "Slurm took it out of the allocation",
+                                                           "n3": "Slurm says allocated*"}
+    assert step.describe() == ("on n1,n4; left out: n2 (Slurm took it out of the allocation), "
+                               "n3 (Slurm says allocated*)")
+    # No spare left: the layout cannot be kept.
+    step = choose(nodes[:2], nodes[:2], {"n1": "allocated", "n2": "allocated"}, {"n1": "its ranks failed first in 2 steps"}, 2)
+    assert not step.enough and step.describe().endswith("1 healthy nodes of the 2 the step needs")
+    assert placement_options(choose(nodes, nodes, {}, {}, 2), 4) == [
+        "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--nodelist=n1,n2"]
+
+
+def test_rendezvous_on_the_steps_first_node():
+    site = load_site("example-ib-cluster")
+    env = {"SLURM_JOB_NODELIST": "gpu[017-019]", "SLURM_JOB_ID": "123"}
+    assert launch_env(site, env, ["gpu018", "gpu019"])["MASTER_ADDR"] == "gpu018"
+
+
+def _task_env(tmp_path, rank: int, step_restart: int = 0) -> dict[str, str]:
+    return {**os.environ, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank), "SLURM_LOCALID": "0",
+            "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURMD_NODENAME": f"n{rank + 1}",
+            "HPCTRAIN_JOB_DIR": str(tmp_path), "HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"),
+            "HPCTRAIN_STEP_RESTART": str(step_restart)}
+
+
+def _shim(env: dict[str, str], code: str) -> int:
+    return subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code],
+                          env=env).returncode
+
+
+def test_the_shim_ends_as_its_entry_point_and_journals_the_first_rank_to_fail(tmp_path):
+    """A rank killed by SIGKILL: its shim dies the same way and journals it, with its node; a second rank failing in
+    the same step does not (srun ends it because of the first); a hung rank's exit blames no node."""
+    journal = Journal(tmp_path / "journal")
+    assert _shim(_task_env(tmp_path, 0), "import os, sys; sys.exit(0 if os.environ['RANK'] == '0' else 1)") == 0
+    assert _shim(_task_env(tmp_path, 1), "import os, signal; os.kill(os.getpid(), signal.SIGKILL)") == -signal.SIGKILL
+    assert _shim(_task_env(tmp_path, 0), "raise SystemExit(5)") == 5
+    assert _shim(_task_env(tmp_path, 0, step_restart=1), f"raise SystemExit({HUNG_EXIT})") == HUNG_EXIT
+    failed = [r for _, r in journal.records(kinds=("rank_failed",))]
+    assert [(r["rank"], r["host"], r["exit_code"], r["message"]) for r in failed] == [
+        (1, "n2", -9, "rank 1 on n2: killed by SIGKILL, the first of its job step to fail")]
+    # A SIGTERM to the shim reaches the entry point, which exits 7 on it: so does the shim, and blames no node (srun
+    # ending a step, a preemption or a cancel stopped it).
+    code = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(7)); print('up', flush=True); time.sleep(30)"
+    proc = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code],
+                            env=_task_env(tmp_path, 0, step_restart=2), stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "up\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 7
+    assert len(list(journal.records(kinds=("rank_failed",)))) == 1
+
+
+def test_a_node_whose_ranks_failed_first_in_two_steps_is_excluded(tmp_path):
+    journal = Journal(tmp_path / "journal")
+    env = JobEnvironment({"SLURM_JOB_ID": "5", "HPCTRAIN_JOURNAL_DIR": str(journal.dir)})
+    for step_restart, node, attempt in [(0, "n2", 0), (1, "n3", 0), (2, "n2", 0), (0, "n3", 1)]:
+        (journal.dir).mkdir(exist_ok=True)
+        (journal.dir / f"{step_restart}{node}{attempt}-rank_failed.json").write_text(
+            f'{{"kind": "rank_failed", "host": "{node}", "step_restart": {step_restart}, "attempt": {attempt}, '
+            f'"task_index": -1}}')
+    assert excluded_nodes(journal, env) == {"n2": "its ranks failed first in 2 steps"}

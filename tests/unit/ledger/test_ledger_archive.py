@@ -1,0 +1,98 @@
+"""`hpctrain ledger archive|vacuum`: old jobs move, with every row of theirs, into an archive ledger; nothing is lost
+or duplicated, a submission or sweep still running stays whole, and the file shrinks once vacuumed."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.archive import JOB_TABLES, archive, vacuum
+from hpctrain.ledger.table import Table
+
+from helpers.cli import run_cli
+from helpers.ledger import DAY, make_history
+
+TABLES = ("sweeps", "jobs", *JOB_TABLES)
+
+
+def counts(path) -> dict[str, int]:
+    with sqlite3.connect(path) as conn:
+        return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
+
+
+@pytest.fixture
+def history(tmp_path):
+    path, now = tmp_path / "ledger.db", time.time()
+    make_history(path, jobs=3000, sweeps=30, metric_rows=30_000, now=now, days=365)
+    return path, now
+
+
+def test_old_jobs_move_whole_and_nothing_is_lost(history, tmp_path):
+    path, now = history
+    before, cutoff = counts(path), now - 180 * DAY
+    with Ledger(path) as ledger:
+        # a submission of two chunks, one ended long ago and one still running: both stay
+        old, running = ledger.db.execute("SELECT min(id), max(id) FROM jobs").fetchone()
+        ledger.db.execute("UPDATE jobs SET group_id = ? WHERE id = ?", [old, running])
+        done = archive(ledger, tmp_path / "archive.db", cutoff)
+        kept = {r["id"]: r for r in Table(ledger, "jobs").rows()}
+    moved = counts(tmp_path / "archive.db")
+    assert done.jobs == moved["jobs"] > 1000 and old in kept
+    assert {t: counts(path)[t] + moved[t] for t in TABLES} == before
+    assert all(r["ended_at"] is None or r["ended_at"] >= cutoff or r["id"] == old for r in kept.values())
+    with sqlite3.connect(tmp_path / "archive.db") as conn:
+        assert conn.execute("SELECT max(ended_at) FROM jobs").fetchone()[0] < cutoff
+        orphans = conn.execute("SELECT count(*) FROM attempts WHERE job_id NOT IN (SELECT id FROM jobs)").fetchone()[0]
+    assert orphans == 0
+    with Ledger(path) as ledger:  # a second run finds nothing more to move
+        assert archive(ledger, tmp_path / "archive.db", cutoff).jobs == 0
+    assert counts(tmp_path / "archive.db") == moved
+
+
+def test_a_run_stopped_between_copy_and_delete_is_finished_by_the_next(history, tmp_path):
+    path, now = history
+    target = tmp_path / "archive.db"
+    with Ledger(path) as ledger:
+        archive(ledger, target, now - 300 * DAY)
+    # as if the first run had stopped after its copy: the same rows are in both files again
+    with sqlite3.connect(target) as conn:
+        conn.execute("ATTACH DATABASE ? AS live", [str(path)])
+        conn.execute("INSERT INTO live.sweeps SELECT * FROM sweeps")
+        conn.execute("INSERT INTO live.jobs SELECT * FROM jobs")
+        for table in JOB_TABLES:
+            conn.execute(f"INSERT INTO live.{table} SELECT * FROM {table}")
+    total = {t: counts(path)[t] + counts(target)[t] for t in TABLES}
+    with Ledger(path) as ledger:
+        archive(ledger, target, now - 300 * DAY)
+    assert {t: counts(path)[t] + counts(target)[t] for t in TABLES} == {
+        t: total[t] - counts(target)[t] for t in TABLES}
+
+
+def test_the_archive_of_another_ledger_is_refused(history, tmp_path):
+    path, now = history
+    other = tmp_path / "other.db"
+    make_history(other, jobs=500, sweeps=5, metric_rows=1000, now=now - 1000, days=365, seed=1)
+    before = counts(path), counts(other)
+    with Ledger(path) as ledger, pytest.raises(HpctrainError, match="other jobs under the same ids"):
+        archive(ledger, other, now - 180 * DAY)
+    assert (counts(path), counts(other)) == before
+
+
+def test_the_cli_archives_then_vacuums(history, tmp_path):
+    path, _ = history
+    env = {"HPCTRAIN_LEDGER": str(path)}
+    out = run_cli("ledger", "archive", "--older-than", "200", env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("moved ") and str(tmp_path / "ledger-archive.db") in out.stdout
+    size = path.stat().st_size
+    out = run_cli("ledger", "vacuum", env=env)
+    assert out.returncode == 0, out.stderr
+    assert path.stat().st_size < 0.7 * size
+    out = run_cli("ledger", "archive", "--to", str(path), env=env)
+    assert out.returncode == 2 and out.stderr.startswith("hpctrain: error: ") and "another file" in out.stderr
+    with Ledger(path) as ledger:
+        assert vacuum(ledger)[1] <= path.stat().st_size

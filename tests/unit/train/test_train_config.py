@@ -1,0 +1,91 @@
+"""The DeepSpeed config generated from a job spec; checkpoint permissions taken from the site config."""
+
+import subprocess
+from pathlib import Path
+import sys
+
+import pytest
+
+from hpctrain.config.job import JobSpec
+from hpctrain.errors import ConfigError
+from hpctrain.train.ds_config import ds_config
+
+from helpers.paths import REPO
+
+
+def spec(parallel=None, hyperparameters=None) -> JobSpec:
+    return JobSpec(name="t", command=["python", "-m", "hpctrain.train"], parallel=parallel or {},
+                   hyperparameters=hyperparameters or {})
+
+
+def test_defaults_give_fp32_without_zero_and_torch_adamw():
+    assert ds_config(spec()) == {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 1,
+        "zero_optimization": {"stage": 0},
+        "bf16": {"enabled": False},
+        "optimizer": {"type": "AdamW", "params": {"torch_adam": True, "lr": 3e-4, "betas": [0.9, 0.95],
+                                                  "eps": 1e-8, "weight_decay": 0.1}},
+        "gradient_clipping": 1.0,
+        "steps_per_print": 2**62,
+        "wall_clock_breakdown": False,
+    }
+
+
+def test_batch_sizes_precision_zero_and_hyperparameters_come_from_the_spec():
+    config = ds_config(spec({"dp": 4, "tp": 2, "pp": 2, "micro_batch": 3, "grad_accum": 5, "zero_stage": 1,
+                             "precision": "bf16"},
+                            {"lr": 1e-3, "betas": (0.8, 0.9), "weight_decay": 0.0, "grad_clip": 0.5}))
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"],
+            config["train_batch_size"]) == (3, 5, 60)
+    assert config["zero_optimization"] == {"stage": 1} and config["bf16"] == {"enabled": True}
+    assert config["optimizer"]["params"] == {"torch_adam": True, "lr": 1e-3, "betas": [0.8, 0.9], "eps": 1e-8,
+                                             "weight_decay": 0.0}
+    assert config["gradient_clipping"] == 0.5
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_zero_stages_the_pipeline_engine_rejects_are_a_config_error(stage):
+    with pytest.raises(ConfigError, match=rf"zero_stage = {stage}: .*pipeline engine.*ZeRO stage 0 or 1"):
+        ds_config(spec({"zero_stage": stage}))
+
+
+def test_unknown_hyperparameters_are_a_config_error():
+    with pytest.raises(ConfigError, match="unknown learning_rate"):
+        ds_config(spec(hyperparameters={"learning_rate": 1e-3}))
+
+
+def test_generating_the_config_imports_neither_torch_nor_deepspeed():
+    code = "import sys, hpctrain.train.ds_config; print(sorted({'torch', 'deepspeed'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(tmp_path, monkeypatch):
+    from hpctrain.train.checkpointing import site_checkpoints
+
+    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
+    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o600, Path("/dev/shm"))
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640")
+                    .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'"))
+    monkeypatch.setenv("HPCTRAIN_SITE", str(site))
+    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o640, tmp_path / "shm")
+
+
+def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_path, monkeypatch):
+    from hpctrain.config.job import JobSpec
+    from hpctrain.train.__main__ import hang_timeouts
+
+    def spec(hang: dict) -> JobSpec:
+        return JobSpec(name="j", command=["true"], hang=hang)
+
+    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
+    assert hang_timeouts(spec({})).model_dump() == {"startup_s": 0, "step_s": 0}
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text() + "\n[hang]\nstartup_s = 600\nstep_s = 120\n")
+    monkeypatch.setenv("HPCTRAIN_SITE", str(site))
+    assert hang_timeouts(spec({})).model_dump() == {"startup_s": 600, "step_s": 120}
+    assert hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30}
+    assert hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120}  # 0: off
