@@ -46,27 +46,22 @@ def module_file(name: str, cwd: Path) -> Path | None:
     """The file `python -m NAME` runs from ``cwd`` (a package's ``__main__``), found on the path that Python would
     search there without importing anything: a package's ``__init__`` is user code, and this runs at submit."""
     search = [str(cwd), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)), *sys.path[1:]]
-    spec = None
+    parts = name.split(".")
     try:
-        for depth, part in enumerate(name.split(".")):
-            locations = search if spec is None else spec.submodule_search_locations
-            if locations is None:  # a module is not a package: it has no submodules
+        # The top package on the path, else through another finder (an editable install's, say).
+        spec = PathFinder.find_spec(parts[0], search) or next(
+            (
+                found
+                for f in sys.meta_path
+                if f is not PathFinder and hasattr(f, "find_spec")
+                if (found := f.find_spec(parts[0], None)) is not None
+            ),
+            None,
+        )
+        for depth in range(1, len(parts)):  # each submodule inside the package before it, if that is one
+            if spec is None or spec.submodule_search_locations is None:
                 return None
-            spec = PathFinder.find_spec(".".join(name.split(".")[: depth + 1]), list(locations))
-            if spec is None and depth == 0:  # e.g. an editable install's own finder
-                spec = next(
-                    filter(
-                        None,
-                        (
-                            f.find_spec(part, None)
-                            for f in sys.meta_path
-                            if f is not PathFinder and hasattr(f, "find_spec")
-                        ),
-                    ),
-                    None,
-                )
-            if spec is None:
-                return None
+            spec = PathFinder.find_spec(".".join(parts[: depth + 1]), list(spec.submodule_search_locations))
         if spec is not None and spec.submodule_search_locations is not None:
             return module_file(f"{name}.__main__", cwd)
     except (ImportError, ValueError):
