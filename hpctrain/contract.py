@@ -36,6 +36,11 @@ ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"
 # Set by the batch script: how often this run has restarted its job step in the allocation (retry.in_place).
 STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
 
+# Metric names the reference trainer journals and the login side reads (report, retention, sweeps): its
+# held-out evaluation's loss and, for byte-level models, bits per byte.
+EVAL_LOSS = "eval/loss"
+EVAL_BPB = "eval/bpb"
+
 DEFAULT_SIGNAL_LEAD_S = 300.0
 
 

@@ -87,22 +87,33 @@ def index_shards(out: Path, locations: tuple[str, ...], jobs: int) -> None:
 @click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-size", default="8M", show_default=True, help="text to take at most, e.g. 8M")
 @click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
-def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_size: str) -> None:
+@click.option(
+    "--held-out",
+    default="0",
+    show_default=True,
+    help="also pack this much text from files never trained on into OUT/held-out (an [eval] index), e.g. 1M",
+)
+def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_size: str, held_out: str) -> None:
     """Pack source text (default: the standard library's, which every Python has) into OUT as byte-level
     token sequences for the reference GPT trainer (vocab 256); the same files give the same shards."""
     from hpctrain.config.types import parse_memory
     from hpctrain.data.text import pack_text
 
-    sizes = {}
-    for name, value in (("--max-size", max_size), ("--shard-size", shard_size)):
+    sizes = {"--held-out": 0}
+    for name, value in (("--max-size", max_size), ("--shard-size", shard_size), ("--held-out", held_out)):
+        if name == "--held-out" and value.strip() == "0":
+            continue
         try:
             sizes[name] = parse_memory(value) * 2**20
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=name) from None
-    index = pack_text(out, roots, seq_len, sizes["--max-size"], sizes["--shard-size"])
-    click.echo(
-        f"wrote {index.total_samples} sequences of {seq_len + 1} bytes in {len(index.shards)} shards: {index.path}"
-    )
+    index, held = pack_text(out, roots, seq_len, sizes["--max-size"], sizes["--shard-size"], sizes["--held-out"])
+    for what, written in (("", index), ("held out ", held)):
+        if written is not None:
+            click.echo(
+                f"wrote {what}{written.total_samples} sequences of {seq_len + 1} bytes in {len(written.shards)} "
+                f"shards: {written.path}"
+            )
 
 
 @data.command()

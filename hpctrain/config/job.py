@@ -178,11 +178,37 @@ class HangPolicy(StrictModel):
         )
 
 
+class EvalPolicy(StrictModel):
+    """Held-out evaluation in the reference trainer's loop: the same samples every time, never trained on."""
+
+    index: ExpandedPath | None = Field(None, description="a held-out shard index (no shard shared with data.index)")
+    holdout: FiniteFloat = Field(
+        0,
+        ge=0,
+        lt=1,
+        description="or this share of data.index's shards (at least one), chosen by their names' hashes, "
+        "held out of training",
+    )
+    every_steps: int | None = Field(None, ge=1, description="evaluate every this many steps, and at the last")
+    batches: int = Field(
+        4, ge=1, description="evaluate on this many global batches (parallel.global_batch samples each)"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.index is not None or self.holdout > 0
+
+
 class CheckpointPolicy(StrictModel):
     dir: ExpandedPath | None = Field(None, description="default: <site checkpoints>/<job name>")
     every_steps: int | None = Field(None, ge=1)
     every_minutes: FiniteFloat | None = Field(None, gt=0)
     keep_last: int = Field(3, ge=1)
+    keep_best: int = Field(0, ge=0, description="also keep this many best checkpoints by best_metric")
+    best_metric: str = Field(
+        "loss", min_length=1, description="a metric the checkpoint records: loss (training), eval/loss, eval/bpb"
+    )
+    best_mode: Literal["min", "max"] = "min"
     async_save: bool = Field(True, alias="async")
     memory_every_steps: int | None = Field(
         None,
@@ -294,6 +320,7 @@ class JobSpec(StrictModel):
     parallel: Parallel = Field(default_factory=Parallel)
     model: Model | None = None
     data: Data = Field(default_factory=Data)
+    eval: EvalPolicy = Field(default_factory=EvalPolicy)
     checkpoint: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     hyperparameters: dict[str, JsonValue] = Field(default_factory=dict)
     seed: int = Field(
@@ -345,6 +372,19 @@ class JobSpec(StrictModel):
                 ("the memory tier serves restarts inside the allocation only: set retry.in_place too"),
             )
         yield from self._layout_problems()
+        yield from self._eval_problems()
+
+    def _eval_problems(self) -> Iterator[tuple[Loc, str]]:
+        e = self.eval
+        if e.index is not None and e.holdout:
+            yield ("eval", "holdout"), "give eval.index or eval.holdout, not both"
+        if e.holdout and self.data.index is None:
+            yield ("eval", "holdout"), "holds out shards of data.index: set data.index too"
+        if e.every_steps and not e.enabled:
+            yield ("eval", "every_steps"), "evaluates held-out data: set eval.index or eval.holdout"
+        c = self.checkpoint
+        if c.keep_best and c.best_metric.startswith("eval/") and not e.enabled:
+            yield ("checkpoint", "best_metric"), f"{c.best_metric} needs held-out data: set eval.index or eval.holdout"
 
     def _layout_problems(self) -> Iterator[tuple[Loc, str]]:
         """The dp x tp x pp layout must fill the allocation, keep TP on a node and divide the model."""

@@ -1,6 +1,8 @@
 """Hugging Face Transformers' `Trainer` under hpctrain: on a preemption or time-limit notice, save through
 the Trainer's own checkpointing at the step boundary and stop; the batch script requeues the job, and the
-next run resumes with ``resume_from_checkpoint``.
+next run resumes with ``resume_from_checkpoint``. What the Trainer logs (training loss, learning rate, and
+its evaluations' ``eval_*`` values, journaled as ``eval/*``) goes into the job's ledger at the Trainer's
+global step, from the main process only.
 
     callback = HpctrainCallback()
     trainer = Trainer(..., callbacks=[callback])
@@ -18,6 +20,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from transformers.trainer_utils import get_last_checkpoint
 
 from hpctrain.runtime.guard import PreemptionGuard
+from hpctrain.runtime.metrics import log_metrics
 
 
 class HpctrainCallback(TrainerCallback):
@@ -35,6 +38,25 @@ class HpctrainCallback(TrainerCallback):
         if self.guard.should_stop():
             control.should_save = control.should_training_stop = self.stopped = True
         return control
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """The Trainer's logged values (its evaluations' too: `Trainer.evaluate` logs them) into the journal; a
+        step logged again after a resume replaces the values before."""
+        if state.is_world_process_zero and logs:
+            values = {_name(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            log_metrics(state.global_step, **values)
+
+
+def _name(key: str) -> str:
+    """The Trainer's ``eval_loss`` as hpctrain's ``eval/loss`` (the report draws it beside the training loss)."""
+    return f"eval/{key[len('eval_') :]}" if key.startswith("eval_") else key
 
 
 def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:

@@ -1,9 +1,10 @@
 """PyTorch Lightning under hpctrain: hpctrain's guard instead of Lightning's own SLURM auto-requeue. On a
 preemption or time-limit notice the run saves a Lightning checkpoint at the batch boundary and stops; the
-batch script requeues the job and the next run resumes with ``ckpt_path``.
+batch script requeues the job and the next run resumes with ``ckpt_path``. `HpctrainLogger` takes what the
+module logs (``self.log(...)``) into the job's ledger at the global step, from rank 0 only.
 
     callback = HpctrainCallback(checkpoint_dir)
-    trainer = lightning.Trainer(..., callbacks=[callback])
+    trainer = lightning.Trainer(..., callbacks=[callback], logger=HpctrainLogger())
     trainer.fit(model, data, ckpt_path=last_checkpoint(checkpoint_dir))
     if callback.stopped:
         sys.exit(0)          # requeued: skip what follows training
@@ -20,12 +21,18 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.runtime.guard import PreemptionGuard
+from hpctrain.runtime.metrics import log_metrics
 
 
 class HpctrainCallback(L.Callback):
@@ -50,6 +57,29 @@ class HpctrainCallback(L.Callback):
         if self.guard.should_stop():
             trainer.save_checkpoint(self.checkpoint_dir / f"step-{trainer.global_step}.ckpt")
             trainer.should_stop = self.stopped = True
+
+
+class HpctrainLogger(Logger):
+    """Lightning's logged values into the job's journal (`hpctrain.runtime.log_metrics`), by their ``self.log``
+    names, at the trainer's global step; a step logged again after a resume replaces the values before."""
+
+    @property
+    def name(self) -> str:
+        return "hpctrain"
+
+    @property
+    def version(self) -> str:
+        job = JobEnvironment().job_id
+        return "local" if job is None else str(job)
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        if step is not None:
+            log_metrics(step, **{k: float(v) for k, v in metrics.items() if k != "epoch"})
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        """Nothing: the job's hyperparameters are in its spec, in the ledger already."""
 
 
 def last_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:

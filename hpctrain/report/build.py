@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from hpctrain.config import SiteConfig
+from hpctrain.contract import EVAL_LOSS
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs import stragglers
 from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
@@ -30,7 +31,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
     checkpoint duration and data wait by step (one curve per array task); ``data``: the job's, if read already."""
     data = data or collect.job_data(ledger, job_id)
     job, metrics = data.job, data.metrics
-    loss = metrics.get("loss", {})
+    loss, eval_loss = metrics.get("loss", {}), metrics.get(EVAL_LOSS, {})
     facts = [
         ("job", f"{job['name']} (ledger id {job['id']}, slurm job {job['slurm_job_id'] or '-'})"),
         ("state", job["state"]),
@@ -42,13 +43,14 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
         ("checkpoints", f"{len(data.checkpoints)} ({_counts(c['state'] for c in data.checkpoints)})"),
         *_usage_facts(overall(totals(runs := _usage(ledger, site_cfg, job_id=job_id), "job"))),
         *_loss_facts(loss),
+        *_loss_facts(eval_loss, EVAL_LOSS),
     ]
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
     if slow := stragglers.latest(ledger, job_id):
         facts.append(("stragglers", f"at step {slow[0]}: {', '.join(map(str, slow[1])) or 'none'}"))
     plots = [
-        _loss_plot(loss, collect.attempt_marks(data.attempts)),
+        _loss_plot(loss, eval_loss, collect.attempt_marks(data.attempts)),
         _plot("throughput (tokens/s) vs step", "tokens/s", _labelled(metrics.get("tokens_per_s", {}))),
         _plot(
             "checkpoint duration vs step",
@@ -100,8 +102,10 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
 
 
 def loss_summary(data: collect.JobData) -> list[str]:
-    """The job report's loss facts as lines ("loss: 5.545 at step 1 → 1.71 at step 400 (smoothed 1.74)")."""
-    return [f"{name}: {value}" for name, value in _loss_facts(data.metrics.get("loss", {}))]
+    """The job report's loss facts as lines ("loss: 5.545 at step 1 → 1.71 at step 400 (smoothed 1.74)"), the
+    held-out loss's after them."""
+    facts = [*_loss_facts(data.metrics.get("loss", {})), *_loss_facts(data.metrics.get(EVAL_LOSS, {}), EVAL_LOSS)]
+    return [f"{name}: {value}" for name, value in facts]
 
 
 def sweep_report(ledger: Ledger, site_cfg: SiteConfig, sweep_id: str) -> str:
@@ -235,32 +239,42 @@ def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: s
     return Plot(title, lines(series, title, xlabel, ylabel, **style), note)
 
 
-def _loss_plot(loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
-    """Loss by step, smoothed over the faint raw values, with a dashed line at the step each resumed attempt
-    began from (labelled with its task in an array)."""
+def _loss_plot(loss: collect.Curves, eval_loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:
+    """Training loss by step, smoothed over the faint raw values, the held-out loss as markers, with a dashed line
+    at the step each resumed attempt began from (labelled with its task in an array)."""
+    evaluated = {" ".join(filter(None, (EVAL_LOSS, label))): c for label, c in _labelled(eval_loss).items()}
     return _plot(
         "loss vs step",
         "loss",
         _labelled(loss),
         smooth=collect.smoothed,
+        sparse=dict(list(evaluated.items())[:MAX_LINES]),
         mark_legend="attempt began",
         marks=[(step, label if task < 0 else f"task {task}: {label}") for task, step, label in marks],
-        note="faint: the raw values; solid: their exponential moving average",
+        note="faint: the raw training values; solid: their exponential moving average"
+        + ("; markers: the held-out loss" if evaluated else ""),
     )
 
 
-def _loss_facts(loss: collect.Curves) -> list[tuple[str, str]]:
+def _loss_facts(loss: collect.Curves, name: str = "loss") -> list[tuple[str, str]]:
     """'4.242 at step 1 → 0.6427 at step 50 (smoothed 0.6581)' for each curve ("loss (task 3)" in an array), none
-    for more than MAX_LOSS_FACTS curves."""
+    for more than MAX_LOSS_FACTS curves; a held-out curve (sparse) gives its best instead of a smoothed value."""
     if len(loss) > MAX_LOSS_FACTS:
         return []
-    return [
-        (
-            f"loss ({label})" if label else "loss",
-            f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} (smoothed {collect.smoothed(ys)[-1]:.4g})",
+    facts = []
+    for label, (xs, ys) in _labelled(loss).items():
+        then = (
+            f"best {min(ys):.4g} at step {xs[ys.index(min(ys))]}"
+            if name == EVAL_LOSS
+            else f"smoothed {collect.smoothed(ys)[-1]:.4g}"
         )
-        for label, (xs, ys) in _labelled(loss).items()
-    ]
+        facts.append(
+            (
+                f"{name} ({label})" if label else name,
+                f"{ys[0]:.4g} at step {xs[0]} → {ys[-1]:.4g} at step {xs[-1]} ({then})",
+            )
+        )
+    return facts
 
 
 def _labelled(curves: collect.Curves, label: str = "task") -> Series:

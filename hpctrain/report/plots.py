@@ -47,12 +47,17 @@ def lines(
     marks: Sequence[Mark] = (),
     mark_legend: str = "",
     dashed: Sequence[str] = (),
+    sparse: Series | None = None,
 ) -> bytes:
     """One line (or, with ``points``, one set of markers) per series, with a legend when they are labelled;
     the series named in ``dashed`` dashed (levels such as a budget).
     With ``smooth``, each series' values are drawn faint and the smoothed ones on top in its colour; each mark
-    is a dashed vertical line in MARK_COLOUR, its label at the top, ``mark_legend`` their legend entry."""
+    is a dashed vertical line in MARK_COLOUR, its label at the top, ``mark_legend`` their legend entry.
+    ``sparse`` series (values taken now and then, such as held-out evaluations) are drawn as markers joined by
+    a line, never smoothed."""
     fig, ax = figure()
+    for label, (xs, ys) in (sparse or {}).items():
+        ax.plot(xs, ys, label=label, marker="o", markersize=4, linewidth=1.2)
     style = {"marker": "o", "linestyle": "none", "markersize": 5} if points else {"linewidth": 1.2}
     for label, (xs, ys) in series.items():
         if smooth is None:

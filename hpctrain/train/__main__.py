@@ -145,12 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         times["engine"] = time.time()
         model = spec.model or Model()
         dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+        from hpctrain.train.evaluation import data_split
+
+        split = data_split(spec)
         loader = None
-        if spec.data.index is not None:
+        if split.train is not None:
             from hpctrain.data import ShardLoader
 
             loader = ShardLoader(
-                spec.data.index,
+                split.train,
                 batch_size=spec.parallel.micro_batch,
                 dp_rank=dp_rank,
                 dp_size=dp_size,
@@ -159,13 +162,19 @@ def main(argv: list[str] | None = None) -> int:
                 shuffle_buffer=spec.data.shuffle_buffer,
                 max_quarantined_fraction=spec.data.max_quarantined_fraction,
             )
+        evaluation = None
+        if split.held_out is not None:
+            from hpctrain.train.evaluation import EvalSchedule, HeldOutEval
+
+            held_out = HeldOutEval(spec, split.held_out, dp_rank, dp_size)
+            evaluation = EvalSchedule(spec, held_out, args.steps, Journal.from_env())
         checkpoints = None
         if spec.checkpoint.dir is not None:
             from hpctrain.checkpoint.naming import task_dir
             from hpctrain.train.checkpointing import TrainCheckpoints
 
             task = JobEnvironment().task_index
-            checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader)
+            checkpoints = TrainCheckpoints(spec, engine, task_dir(spec.checkpoint.dir, task), loader, evaluation)
         start = checkpoints.resume() if checkpoints else 0
         times["loaded"] = time.time()
     except HpctrainError as exc:
@@ -181,9 +190,9 @@ def main(argv: list[str] | None = None) -> int:
         batches = micro_batches(model, spec.parallel, spec.seed, dp_rank, start_step=start)
     tokens = spec.parallel.samples_per_step * model.seq_len
     compute = ComputeTimer(engine.module, stage=engine.grid.get_stage_id())
-    hooks = [step_printer(tokens), metrics_journal(tokens, loader), compute] + (
-        [checkpoints.hook] if checkpoints else []
-    )
+    # The evaluation comes before the checkpoint: a checkpoint's manifest records its step's eval metrics.
+    hooks = [step_printer(tokens), metrics_journal(tokens, loader), compute]
+    hooks += ([evaluation] if evaluation else []) + ([checkpoints.hook] if checkpoints else [])
     tier = checkpoints.tier if checkpoints else None
     if start and engine.global_rank == 0:
         print(f"hpctrain.train: resumed at step {start} from the {tier} tier", file=sys.stderr)

@@ -18,6 +18,7 @@ from hpctrain.config.site import CheckpointConfig, job_site
 from hpctrain.contract import JobEnvironment
 from hpctrain.data.state import LoaderState
 from hpctrain.train.engine import StepResult
+from hpctrain.train.evaluation import EvalSchedule
 from hpctrain.train.state import load_local_state, local_state, placements
 
 
@@ -41,9 +42,11 @@ class TrainCheckpoints:
     """Saves every ``checkpoint.every_steps`` steps (async by default) and, with ``memory_every_steps``, to
     the node-local memory tier in between; resumes from the newest valid checkpoint of either tier."""
 
-    def __init__(self, spec: JobSpec, engine: Any, directory: Path, loader: Any = None):
-        p = spec.parallel
-        self.spec, self.engine, self.loader = spec, engine, loader
+    def __init__(
+        self, spec: JobSpec, engine: Any, directory: Path, loader: Any = None, evaluation: EvalSchedule | None = None
+    ):
+        p, c = spec.parallel, spec.checkpoint
+        self.spec, self.engine, self.loader, self.evaluation = spec, engine, loader, evaluation
         self.site = site = site_checkpoints()
         layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
         self.ck = Checkpointer(
@@ -51,7 +54,7 @@ class TrainCheckpoints:
             rank=engine.global_rank,
             world_size=engine.world_size,
             layout=layout,
-            retention=Retention(keep_last=spec.checkpoint.keep_last),
+            retention=Retention(keep_last=c.keep_last, keep_best=c.keep_best, metric=c.best_metric, mode=c.best_mode),
             mode=site.mode,
         )
         self.memory: Checkpointer | None = None
@@ -140,7 +143,8 @@ class TrainCheckpoints:
         return {f"rank{self.memory.rank}": {k: s.data for k, s in tree.items()}}
 
     def save(self, step: int, loss: float, async_: bool, memory: bool = False) -> None:
-        """Save ``step`` to the parallel file system, or to the memory tier."""
+        """Save ``step`` to the parallel file system, or to the memory tier; the manifest records the training
+        loss and the step's evaluation, where the loop evaluated it."""
         cursor = {"data": self.loader.state_dict()} if self.loader is not None else None
         tree = engine_tree(self.engine)
         tier = self.memory if memory else self.ck
@@ -150,7 +154,7 @@ class TrainCheckpoints:
             step,
             self.memory_tree(tree) if memory else tree,
             cursor=cursor,
-            metrics={"loss": loss},
+            metrics={"loss": loss, **(self.evaluation.at(step) if self.evaluation else {})},
             async_=async_,
             copy="none",
         )

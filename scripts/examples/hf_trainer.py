@@ -3,7 +3,8 @@
     python hf_trainer.py OUTPUT_DIR [--steps 200] [--step-s 0] [--progress FILE]
 
 A tiny GPT-2 built from a config (randomly initialised, no download) learns random byte sequences on
-the CPU. Run it as the command of an hpctrain job spec: on the notice the Trainer saves its checkpoint
+the CPU, evaluated every 50 steps on sequences it never trains on; the callback journals the Trainer's
+logged values (loss, learning rate, eval/loss, ...) into the job's ledger. Run it as the command of an hpctrain job spec: on the notice the Trainer saves its checkpoint
 of that step and stops, the script exits, hpctrain's batch script requeues the job, and the next run
 resumes from the checkpoint. The final weights go to OUTPUT_DIR/final. ``--step-s`` slows each step
 down and ``--progress`` appends each step's number to FILE: both only to watch a preemption happen.
@@ -46,9 +47,10 @@ def main() -> int:
     training = TrainingArguments(
         output_dir=str(args.output_dir), max_steps=args.steps, per_device_train_batch_size=8, learning_rate=1e-3,
         save_strategy="steps", save_steps=50, save_total_limit=2, logging_steps=25, report_to=[], seed=0,
+        eval_strategy="steps", eval_steps=50, per_device_eval_batch_size=32,
         use_cpu=True, dataloader_num_workers=0, disable_tqdm=True)
     hpctrain = HpctrainCallback()
-    trainer = Trainer(model=model, args=training, train_dataset=dataset(),
+    trainer = Trainer(model=model, args=training, train_dataset=dataset(), eval_dataset=dataset(64, seed=1),
                       callbacks=[hpctrain, Pace(args.step_s, args.progress)])
     trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
     if hpctrain.stopped:

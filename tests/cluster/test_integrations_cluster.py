@@ -2,7 +2,8 @@
 `Trainer` (hpctrain.integrations.hf), a Lightning run (hpctrain.integrations.lightning) and a torchrun-style
 DCP loop on 2 ranks (scripts/examples/dcp_loop.py).
 Each stops at a step boundary on the notice, saves in its own format, is requeued by hpctrain's batch script,
-runs every step exactly once, and ends with the weights of a run never preempted, bit for bit.
+runs every step exactly once, and ends with the weights of a run never preempted, bit for bit; what the
+frameworks log (training and held-out losses) is in the ledger, each step once.
 
 On the host's Slurm only: what differs between releases (the notice, who requeues) is the batch script's,
 which the lanes test with the executor and the guarded loop; these add minutes, not coverage of Slurm."""
@@ -20,6 +21,7 @@ import torch
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.submit import Submitter
 
@@ -51,6 +53,12 @@ CASES = {
 }
 
 
+# What the frameworks log in STEPS steps (every 25, held out every 50), through hpctrain's callback or logger: the
+# Trainer numbers its steps from 1, Lightning's logger from 0.
+LOGGED = {"hf-trainer": {"loss": [25, 50], "eval/loss": [50]},
+          "lightning": {"train_loss": [24, 49], "eval/loss": [49]}}
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_preempted_twice_ends_with_the_weights_of_a_straight_run(case, dev_cluster, isolated_ledger, tmp_path):
     script, ranks, final, straight_launcher = CASES[case]
@@ -72,6 +80,11 @@ def test_preempted_twice_ends_with_the_weights_of_a_straight_run(case, dev_clust
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
             wait_until(lambda: len(requeued()) == k, 120, 0.5, f"preemption {k} to requeue the job")
         assert finish(ledger, job["id"], timeout=300) == "COMPLETED"
+        ingest_journal(ledger, journal)
+        names = tuple(LOGGED.get(case, {}))
+        logged = {n: [r["step"] for r in ledger.metrics.of_job(job["id"], names=(n,))] for n in names}
+    # The framework's logged training and held-out values, each step once, whichever run logged it.
+    assert logged == LOGGED.get(case, {})
     # The run never preempted, outside Slurm, once the job's ranks are gone: two 2-rank gloo groups at once on
     # this host's 2 cores once failed the straight one.
     alone = subprocess.run([*straight_launcher, str(EXAMPLES / script), str(tmp_path / "straight"), "--steps", str(STEPS)],

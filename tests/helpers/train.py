@@ -55,7 +55,7 @@ def pack_text_dataset(out_dir: Path, seq_len: int, count: int, shard_bytes: int)
     """``count`` sequences of standard-library source as shards, as `hpctrain data text` packs them."""
     from hpctrain.data.text import pack_text
 
-    return pack_text(out_dir, [], seq_len, count * (seq_len + 1), shard_bytes)
+    return pack_text(out_dir, [], seq_len, count * (seq_len + 1), shard_bytes)[0]
 
 
 def tiny_spec(dp: int = 1, tp: int = 1, pp: int = 1, **parallel: Any):
@@ -95,6 +95,20 @@ def reference_losses(spec, steps: int, data: str = "synthetic") -> list[float]:
     return reference_training(spec, steps, data)[0]
 
 
+def reference_eval_loss(model, spec, held_out: Path) -> float:
+    """The single process's mean loss on the evaluation samples ``spec`` names in the held-out index."""
+    import torch
+
+    from hpctrain.data.holdout import first_samples
+    from hpctrain.data.index import load_index
+    from hpctrain.train.model import lm_loss
+
+    count = spec.eval.batches * spec.parallel.samples_per_step
+    tokens = torch.stack([torch.as_tensor(s["npy"]) for s in first_samples(load_index(held_out), count)])
+    with torch.no_grad():
+        return lm_loss(model(tokens[:, :-1]), tokens[:, 1:]).item()
+
+
 def assemble(pieces):
     """Global tensors from every rank's (local_state, placements).
 
@@ -127,6 +141,19 @@ def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.Complet
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{first_failure(done.stderr)}"
     return done
+
+
+def train_ranks(spec: Path, steps: int, journal: Path, stderr: list[str] | None = None) -> list[dict]:
+    """The step lines of 4 ranks training ``spec`` to ``steps`` with the reference trainer, journaling into
+    ``journal``; their stderr appended to ``stderr``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": "1"}
+    out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "4", "-m", "hpctrain.train",
+                          "--spec", str(spec), "--steps", str(steps)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    if stderr is not None:
+        stderr.append(out.stderr)
+    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
 
 
 def first_failure(stderr: str) -> str:
@@ -219,6 +246,16 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
     engine = build_engine(spec)
     if scenario["mode"] == "losses":
         return {"losses": losses(engine, batches(engine), scenario["steps"])}
+    if scenario["mode"] == "eval":  # the held-out loss of the initial weights, then after k training steps
+        from hpctrain.data.index import load_index
+        from hpctrain.train.evaluation import HeldOutEval
+
+        grid = engine.grid
+        held_out = HeldOutEval(spec, load_index(scenario["held_out"]), grid.get_data_parallel_rank(),
+                               grid.get_data_parallel_world_size())
+        before = held_out.evaluate(engine)
+        trained = losses(engine, batches(engine), scenario["k"])
+        return {"before": before, "after": held_out.evaluate(engine), "losses": trained}
     if scenario["mode"] == "reshard":  # resume the spec's checkpoint dir in this layout, gather, go on n steps
         from hpctrain.train.checkpointing import TrainCheckpoints
 

@@ -109,8 +109,9 @@ def test_text_packs_source_files_as_byte_sequences_deterministically(tmp_path):
     (src / "pkg" / "a.py").write_text("x = 'é'\n" * 30)
     (src / "pkg" / "__pycache__").mkdir()
     (src / "pkg" / "__pycache__" / "c.py").write_text("never read\n")
-    first = pack_text(tmp_path / "one", [src], 15, 2**20, 2**10)
-    again = pack_text(tmp_path / "two", [src], 15, 2**20, 2**10)
+    first, none = pack_text(tmp_path / "one", [src], 15, 2**20, 2**10)
+    again = pack_text(tmp_path / "two", [src], 15, 2**20, 2**10)[0]
+    assert none is None
     assert [s.sha256 for s in first.shards] == [s.sha256 for s in again.shards] and len(first.shards) > 1
     assert CliRunner().invoke(data, ["verify", str(first.path)]).exit_code == 0
     text = (src / "b.py").read_bytes() + SEPARATOR + (src / "pkg" / "a.py").read_bytes() + SEPARATOR
@@ -120,6 +121,25 @@ def test_text_packs_source_files_as_byte_sequences_deterministically(tmp_path):
             got += b"".join(np.load(io.BytesIO(tar.extractfile(m).read())).astype(np.uint8).tobytes()
                             for m in tar.getmembers())
     assert got == text[:len(got)] and len(text) - len(got) < 16
+
+
+def test_held_out_text_comes_from_files_the_training_text_never_read(tmp_path):
+    from hpctrain.data.holdout import first_samples
+    from hpctrain.data.text import pack_text
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in "abc":
+        (src / f"{name}.py").write_text(f"{name} = 1\n" * 20)  # 120 bytes each
+    train, held = pack_text(tmp_path / "out", [src], 9, 150, 2**10, held_out_bytes=50)  # a whole, b in part
+    assert held is not None and held.path == tmp_path / "out" / "held-out" / "index.json"
+    got = b"".join(s["npy"].astype(np.uint8).tobytes() for s in first_samples(held, held.total_samples))
+    assert held.total_samples == 5 and got == (src / "c.py").read_bytes()[:50]
+    with pytest.raises(DataError, match=r"no text is left after the first 400 bytes to hold out"):
+        pack_text(tmp_path / "all", [src], 9, 400, 2**10, held_out_bytes=50)
+    done = run_cli("data", "text", str(tmp_path / "cli"), "--src", str(src), "--seq-len", "9", "--held-out", "1M")
+    assert done.returncode == 2 and done.stderr == (
+        "hpctrain: error: no text is left after the first 8388608 bytes to hold out: take less (--max-size)\n")
 
 
 def test_cli_text_packs_a_source_tree_and_refuses_bad_sizes_and_empty_trees(tmp_path):

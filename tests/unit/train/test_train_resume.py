@@ -5,10 +5,7 @@ in another dp x tp x pp layout with the state it saved."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,21 +14,8 @@ import torch
 from hpctrain.checkpoint import load_flat
 
 from helpers.train import (GLOBAL_STATE, TINY_MODEL, pack_text_dataset, reference_losses, run_scenario, tiny_spec,
-                           trainer_spec)
+                           train_ranks, trainer_spec)
 
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-def run(spec: Path, steps: int, journal: Path, stderr: list[str] | None = None) -> list[dict]:
-    """The step lines of 4 ranks training ``spec`` to ``steps``; their stderr appended to ``stderr``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": "1"}
-    out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "4", "-m", "hpctrain.train",
-                          "--spec", str(spec), "--steps", str(steps)], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    if stderr is not None:
-        stderr.append(out.stderr)
-    return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]
 
 
 def test_resume_continues_bitwise(tmp_path):
@@ -41,9 +25,9 @@ def test_resume_continues_bitwise(tmp_path):
         specs[name] = tmp_path / f"{name}.toml"
         specs[name].write_text(trainer_spec("gpt-resume", seed=7, index=index, ckpt=tmp_path / f"ck-{name}",
                                             every_steps=2, resources={"gpus_per_node": 4}))
-    first = run(specs["stopped"], 4, tmp_path / "journal")
-    resumed = run(specs["stopped"], 6, tmp_path / "journal")
-    straight = run(specs["straight"], 6, tmp_path / "journal2")
+    first = train_ranks(specs["stopped"], 4, tmp_path / "journal")
+    resumed = train_ranks(specs["stopped"], 6, tmp_path / "journal")
+    straight = train_ranks(specs["straight"], 6, tmp_path / "journal2")
     assert [s["step"] for s in first + resumed] == [1, 2, 3, 4, 5, 6]
     assert [s["loss"] for s in first + resumed] == [s["loss"] for s in straight]
     a, b = load_flat(tmp_path / "ck-stopped" / "step_00000006"), load_flat(tmp_path / "ck-straight" / "step_00000006")
@@ -85,7 +69,7 @@ def test_a_checkpoint_resumes_in_another_layout(tmp_path):
     synthetic.write_text(json.dumps({**saved.model_dump(mode="json", by_alias=True, exclude_none=True),
                                      "resources": {"gpus_per_node": 4},
                                      "checkpoint": {"dir": str(tmp_path / "ck-synth"), "every_steps": 3}}))
-    run(synthetic, 3, tmp_path / "journal-synth")
+    train_ranks(synthetic, 3, tmp_path / "journal-synth")
     want = reference_losses(saved, 6)[3:]
     flat = load_flat(tmp_path / "ck-synth" / "step_00000003")
     for dp, tp, pp, accum in ((1, 2, 2, 4), (4, 1, 1, 1)):
@@ -99,12 +83,12 @@ def test_a_checkpoint_resumes_in_another_layout(tmp_path):
         assert [k for k in state if not torch.equal(state[k], flat[k])] == [], (dp, tp, pp)
 
     # Shard data: the straight run in the saved layout, then its step 3 resumed in two others.
-    straight = run(spec("straight", "dp2-tp2-pp1", tmp_path / "ck-straight"), 6, tmp_path / "journal")
+    straight = train_ranks(spec("straight", "dp2-tp2-pp1", tmp_path / "ck-straight"), 6, tmp_path / "journal")
     for layout in ("dp2-tp1-pp2", "dp4-tp1-pp1"):
         ckpt = tmp_path / f"ck-{layout}"
         shutil.copytree(tmp_path / "ck-straight" / "step_00000003", ckpt / "step_00000003")
         stderr: list[str] = []
-        resumed = run(spec(layout, layout, ckpt), 6, tmp_path / "journal", stderr)
+        resumed = train_ranks(spec(layout, layout, ckpt), 6, tmp_path / "journal", stderr)
         assert [s["step"] for s in resumed] == [4, 5, 6]
         approximate = [ln for ln in stderr[0].splitlines() if "the data order goes on at the same fraction" in ln]
         if layout == "dp2-tp1-pp2":
