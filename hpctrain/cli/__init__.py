@@ -32,6 +32,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "attempt": "hpctrain.cli.attempt:attempt",
     "sweep": "hpctrain.cli.sweep:sweep",
     "report": "hpctrain.cli.report:report",
+    "compare": "hpctrain.cli.compare:compare",
     "sample": "hpctrain.cli.sample:sample",
     "ledger": "hpctrain.cli.ledger:ledger",
     "examples": "hpctrain.cli.examples:examples",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
-from hpctrain.ledger.rows import MetricRow
+from hpctrain.ledger.rows import MetricRow, MetricSummary
 from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
@@ -62,6 +62,36 @@ class Metrics:
             "ORDER BY name, task_index, step",
             [job_id],
         )
+
+    def summary(self, job_id: int, task_index: int, lower_is_better: Mapping[str, bool]) -> dict[str, MetricSummary]:
+        """Per metric name of a run (a job's task, -1 for a plain job): its last step and value, and its best value
+        (the lowest, or the highest where ``lower_is_better`` says False) with its step. One pass over each name's
+        values (SQLite gives a bare column the row of the min() or max() beside it) and one index seek for its
+        last step."""
+        found: dict[str, MetricSummary] = {}
+        for lower in (True, False):
+            names = [n for n, low in lower_is_better.items() if low is lower]
+            if not names:
+                continue
+            rows = self.ledger.db.execute(
+                f"SELECT name, {'min' if lower else 'max'}(value), step, count(*) FROM metrics WHERE job_id = ? AND "
+                f"task_index = ? AND name IN ({','.join('?' * len(names))}) AND value IS NOT NULL GROUP BY name",
+                [job_id, task_index, *names],
+            )
+            for name, best, best_step, points in rows.fetchall():
+                last_step, last = self.ledger.db.execute(
+                    "SELECT step, value FROM metrics WHERE job_id = ? AND task_index = ? AND name = ? "
+                    "AND value IS NOT NULL ORDER BY step DESC LIMIT 1",
+                    [job_id, task_index, name],
+                ).fetchone()
+                found[name] = {
+                    "last_step": last_step,
+                    "last": last,
+                    "best_step": best_step,
+                    "best": best,
+                    "points": points,
+                }
+        return found
 
     def last_time(self, job_id: int) -> float | None:
         """When the job last reported a metric (a training step)."""

@@ -207,6 +207,16 @@ class CheckpointRow(TypedDict):
     note: str | None
 
 
+class MetricSummary(TypedDict):
+    """One metric of a run, as `Metrics.summary` gives it: its last value and its best, with their steps."""
+
+    last_step: int
+    last: float
+    best_step: int
+    best: float
+    points: int
+
+
 class MetricRow(TypedDict):
     """A row of `metrics`: one value of one metric at one step of a job's task (``attempt``: its restart count)."""
 
