@@ -36,6 +36,13 @@ ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"
 # Set by the batch script: how often this run has restarted its job step in the allocation (retry.in_place).
 STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
 
+# Set by an evaluation job (`hpctrain.evaluate`) for the user's evaluator command: the checkpoint it evaluates,
+# its step and layout (JSON: dp, tp, pp), and the JSON file of metrics ({name: number}) it must write.
+EVAL_CHECKPOINT_ENV = "HPCTRAIN_EVAL_CHECKPOINT"
+EVAL_STEP_ENV = "HPCTRAIN_EVAL_STEP"
+EVAL_LAYOUT_ENV = "HPCTRAIN_EVAL_LAYOUT"
+EVAL_OUTPUT_ENV = "HPCTRAIN_EVAL_OUTPUT"
+
 # Metric names the reference trainer journals and the login side reads (report, retention, sweeps): its
 # held-out evaluation's loss and, for byte-level models, bits per byte.
 EVAL_LOSS = "eval/loss"

@@ -33,6 +33,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "sweep": "hpctrain.cli.sweep:sweep",
     "report": "hpctrain.cli.report:report",
     "compare": "hpctrain.cli.compare:compare",
+    "eval": "hpctrain.cli.evaluate:evaluate",
     "sample": "hpctrain.cli.sample:sample",
     "ledger": "hpctrain.cli.ledger:ledger",
     "examples": "hpctrain.cli.examples:examples",

@@ -229,6 +229,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             "array_tasks": ledger.jobs.tasks(row["id"]),
             "attempts": ledger.attempts.of_job(row["id"]),
             "events": ledger.events.of_job(row["id"]),
+            "evaluations": ledger.evaluations.of_job(row["id"]),
             "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
         segments = ledger.segments.of_jobs([row["id"]])
@@ -293,8 +294,31 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     for (task, attempt), good in goodput.items():
         console.print(f"  {f'task {task} ' if task >= 0 else ''}attempt {attempt} time: {good.words()}")
+    if detail["evaluations"]:
+        console.print(_evaluations_table(detail["evaluations"], tasks))
     for e in detail["events"]:
         console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
+
+
+def _evaluations_table(rows: list[Any], tasks: bool) -> Any:
+    """The job's evaluations of its checkpoints: step, evaluator, state, its job, its values or its error."""
+    from rich.table import Table
+
+    table = Table(title="evaluations", title_justify="left")
+    for col in ("task",) * tasks + ("step", "evaluator", "state", "eval job", "values"):
+        table.add_column(col)
+    for r in rows:
+        values = json.loads(r["metrics_json"]) if r["metrics_json"] else {}
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items()) or r["error"] or "-"
+        table.add_row(
+            *(str(r["task_index"]),) * tasks,
+            str(r["step"]),
+            r["evaluator"],
+            r["state"],
+            str(r["eval_job_id"] or "-"),
+            shown,
+        )
+    return table
 
 
 def _rerun_of(ledger: Any, row: dict[str, Any]) -> dict[str, Any] | None:

@@ -35,18 +35,32 @@ def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
 def metrics(
     job: str, site: str | None, names: tuple[str, ...], task: int | None, tail: int, as_json: bool, no_refresh: bool
 ) -> None:
-    """Step metrics of JOB (loss, lr, step time, data wait, tokens/s, ...) from the ledger."""
+    """Step metrics of JOB (loss, lr, step time, data wait, tokens/s, ...) from the ledger, with its evaluation jobs'
+    values as EVALUATOR:METRIC at their checkpoint's step."""
     from hpctrain.cli.common import find_job
 
     _, ledger = _refreshed(site, no_refresh)
     with ledger:
         row = find_job(ledger, job)
         found = ledger.metrics.of_job(row["id"], task, names)
+        evaluated = [
+            e for e in ledger.evaluations.of_job(row["id"]) if e["metrics_json"] and task in (None, e["task_index"])
+        ]
     steps: dict[tuple[int, int], dict[str, Any]] = {}
     for m in found:
         steps.setdefault((m["task_index"], m["step"]), {"task": m["task_index"], "step": m["step"]})[m["name"]] = m[
             "value"
         ]
+    for e in evaluated:  # evaluation jobs' values, as "<evaluator>:<metric>"
+        at = steps.setdefault((e["task_index"], e["step"]), {"task": e["task_index"], "step": e["step"]})
+        at.update(
+            {
+                f"{e['evaluator']}:{k}": v
+                for k, v in json.loads(e["metrics_json"] or "{}").items()
+                if not names or f"{e['evaluator']}:{k}" in names
+            }
+        )
+    steps = dict(sorted(steps.items()))
     shown = list(steps.values())[-tail:] if tail else list(steps.values())
     if as_json:
         click.echo("\n".join(json.dumps(s) for s in shown))

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelW
 from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
 from hpctrain.config.shell import check_shell_command
 from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName, check_not_option
-from hpctrain.contract import PARAMS_ENV
+from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_OUTPUT_ENV, PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
@@ -193,9 +193,15 @@ class EvalPolicy(StrictModel):
     batches: int = Field(
         4, ge=1, description="evaluate on this many global batches (parallel.global_batch samples each)"
     )
+    evaluators: dict[Annotated[str, Field(pattern=JOB_NAME)], Annotated[list[str], AfterValidator(_argv)]] = Field(
+        default_factory=dict,
+        description="evaluation jobs' own evaluators (`hpctrain eval --evaluator NAME`): NAME = argv, run with the "
+        f"checkpoint in ${EVAL_CHECKPOINT_ENV}, writing a JSON object of metrics to ${EVAL_OUTPUT_ENV}",
+    )
 
     @property
     def enabled(self) -> bool:
+        """Whether the spec names held-out data."""
         return self.index is not None or self.holdout > 0
 
 
@@ -382,6 +388,8 @@ class JobSpec(StrictModel):
             yield ("eval", "holdout"), "holds out shards of data.index: set data.index too"
         if e.every_steps and not e.enabled:
             yield ("eval", "every_steps"), "evaluates held-out data: set eval.index or eval.holdout"
+        if "heldout" in e.evaluators:
+            yield ("eval", "evaluators", "heldout"), "is hpctrain's own evaluator: give yours another name"
         c = self.checkpoint
         if c.keep_best and c.best_metric.startswith("eval/") and not e.enabled:
             yield ("checkpoint", "best_metric"), f"{c.best_metric} needs held-out data: set eval.index or eval.holdout"

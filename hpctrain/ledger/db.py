@@ -2,8 +2,8 @@
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
-`ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.events`, `ledger.site_cache` and
-`ledger.ingested` (journal records folded in). Rows come and go as the dicts of `hpctrain.ledger.rows`; the
+`ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.events`, `ledger.evaluations` (of
+checkpoints), `ledger.site_cache` and `ledger.ingested` (journal records folded in). Rows come and go as the dicts of `hpctrain.ledger.rows`; the
 generic row access they are built on (`hpctrain.ledger.table`) is the ledger's own.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
@@ -25,6 +25,7 @@ import sqlite_utils
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.attempts import Attempts
 from hpctrain.ledger.checkpoints import Checkpoints
+from hpctrain.ledger.evaluations import Evaluations
 from hpctrain.ledger.events import Events
 from hpctrain.ledger.ingested import Ingested
 from hpctrain.ledger.jobs import Jobs
@@ -68,6 +69,7 @@ class Ledger:
         self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
         self.usage, self.events = RunUsage(self), Events(self)
         self.site_cache, self.ingested = SiteCache(self), Ingested(self)
+        self.evaluations = Evaluations(self)
 
     def close(self) -> None:
         self.db.close()

@@ -116,6 +116,18 @@ def _resubmitted(ledger: Ledger, rec: dict[str, Any]) -> None:
     _event(ledger, rec)
 
 
+def _evaluation(ledger: Ledger, rec: dict[str, Any]) -> None:
+    """An evaluation job's outcome on the checkpoint of another job (``of_job``): its values, or why it has none."""
+    key = (rec["of_job"], rec.get("of_task", -1), rec["step"], rec["evaluator"])
+    if ledger.jobs.get(key[0]) is None:
+        raise ValueError(f"an evaluation of job {key[0]}, which this ledger does not have")
+    if rec.get("metrics") is not None:
+        ledger.evaluations.done(*key, metrics=rec["metrics"], at=rec["time"])
+    else:
+        ledger.evaluations.failed(*key, error=rec["error"], at=rec["time"])
+    _event(ledger, rec)
+
+
 # Kinds with a table of their own; every other kind (quarantine, ...) lands in events only.
 HANDLERS: dict[str, Handler] = {
     "checkpoint": _checkpoint,
@@ -123,6 +135,7 @@ HANDLERS: dict[str, Handler] = {
     "resubmitted": _resubmitted,
     "startup": _startup,
     "hang": _hang,
+    "evaluation": _evaluation,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
 }
 

@@ -207,6 +207,23 @@ class CheckpointRow(TypedDict):
     note: str | None
 
 
+class EvaluationRow(TypedDict):
+    """A row of `evaluations`: an evaluator's run on one checkpoint of a job's task, by the job ``eval_job_id``;
+    ``state`` requested, done (``metrics_json`` holds its values) or failed (``error`` says why)."""
+
+    job_id: int
+    task_index: int
+    step: int
+    evaluator: str
+    checkpoint: str
+    eval_job_id: int | None
+    state: str
+    metrics_json: str | None
+    error: str | None
+    requested_at: float
+    done_at: float | None
+
+
 class MetricSummary(TypedDict):
     """One metric of a run, as `Metrics.summary` gives it: its last value and its best, with their steps."""
 

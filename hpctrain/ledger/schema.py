@@ -243,6 +243,24 @@ MIGRATIONS: list[list[str]] = [
             UPDATE jobs SET usage_settled_at = NULL WHERE id = NEW.id;
         END""",
     ],
+    # 12: evaluations of checkpoints: one per (job, task, step, evaluator), asked for once, done by a job of its own.
+    [
+        """CREATE TABLE evaluations (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL DEFAULT -1,
+            step INTEGER NOT NULL,
+            evaluator TEXT NOT NULL,
+            checkpoint TEXT NOT NULL,
+            eval_job_id INTEGER REFERENCES jobs(id),
+            state TEXT NOT NULL,
+            metrics_json TEXT,
+            error TEXT,
+            requested_at REAL NOT NULL,
+            done_at REAL,
+            PRIMARY KEY (job_id, task_index, step, evaluator)
+        )""",
+        "CREATE INDEX evaluations_eval_job ON evaluations(eval_job_id)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -46,6 +46,11 @@ class Table(Generic[Row]):
         with self.ledger.transaction() as db:
             db.table(self.name).update(key, _encode(fields))
 
+    def delete(self, key: Any) -> None:
+        """Delete the row whose primary key is ``key``."""
+        with self.ledger.transaction() as db:
+            db.table(self.name).delete(key)
+
     def rows(
         self, where: str | None = None, params: Any = None, order_by: str | None = None, limit: int | None = None
     ) -> list[Row]:

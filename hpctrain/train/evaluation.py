@@ -66,13 +66,23 @@ class HeldOutEval:
             tokens = self.tokens[start : start + self.micro_batch]
             yield tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
-    def evaluate(self, engine) -> dict[str, float]:
-        """The held-out metrics of the engine's weights (collective: every rank calls it, every rank gets them)."""
-        loss = float(engine.eval_batch(self.batches(), num_micro_batches=self.micro_batches))
+    def metrics(self, loss: float) -> dict[str, float]:
         metrics = {EVAL_LOSS: loss}
         if self.model.vocab == BYTE_VOCAB:
             metrics[EVAL_BPB] = loss / math.log(2)
         return metrics
+
+    @torch.no_grad()
+    def evaluate_module(self, net: torch.nn.Module) -> dict[str, float]:
+        """The held-out metrics of a whole model in this process (an evaluation job's), over the same micro-batches."""
+        from hpctrain.train.model import lm_loss
+
+        losses = [float(lm_loss(net(ids), labels)) for ids, labels in self.batches()]
+        return self.metrics(sum(losses) / len(losses))
+
+    def evaluate(self, engine) -> dict[str, float]:
+        """The held-out metrics of the engine's weights (collective: every rank calls it, every rank gets them)."""
+        return self.metrics(float(engine.eval_batch(self.batches(), num_micro_batches=self.micro_batches)))
 
 
 class EvalSchedule:

@@ -1,0 +1,82 @@
+"""`hpctrain eval` on the login node without Slurm: which checkpoints and evaluators, and the evaluation job's spec
+(the submitted jobs: tests/cluster/test_evaluate_cluster.py)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
+from hpctrain.errors import HpctrainError
+from hpctrain.evaluate.run import Target
+from hpctrain.evaluate.submit import eval_job_spec, evaluators, request, targets
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
+
+from helpers.paths import REPO
+
+SPEC = JobSpec.model_validate({
+    **tomllib.loads((REPO / "scripts" / "examples" / "gpt-tiny.toml").read_text()),
+    "env": {"TOKEN": {"secret": True}, "MODE": "fast"},
+    "eval": {"index": "/d/held-out/index.json", "batches": 8, "evaluators": {"ppl": ["python", "ppl.py"]}},
+})
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        job = Table(ledger, "jobs").insert({"name": "gpt-tiny", "site": "dev", "state": "COMPLETED",
+                                            "spec_json": json.dumps(SPEC.redacted())})
+        for step, state in ((50, "committed"), (100, "committed"), (150, "deleted")):
+            ledger.checkpoints.record({"job_id": job, "task_index": -1, "step": step, "path": f"/ck/step_{step:08d}",
+                                       "state": state, "created_at": 1.0})
+        yield ledger
+
+
+def test_the_newest_every_or_named_committed_checkpoints(ledger):
+    job = ledger.jobs.known(1)
+    assert [t.step for t in targets(ledger, job, None, False)] == [100]  # 150 was deleted by retention
+    assert [t.step for t in targets(ledger, job, None, True)] == [50, 100]
+    assert targets(ledger, job, [50], False) == [Target(1, -1, 50, Path("/ck/step_00000050"))]
+    with pytest.raises(HpctrainError, match=r"^job 1: no committed checkpoint at step 150 \(committed: 50, 100\)$"):
+        targets(ledger, job, [150], False)
+
+
+def test_heldout_and_the_specs_own_evaluators():
+    assert evaluators(SPEC, []) == {"heldout": None, "ppl": ["python", "ppl.py"]}
+    assert evaluators(SPEC, ["ppl"]) == {"ppl": ["python", "ppl.py"]}
+    with pytest.raises(HpctrainError, match=r"gpt-tiny: no evaluator 'bleu' \(it has: heldout, ppl\)"):
+        evaluators(SPEC, ["bleu"])
+    bare = JobSpec.model_validate({"name": "plain", "command": ["python", "train.py"]})
+    with pytest.raises(HpctrainError, match=r"plain: nothing to evaluate with"):
+        evaluators(bare, [])
+
+
+def test_the_evaluation_job_is_the_training_spec_made_small(ledger):
+    job = ledger.jobs.known(1)
+    spec = eval_job_spec(job, Target(1, -1, 50, Path("/ck/step_00000050")), "ppl", ["python", "ppl.py"], gpus=1)
+    assert spec.name == "gpt-tiny-eval" and spec.launcher == "none"
+    assert spec.command == ["python", "-m", "hpctrain.evaluate", "--of", "1", "--task", "-1", "--step", "50",
+                            "--checkpoint", "/ck/step_00000050", "--evaluator", "ppl", "--", "python", "ppl.py"]
+    r = spec.resources
+    assert (r.nodes, r.gpus_per_node, r.ntasks_per_node, r.preemptible, r.time, r.account) == (1, 1, 1, True, 1800,
+                                                                                             "auto")
+    # One process evaluates the samples the loop did: the global batch is kept.
+    assert spec.parallel.world_size == 1 and spec.parallel.samples_per_step == SPEC.parallel.samples_per_step
+    assert spec.env["TOKEN"].secret and spec.env["TOKEN"].value is None  # from the environment, never "<secret>"
+    assert spec.env["MODE"].value == "fast" and spec.model == SPEC.model and spec.eval == SPEC.eval
+    assert spec.checkpoint.dir is None and spec.array is None
+
+
+def test_an_unknown_job_or_one_without_checkpoints_is_one_line(ledger):
+    site = load_site("dev")
+    with pytest.raises(HpctrainError, match=r"^job 9: no such ledger id"):
+        request(ledger, site, 9, None, False, [])
+    Table(ledger, "jobs").insert({"name": "fresh", "site": "dev", "state": "RUNNING",
+                                  "spec_json": json.dumps(SPEC.redacted())})
+    with pytest.raises(HpctrainError, match=r"^job 2: no committed checkpoint in the ledger yet"):
+        request(ledger, site, 2, None, False, [])
