@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from hpctrain.cli.common import site_option
@@ -20,23 +22,66 @@ from hpctrain.cli.common import site_option
     "default: all of them)",
 )
 @click.option("--gpus", type=click.IntRange(min=0), default=1, show_default=True, help="GPUs of each evaluation job")
+@click.option(
+    "--follow",
+    is_flag=True,
+    help="evaluate each checkpoint as the job commits it, newest first, [eval] max_pending at a time, until the "
+    "job has ended and every checkpoint is asked for",
+)
+@click.option("--interval", type=click.FloatRange(min=1), default=30, show_default=True, help="with --follow: seconds")
 @site_option
 def evaluate(
-    job: int, steps: tuple[int, ...], every: bool, names: tuple[str, ...], gpus: int, site: str | None
+    job: int,
+    steps: tuple[int, ...],
+    every: bool,
+    names: tuple[str, ...],
+    gpus: int,
+    follow: bool,
+    interval: float,
+    site: str | None,
 ) -> None:
     """Evaluate JOB's committed checkpoints, each in a Slurm job of its own (the preemptible QOS; requeued like any
     job), once per checkpoint and evaluator: the results land in the ledger (`hpctrain show JOB`)."""
     from hpctrain.cli.common import open_site
     from hpctrain.evaluate.submit import request
 
-    if steps and every:
-        raise click.UsageError("give --step or --all, not both")
-    cfg, ledger, _ = open_site(site)
+    if sum(map(bool, (steps, every, follow))) > 1:
+        raise click.UsageError("give one of --step, --all and --follow")
+    if follow and (names or gpus != 1):
+        raise click.UsageError("--follow evaluates with the spec's evaluators, on one GPU each")
+    cfg, ledger, client = open_site(site)
     with ledger:
+        if follow:
+            _follow(ledger, cfg, client, job, interval)
+            return
         for r in request(ledger, cfg, job, steps or None, every, names, gpus):
-            t = r.target
-            what = f"step {t.step}" + (f" (task {t.task_index})" if t.task_index >= 0 else "") + f" with {r.evaluator}"
-            if r.eval_job_id is None:
-                click.echo(f"{what}: asked for before (see `hpctrain show {job}`)")
-            else:
-                click.echo(f"{what}: submitted, ledger id {r.eval_job_id}")
+            _echo(r, job)
+
+
+def _echo(r: Any, job: int) -> None:
+    t = r.target
+    what = f"step {t.step}" + (f" (task {t.task_index})" if t.task_index >= 0 else "") + f" with {r.evaluator}"
+    if r.eval_job_id is None:
+        click.echo(f"{what}: asked for before (see `hpctrain show {job}`)")
+    else:
+        click.echo(f"{what}: submitted, ledger id {r.eval_job_id}")
+
+
+def _follow(ledger: Any, cfg: Any, client: Any, job: int, interval: float) -> None:
+    """Reconcile, submit what is due, wait; until the job has ended and nothing is left to ask for."""
+    import time
+
+    from hpctrain.cli.common import find_job
+    from hpctrain.evaluate.submit import follow, unasked
+    from hpctrain.jobs.reconcile import reconcile
+    from hpctrain.slurm.states import TERMINAL
+
+    find_job(ledger, str(job))
+    while True:
+        reconcile(ledger, client, cfg.name)
+        for r in follow(ledger, cfg, job, always=True):
+            _echo(r, job)
+        if ledger.jobs.known(job)["state"] in TERMINAL and not unasked(ledger, job):
+            click.echo(f"job {job} has ended and every committed checkpoint is asked for (see `hpctrain show {job}`)")
+            return
+        time.sleep(interval)

@@ -419,16 +419,23 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
 @click.command()
 @site_option
 def reconcile(site: str | None) -> None:
-    """Fold job states (one sacct call) and compute-node journals (checkpoints, metrics, events) into the ledger."""
+    """Fold job states (one sacct call) and compute-node journals (checkpoints, metrics, events) into the ledger;
+    submit the evaluation jobs of new checkpoints of jobs whose spec says [eval] on_checkpoint."""
+    from hpctrain.evaluate.submit import follow_all
     from hpctrain.jobs.reconcile import reconcile as run_reconcile
+    from hpctrain.ledger.jobs import JOURNALS_READ_S
 
     cfg, ledger, client = open_site(site)
     with ledger:
         result = warn(run_reconcile(ledger, client, cfg.name))
+        evaluations = follow_all(ledger, cfg, time.time() - JOURNALS_READ_S)
     click.echo(
         f"reconciled: {result.changed_jobs} job(s) changed state, "
         f"{result.records} new record(s) from {result.journals} journal(s)"
     )
+    for r in evaluations:  # [eval] on_checkpoint
+        t = r.target
+        click.echo(f"  job {t.job_id} step {t.step}: evaluating with {r.evaluator}, ledger id {r.eval_job_id}")
     for d in result.decisions:
         task = f" task {d.task_index}" if d.task_index >= 0 else ""
         click.echo(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}")

@@ -193,6 +193,15 @@ class EvalPolicy(StrictModel):
     batches: int = Field(
         4, ge=1, description="evaluate on this many global batches (parallel.global_batch samples each)"
     )
+    on_checkpoint: bool = Field(
+        False,
+        description="evaluate each committed checkpoint in an evaluation job, newest first, with every evaluator "
+        "(`hpctrain reconcile` and `hpctrain eval --follow` submit them)",
+    )
+    max_pending: int = Field(2, ge=1, description="with on_checkpoint: evaluation jobs of this job in flight at most")
+    skip_superseded: bool = Field(
+        False, description="with on_checkpoint: evaluate only checkpoints newer than the newest one asked for"
+    )
     evaluators: dict[Annotated[str, Field(pattern=JOB_NAME)], Annotated[list[str], AfterValidator(_argv)]] = Field(
         default_factory=dict,
         description="evaluation jobs' own evaluators (`hpctrain eval --evaluator NAME`): NAME = argv, run with the "

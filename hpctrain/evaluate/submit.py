@@ -132,25 +132,90 @@ def request(
     gpus: int = 1,
 ) -> list[Requested]:
     """Submit an evaluation job for each (checkpoint, evaluator) not asked for before."""
-    from hpctrain.submit import Submitter
-
     job = ledger.jobs.get(job_id)
     if job is None:
         raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
-    spec = JobSpec.model_validate(json.loads(job["spec_json"] or "{}"))
-    chosen = evaluators(spec, names)
-    out = []
-    for target in targets(ledger, job, steps, every):
-        for name, command in chosen.items():
-            key = (target.job_id, target.task_index, target.step, name)
-            if not ledger.evaluations.request(*key, str(target.checkpoint)):
-                out.append(Requested(target, name, None))
+    chosen = evaluators(_spec(job), names)
+    return [
+        submit_one(ledger, site, job, target, name, command, gpus)
+        for target in targets(ledger, job, steps, every)
+        for name, command in chosen.items()
+    ]
+
+
+def follow(ledger: Ledger, site: SiteConfig, job_id: int, always: bool = False) -> list[Requested]:
+    """For a job whose spec says `[eval] on_checkpoint` (or ``always``): evaluation jobs for its committed checkpoints not asked
+    for yet, newest first, with every evaluator, while fewer than `max_pending` of its evaluation jobs are in
+    flight (with `skip_superseded`, none for a checkpoint older than the newest one asked for)."""
+    from hpctrain.ledger.evaluations import REQUESTED
+    from hpctrain.slurm.states import TERMINAL
+
+    job = ledger.jobs.known(job_id)
+    spec = _spec(job)
+    if not (spec.eval.on_checkpoint or always) or not any(
+        c["state"] == "committed" for c in ledger.checkpoints.of_job(job["id"])
+    ):
+        return []
+    asked = ledger.evaluations.of_job(job["id"])
+    running = [e["eval_job_id"] for e in asked if e["state"] == REQUESTED and e["eval_job_id"] is not None]
+    in_flight = sum(ledger.jobs.known(i)["state"] not in TERMINAL for i in running)
+    seen = {(e["task_index"], e["step"], e["evaluator"]) for e in asked}
+    newest: dict[tuple[int, str], int] = {}
+    for e in asked:
+        newest[(e["task_index"], e["evaluator"])] = max(e["step"], newest.get((e["task_index"], e["evaluator"]), -1))
+    out: list[Requested] = []
+    for target in sorted(targets(ledger, job, None, True), key=lambda t: -t.step):
+        for name, command in evaluators(spec, []).items():
+            key = (target.task_index, name)
+            if (target.task_index, target.step, name) in seen:
                 continue
-            try:
-                submitted = Submitter(site, ledger).submit(eval_job_spec(job, target, name, command, gpus), "<eval>")
-            except BaseException:
-                ledger.evaluations.withdraw(*key)
-                raise
-            ledger.evaluations.submitted(*key, submitted.ledger_ids[0])
-            out.append(Requested(target, name, submitted.ledger_ids[0]))
+            if spec.eval.skip_superseded and target.step < newest.get(key, -1):
+                continue
+            if in_flight >= spec.eval.max_pending:
+                return out
+            out.append(submit_one(ledger, site, job, target, name, command, 1))
+            in_flight, newest[key] = in_flight + 1, max(target.step, newest.get(key, -1))
     return out
+
+
+def unasked(ledger: Ledger, job_id: int) -> int:
+    """How many (committed checkpoint, evaluator) pairs of the job were not asked for yet."""
+    job = ledger.jobs.known(job_id)
+    committed = [c for c in ledger.checkpoints.of_job(job_id) if c["state"] == "committed"]
+    if not committed:
+        return 0
+    seen = {(e["task_index"], e["step"], e["evaluator"]) for e in ledger.evaluations.of_job(job_id)}
+    names = evaluators(_spec(job), [])
+    return sum((c["task_index"], c["step"], n) not in seen for c in committed for n in names)
+
+
+def follow_all(ledger: Ledger, site: SiteConfig, ended_since: float) -> list[Requested]:
+    """`follow` every job of the site that is active or ended since ``ended_since``."""
+    from hpctrain.slurm.states import TERMINAL
+
+    jobs = [*ledger.jobs.active(site.name, TERMINAL), *ledger.jobs.ended_since(site.name, ended_since)]
+    # A look at the JSON first: a busy user's thousands of active jobs are not validated as specs each time.
+    following = [job["id"] for job in jobs if json.loads(job["spec_json"] or "{}").get("eval", {}).get("on_checkpoint")]
+    return [r for job_id in following for r in follow(ledger, site, job_id)]
+
+
+def submit_one(
+    ledger: Ledger, site: SiteConfig, job: JobRow, target: Target, name: str, command: list[str] | None, gpus: int
+) -> Requested:
+    """The evaluation job of (``target``, ``name``), unless it was asked for before (``eval_job_id`` None then)."""
+    from hpctrain.submit import Submitter
+
+    key = (target.job_id, target.task_index, target.step, name)
+    if not ledger.evaluations.request(*key, str(target.checkpoint)):
+        return Requested(target, name, None)
+    try:
+        submitted = Submitter(site, ledger).submit(eval_job_spec(job, target, name, command, gpus), "<eval>")
+    except BaseException:
+        ledger.evaluations.withdraw(*key)
+        raise
+    ledger.evaluations.submitted(*key, submitted.ledger_ids[0])
+    return Requested(target, name, submitted.ledger_ids[0])
+
+
+def _spec(job: JobRow) -> JobSpec:
+    return JobSpec.model_validate(json.loads(job["spec_json"] or "{}"))

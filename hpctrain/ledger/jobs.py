@@ -109,6 +109,10 @@ class Jobs:
         )
         return cast("list[SubmittedJob]", rows)
 
+    def ended_since(self, site: str, since: float) -> list[JobRow]:
+        """Jobs of the site that ended at or after ``since`` (`jobs_ended` indexes them)."""
+        return self._rows.rows("site = ? AND ended_at >= ?", [site, since], order_by="id")
+
     def journals_to_read(self, site: str, final: Collection[str], ended_since: float) -> dict[str, list[int]]:
         """The job directories whose journals may still grow: of active jobs, and of jobs that ended since
         ``ended_since`` whose journal has not been read ``JOURNAL_SETTLE_S`` after their end; each with the

@@ -80,3 +80,38 @@ def test_an_unknown_job_or_one_without_checkpoints_is_one_line(ledger):
                                   "spec_json": json.dumps(SPEC.redacted())})
     with pytest.raises(HpctrainError, match=r"^job 2: no committed checkpoint in the ledger yet"):
         request(ledger, site, 2, None, False, [])
+
+
+def following(ledger, monkeypatch, **policy) -> list[tuple[int, str]]:
+    """(step, evaluator) of each evaluation `follow` submits for job 1 with ``policy`` as its [eval] settings; each
+    submitted job is recorded as running (a ledger job of its own)."""
+    from hpctrain.evaluate import submit
+
+    spec = SPEC.model_dump(mode="json", by_alias=True)
+    spec["eval"].update(on_checkpoint=True, **policy)
+    Table(ledger, "jobs").update(1, {"spec_json": json.dumps(spec)})
+    submitted = []
+
+    def fake(ledger, site, job, target, name, command, gpus):
+        key = (target.job_id, target.task_index, target.step, name)
+        assert ledger.evaluations.request(*key, str(target.checkpoint))
+        eval_job = Table(ledger, "jobs").insert({"name": "eval", "site": "dev", "state": "RUNNING"})
+        ledger.evaluations.submitted(*key, eval_job)
+        submitted.append((target.step, name))
+        return submit.Requested(target, name, eval_job)
+
+    monkeypatch.setattr(submit, "submit_one", fake)
+    submit.follow(ledger, load_site("dev"), 1)
+    return submitted
+
+
+def test_on_checkpoint_submits_newest_first_and_at_most_max_pending(ledger, monkeypatch):
+    assert following(ledger, monkeypatch, max_pending=3) == [(100, "heldout"), (100, "ppl"), (50, "heldout")]
+    assert following(ledger, monkeypatch, max_pending=3) == []  # three in flight
+    for e in ledger.evaluations.of_job(1):  # they finish
+        Table(ledger, "jobs").update(e["eval_job_id"], {"state": "COMPLETED"})
+    assert following(ledger, monkeypatch, max_pending=3) == [(50, "ppl")]  # each pair once
+
+
+def test_skip_superseded_leaves_checkpoints_older_than_the_newest_asked(ledger, monkeypatch):
+    assert following(ledger, monkeypatch, max_pending=5, skip_superseded=True) == [(100, "heldout"), (100, "ppl")]
