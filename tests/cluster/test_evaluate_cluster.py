@@ -67,3 +67,66 @@ def test_each_checkpoint_is_evaluated_once_and_the_results_are_in_the_ledger(dev
     assert "evaluations" in shown.stdout and "wrote no metrics" in shown.stdout
     metrics = run_cli("metrics", str(job), "--name", "heldout:eval/loss", "--json", env=env)
     assert [json.loads(ln)["step"] for ln in metrics.stdout.splitlines()] == [3, 6]
+
+
+def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cluster, isolated_ledger, tmp_path):
+    """A preemptible job with `[eval] on_checkpoint`, driven by reconciles as cron would: two QOS high jobs preempt
+    it, and with it the evaluation jobs running then (requeued by Slurm, they evaluate again from the start). Every
+    committed checkpoint ends with exactly one result, the loop's own held-out loss at that step."""
+    from hpctrain.config.job import JobSpec
+    from hpctrain.evaluate.submit import follow_all, unasked
+    from hpctrain.jobs.reconcile import reconcile
+    from hpctrain.slurm import SlurmClient
+    from hpctrain.slurm.states import TERMINAL
+
+    from helpers.cluster import HIGH
+    from helpers.waiting import wait_until
+
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=400, shard_bytes=4096).path
+    spec_path = tmp_path / "spec.toml"
+    spec_path.write_text(
+        trainer_spec("gpt-followed", seed=7, index=index, ckpt=tmp_path / "ck", every_steps=5, steps=60,
+                     resources={"gpus_per_node": 4, "mem": "2G", "time": "00:15:00", "account": "teama",
+                                "preemptible": True})
+        + "keep_last = 20\n\n[eval]\nholdout = 0.25\nbatches = 1\non_checkpoint = true\nmax_pending = 2\n")
+    site = load_site("dev")
+    client = SlurmClient.for_site(site)
+    with Ledger(isolated_ledger) as ledger:
+        job = Submitter(site, ledger).submit(load_job_spec(spec_path), spec_path).ledger_ids[0]
+
+        def tick() -> None:  # what cron's `hpctrain reconcile` does
+            reconcile(ledger, client, site.name)
+            follow_all(ledger, site, 0.0)
+
+        def evaluating() -> bool:
+            tick()
+            running = [e["eval_job_id"] for e in ledger.evaluations.of_job(job) if e["eval_job_id"]]
+            return ledger.jobs.known(job)["state"] == "RUNNING" and any(
+                ledger.jobs.known(i)["state"] == "RUNNING" for i in running)
+
+        for k in (1, 2):
+            wait_until(evaluating, 300, 1.0, f"the job and one of its evaluation jobs to run ({k})")
+            Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+            wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 120, 1.0,
+                       f"preemption {k}")
+
+        def all_done() -> bool:
+            tick()
+            asked = ledger.evaluations.of_job(job)
+            return (ledger.jobs.known(job)["state"] in TERMINAL and not unasked(ledger, job)
+                    and all(e["state"] != "requested" for e in asked))
+
+        wait_until(all_done, 900, 2.0, "the job and every evaluation to finish")
+        assert ledger.jobs.known(job)["state"] == "COMPLETED"
+        preempted = [a for a in ledger.attempts.of_job(job) if a["cause"] == "preemption"]
+        committed = sorted(c["step"] for c in ledger.checkpoints.of_job(job) if c["state"] == "committed")
+        rows = ledger.evaluations.of_job(job)
+        eval_runs = [len(ledger.attempts.of_job(r["eval_job_id"])) for r in rows]
+        journal = Journal(ledger.jobs.known(job)["job_dir"] + "/journal")
+    assert len(preempted) == 2
+    assert committed == list(range(5, 61, 5))
+    assert [(r["step"], r["evaluator"], r["state"]) for r in rows] == [(s, "heldout", "done") for s in committed]
+    assert max(eval_runs) >= 2  # an evaluation job preempted too, and run again
+    loop = {r["step"]: r["values"][EVAL_LOSS] for _, r in journal.records(["metrics"]) if EVAL_LOSS in r["values"]}
+    for r in rows:
+        assert json.loads(r["metrics_json"])[EVAL_LOSS] == pytest.approx(loop[r["step"]], rel=1e-5)

@@ -121,7 +121,8 @@ def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_p
 ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": rows.AttemptRow,
              "checkpoints": rows.CheckpointRow, "metrics": rows.MetricRow, "sweeps": rows.SweepRow,
              "trials": rows.TrialRow, "events": rows.EventRow, "segments": rows.SegmentRow,
-             "site_cache": rows.SiteCacheRow, "journal_ingested": rows.IngestedRow}
+             "site_cache": rows.SiteCacheRow, "journal_ingested": rows.IngestedRow,
+             "evaluations": rows.EvaluationRow}
 WRITE_TYPES = {rows.NewJob: "jobs", rows.JobTimes: "jobs", rows.NewTask: "array_tasks", rows.AttemptFields: "attempts",
                rows.NewCheckpoint: "checkpoints", rows.SegmentKey: "segments"}
 
@@ -168,3 +169,16 @@ def test_site_cache_and_events_read_back_what_was_written(tmp_path):
         last = ledger.events.last(job, "ranks")
         assert last is not None and (last["message"], last["data"]) == ("last", {"step": 2})
         assert [e["data_json"] for e in ledger.events.of_job(job)] == ['{"step": 1}', '{"step": 2}', None]
+
+
+def test_an_evaluation_is_asked_for_once_and_keeps_its_last_outcome(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        assert ledger.evaluations.request(job, -1, 50, "heldout", "/ck/step_00000050")
+        assert not ledger.evaluations.request(job, -1, 50, "heldout", "/ck/step_00000050")
+        ledger.evaluations.failed(job, -1, 50, "heldout", "evaluator heldout: killed", at=5.0)
+        ledger.evaluations.done(job, -1, 50, "heldout", {"eval/loss": 2.5}, at=9.0)  # its requeued run got there
+        ledger.evaluations.request(job, -1, 100, "ppl", "/ck/step_00000100")
+        ledger.evaluations.withdraw(job, -1, 100, "ppl")  # its sbatch failed: asked for again next time
+        (row,) = ledger.evaluations.of_job(job)
+    assert (row["state"], row["metrics_json"], row["error"], row["done_at"]) == ("done", '{"eval/loss": 2.5}', None, 9.0)
