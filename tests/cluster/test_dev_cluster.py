@@ -75,7 +75,10 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
-    env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": "18800"}
+    # Ports of its own: this cluster's base + 500 (the host's 16800, each lane's 17800, 19800 or 20800 while they
+    # run side by side; every cluster takes base .. base + 203).
+    base = int(os.environ.get("HPCTRAIN_DEV_PORT_BASE", "16800")) + 500
+    env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": str(base)}
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()
     first_job = sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 171").strip()

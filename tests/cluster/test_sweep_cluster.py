@@ -89,7 +89,10 @@ def _all_completed(ledger_path: Path) -> bool:
 
 
 def test_a_tick_with_slurmctld_down_fails_in_one_line_and_changes_nothing(dev_cluster, isolated_ledger, tmp_path):
-    spec = sweep_spec(tmp_path, "ctlddown", 'method = "grid"\nmax_parallel = 2\n[search]\nx = { type = "choice", values = [0.0, 0.5, 1.0] }\ny = { type = "choice", values = [0.0] }')
+    # The trials run until the test is done: the last tick finds both running, however fast a trial would be.
+    stop = tmp_path / "stop"
+    spec = sweep_spec(tmp_path, "ctlddown", 'method = "grid"\nmax_parallel = 2\n[search]\nx = { type = "choice", values = [0.0, 0.5, 1.0] }\ny = { type = "choice", values = [0.0] }',
+                      steps=3000, step_s=0.1, stop_file=stop)
     assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
     before = snapshot(isolated_ledger)
     subprocess.run([DEV_CLUSTER, "stop-daemon", "slurmctld"], check=True, capture_output=True)
@@ -103,6 +106,7 @@ def test_a_tick_with_slurmctld_down_fails_in_one_line_and_changes_nothing(dev_cl
     # Back up: the next ticks go on, each trial once.
     assert "2 submitted" in run_cli("sweep", "tick").stdout
     assert "0 submitted" in run_cli("sweep", "tick").stdout
+    stop.touch()
     with Ledger(isolated_ledger) as ledger:
         assert [t["number"] for t in Table(ledger, "trials").rows()] == [0, 1]
 
