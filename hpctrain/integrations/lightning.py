@@ -57,6 +57,9 @@ class HpctrainCallback(L.Callback):
         if self.guard.should_stop():
             trainer.save_checkpoint(self.checkpoint_dir / f"step-{trainer.global_step}.ckpt")
             trainer.should_stop = self.stopped = True
+            # Lightning validates before a requested stop: the grace time is the checkpoint's, not a validation's
+            # (the flag is not in the checkpoint, so the resumed run validates as a straight one would).
+            trainer.fit_loop.epoch_loop._skip_next_val = True
 
 
 class HpctrainLogger(Logger):
