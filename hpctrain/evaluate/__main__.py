@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
@@ -48,25 +49,15 @@ def evaluate(args: argparse.Namespace, target: Target) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     target = Target(args.of, args.task, args.step, args.checkpoint)
-    journal = Journal.from_env()
     where = f"job {target.job_id} step {target.step} ({args.evaluator})"
     try:
-        metrics = evaluate(args, target)
+        outcome: dict[str, Any] = {"metrics": evaluate(args, target)}
+        message = ", ".join(f"{k} {v:.6g}" for k, v in outcome["metrics"].items())
+        print(f"hpctrain.evaluate: {where}: {message}", flush=True)
     except HpctrainError as exc:
+        outcome, message = {"error": str(exc)}, str(exc)
         print(f"hpctrain.evaluate: error: {exc}", file=sys.stderr)
-        if journal is not None:
-            journal.write(
-                "evaluation",
-                of_job=target.job_id,
-                of_task=target.task_index,
-                step=target.step,
-                evaluator=args.evaluator,
-                error=str(exc),
-                message=f"{where}: {exc}",
-            )
-        return 1
-    words = ", ".join(f"{k} {v:.6g}" for k, v in metrics.items())
-    print(f"hpctrain.evaluate: {where}: {words}", flush=True)
+    journal = Journal.from_env()
     if journal is not None:
         journal.write(
             "evaluation",
@@ -74,10 +65,10 @@ def main(argv: list[str] | None = None) -> int:
             of_task=target.task_index,
             step=target.step,
             evaluator=args.evaluator,
-            metrics=metrics,
-            message=f"{where}: {words}",
+            message=f"{where}: {message}",
+            **outcome,
         )
-    return 0
+    return 0 if "metrics" in outcome else 1
 
 
 if __name__ == "__main__":
