@@ -304,20 +304,14 @@ def _evaluations_table(rows: list[Any], tasks: bool) -> Any:
     """The job's evaluations of its checkpoints: step, evaluator, state, its job, its values or its error."""
     from rich.table import Table
 
+    from hpctrain.ledger.evaluations import outcome
+
     table = Table(title="evaluations", title_justify="left")
     for col in ("task",) * tasks + ("step", "evaluator", "state", "eval job", "values"):
         table.add_column(col)
     for r in rows:
-        values = json.loads(r["metrics_json"]) if r["metrics_json"] else {}
-        shown = ", ".join(f"{k} {v:.4g}" for k, v in values.items()) or r["error"] or "-"
-        table.add_row(
-            *(str(r["task_index"]),) * tasks,
-            str(r["step"]),
-            r["evaluator"],
-            r["state"],
-            str(r["eval_job_id"] or "-"),
-            shown,
-        )
+        columns = (str(r["step"]), r["evaluator"], r["state"], str(r["eval_job_id"] or "-"), outcome(r))
+        table.add_row(*(str(r["task_index"]),) * tasks, *columns)
     return table
 
 

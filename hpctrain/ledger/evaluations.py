@@ -3,6 +3,7 @@ evaluation job of its own (`hpctrain.evaluate`), its metrics or its error kept b
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -87,3 +88,9 @@ class Evaluations:
 
     def of_job(self, job_id: int) -> list[EvaluationRow]:
         return self._rows.rows("job_id = ?", [job_id], order_by="task_index, step, evaluator")
+
+
+def outcome(row: EvaluationRow) -> str:
+    """An evaluation's values ("eval/loss 2.146, eval/bpb 3.097"), its error, or "-" while it is asked for."""
+    values = json.loads(row["metrics_json"]) if row["metrics_json"] else {}
+    return ", ".join(f"{k} {v:.4g}" for k, v in values.items()) or row["error"] or "-"

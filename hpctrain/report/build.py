@@ -17,6 +17,7 @@ from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, to
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.attempts import outcome
+from hpctrain.ledger.evaluations import outcome as evaluation_outcome
 from hpctrain.report import collect
 from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines, stacked_bars
@@ -98,7 +99,15 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
             ]
         )
     env = Table("environment", ["name", "value"], [[k, v] for k, v in data.env.items()])
-    return render(f"job {job['id']}: {job['name']}", facts, plots, [attempts, env])
+    evaluations = Table("evaluations of checkpoints", ["task", "step", "evaluator", "state", "eval job", "values"])
+    for e in data.evaluations:
+        task = e["task_index"] if e["task_index"] >= 0 else None
+        evaluations.rows.append(
+            [_or_dash(task), e["step"], e["evaluator"], e["state"], _or_dash(e["eval_job_id"]), evaluation_outcome(e)]
+        )
+    return render(
+        f"job {job['id']}: {job['name']}", facts, plots, [attempts, *([evaluations] * bool(data.evaluations)), env]
+    )
 
 
 def loss_summary(data: collect.JobData) -> list[str]:

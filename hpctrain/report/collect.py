@@ -11,7 +11,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.rows import AttemptRow, CheckpointRow, JobRow
+from hpctrain.ledger.rows import AttemptRow, CheckpointRow, EvaluationRow, JobRow
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
 Curves = dict[int, tuple[list[int], list[float]]]
@@ -24,6 +24,7 @@ class JobData:
     checkpoints: list[CheckpointRow]
     metrics: dict[str, Curves]
     env: dict[str, str]
+    evaluations: list[EvaluationRow]
 
 
 def job_data(ledger: Ledger, job_id: int) -> JobData:
@@ -40,6 +41,7 @@ def job_data(ledger: Ledger, job_id: int) -> JobData:
         ledger.checkpoints.of_job(job_id),
         dict(metrics),
         redacted_env(job["spec_json"]),
+        ledger.evaluations.of_job(job_id),
     )
 
 

@@ -97,6 +97,12 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                 "step_seconds": (end_h - start_h) * 3600 - 240, "last_step": steps[1] + 5 * (attempt == 2),
                 "last_step_at": T0 + end_h * 3600 - 60})
         _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
+        for step, outcome in ((40, {"eval/loss": 2.25}), (50, "evaluator ppl: exited 3")):
+            ledger.evaluations.request(job, -1, step, "heldout", f"/ck/step_{step}")
+            if isinstance(outcome, dict):
+                ledger.evaluations.done(job, -1, step, "heldout", outcome, at=T0)
+            else:
+                ledger.evaluations.failed(job, -1, step, "heldout", outcome, at=T0)
         for step, hour in CHECKPOINT_HOURS.items():
             ledger.checkpoints.record({"job_id": job, "step": step, "path": f"/ck/step_{step}", "state": "committed",
                                        "created_at": T0 + hour * 3600, "bytes": 10**9, "duration_s": 2 + step / 10})
@@ -308,3 +314,9 @@ def test_chromium_shows_the_page_text(reports):
     assert out.returncode == 0, out.stderr
     assert "<title>job 1: gpt-small</title>" in out.stdout and "<h1>job 1: gpt-small</h1>" in out.stdout
     assert len(re.findall(r'<img alt="[^"]+" src="data:image/png', out.stdout)) == len(JOB_PLOTS)
+
+
+def test_job_report_lists_the_evaluations_of_its_checkpoints(reports):
+    html = reports["html"]["job"]
+    assert "evaluations of checkpoints" in html and "eval/loss 2.25" in html and "evaluator ppl: exited 3" in html
+    assert "evaluations of checkpoints" not in reports["html"]["array"]
