@@ -10,7 +10,7 @@ from hpctrain.cli.common import site_option
 
 
 @click.command(name="eval")
-@click.argument("job", type=click.IntRange(min=1))
+@click.argument("target", metavar="JOB|CHECKPOINT")
 @click.option("--step", "steps", type=click.IntRange(min=0), multiple=True, help="this checkpoint step (repeatable)")
 @click.option("--all", "every", is_flag=True, help="every committed checkpoint (default: the newest)")
 @click.option(
@@ -31,7 +31,7 @@ from hpctrain.cli.common import site_option
 @click.option("--interval", type=click.FloatRange(min=1), default=30, show_default=True, help="with --follow: seconds")
 @site_option
 def evaluate(
-    job: int,
+    target: str,
     steps: tuple[int, ...],
     every: bool,
     names: tuple[str, ...],
@@ -40,21 +40,29 @@ def evaluate(
     interval: float,
     site: str | None,
 ) -> None:
-    """Evaluate JOB's committed checkpoints, each in a Slurm job of its own (the preemptible QOS; requeued like any
-    job), once per checkpoint and evaluator: the results land in the ledger (`hpctrain show JOB`)."""
+    """Evaluate JOB's committed checkpoints (or the CHECKPOINT directory a job of the ledger wrote), each in a Slurm
+    job of its own (the preemptible QOS; requeued like any job), once per checkpoint and evaluator: the results land
+    in the ledger (`hpctrain show JOB`)."""
+    from pathlib import Path
+
     from hpctrain.cli.common import open_site
-    from hpctrain.evaluate.submit import request
+    from hpctrain.evaluate.submit import checkpoint_of, request
 
     if sum(map(bool, (steps, every, follow))) > 1:
         raise click.UsageError("give one of --step, --all and --follow")
+    by_path = not (target.isascii() and target.isdigit())
+    if by_path and (steps or every or follow):
+        raise click.UsageError("a CHECKPOINT is one step: --step, --all and --follow go with a JOB")
     if follow and (names or gpus != 1):
         raise click.UsageError("--follow evaluates with the spec's evaluators, on one GPU each")
     cfg, ledger, client = open_site(site)
     with ledger:
+        job, task, step = checkpoint_of(ledger, Path(target)) if by_path else (int(target), None, None)
+        steps = (step,) if step is not None else steps
         if follow:
             _follow(ledger, cfg, client, job, interval)
             return
-        for r in request(ledger, cfg, job, steps or None, every, names, gpus):
+        for r in request(ledger, cfg, job, steps or None, every, names, gpus, task):
             _echo(r, job)
 
 

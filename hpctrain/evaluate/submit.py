@@ -36,9 +36,14 @@ class Requested:
     eval_job_id: int | None
 
 
-def targets(ledger: Ledger, job: JobRow, steps: Iterable[int] | None, every: bool) -> list[Target]:
-    """The job's committed checkpoints at ``steps``, all of them (``every``), or the newest of each task."""
-    committed = [c for c in ledger.checkpoints.of_job(job["id"]) if c["state"] == "committed"]
+def targets(
+    ledger: Ledger, job: JobRow, steps: Iterable[int] | None, every: bool, task: int | None = None
+) -> list[Target]:
+    """The job's committed checkpoints (of one ``task``) at ``steps``, all of them (``every``), or the newest of
+    each task."""
+    committed = [
+        c for c in ledger.checkpoints.of_job(job["id"]) if c["state"] == "committed" and task in (None, c["task_index"])
+    ]
     if not committed:
         raise HpctrainError(
             f"job {job['id']}: no committed checkpoint in the ledger yet (`hpctrain reconcile` reads them)"
@@ -58,6 +63,20 @@ def targets(ledger: Ledger, job: JobRow, steps: Iterable[int] | None, every: boo
         have = ", ".join(str(s) for s in sorted({t.step for t in found}))
         raise HpctrainError(f"job {job['id']}: no committed checkpoint at step {missing[0]} (committed: {have})")
     return [t for t in found if t.step in wanted]
+
+
+def checkpoint_of(ledger: Ledger, path: Path) -> tuple[int, int, int]:
+    """(ledger job id, task, step) of the committed checkpoint at ``path``, as its job journaled it."""
+    for candidate in dict.fromkeys((str(path), str(path.absolute()), str(path.resolve()))):
+        row = ledger.checkpoints.at(candidate)
+        if row is not None and row["job_id"] is not None:
+            if row["state"] != "committed":
+                raise HpctrainError(f"{path}: checkpoint of job {row['job_id']} step {row['step']} is {row['state']}")
+            return row["job_id"], row["task_index"], row["step"]
+    raise HpctrainError(
+        f"{path}: no job in the ledger wrote this checkpoint (`hpctrain reconcile` reads what jobs wrote); "
+        "run an evaluator on it by hand: python -m hpctrain.evaluate --help"
+    )
 
 
 def evaluators(spec: JobSpec, names: Iterable[str]) -> dict[str, list[str] | None]:
@@ -130,15 +149,16 @@ def request(
     every: bool,
     names: Iterable[str],
     gpus: int = 1,
+    task: int | None = None,
 ) -> list[Requested]:
-    """Submit an evaluation job for each (checkpoint, evaluator) not asked for before."""
+    """Submit an evaluation job for each (checkpoint, evaluator) not asked for before (of one ``task``, if given)."""
     job = ledger.jobs.get(job_id)
     if job is None:
         raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
     chosen = evaluators(_spec(job), names)
     return [
         submit_one(ledger, site, job, target, name, command, gpus)
-        for target in targets(ledger, job, steps, every)
+        for target in targets(ledger, job, steps, every, task)
         for name, command in chosen.items()
     ]
 

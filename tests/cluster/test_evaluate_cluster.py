@@ -42,7 +42,8 @@ def test_each_checkpoint_is_evaluated_once_and_the_results_are_in_the_ledger(dev
     loop = {r["step"]: r["values"][EVAL_LOSS] for _, r in journal.records(["metrics"]) if EVAL_LOSS in r["values"]}
 
     every = run_cli("eval", str(job), "--all", "--evaluator", "heldout", env=env)
-    newest = run_cli("eval", str(job), "--evaluator", "ppl", "--evaluator", "broken", env=env)
+    newest = run_cli("eval", str(tmp_path / "ck" / "step_00000006"), "--evaluator", "ppl", "--evaluator", "broken",
+                     env=env)  # a checkpoint by its directory
     assert every.returncode == 0 and newest.returncode == 0, every.stderr + newest.stderr
     assert [ln.split(":")[0] for ln in every.stdout.splitlines()] == ["step 3 with heldout", "step 6 with heldout"]
     assert [ln.split(":")[0] for ln in newest.stdout.splitlines()] == ["step 6 with ppl", "step 6 with broken"]

@@ -13,7 +13,7 @@ from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import HpctrainError
 from hpctrain.evaluate.run import Target
-from hpctrain.evaluate.submit import eval_job_spec, evaluators, request, targets
+from hpctrain.evaluate.submit import checkpoint_of, eval_job_spec, evaluators, request, targets
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
 
@@ -115,3 +115,11 @@ def test_on_checkpoint_submits_newest_first_and_at_most_max_pending(ledger, monk
 
 def test_skip_superseded_leaves_checkpoints_older_than_the_newest_asked(ledger, monkeypatch):
     assert following(ledger, monkeypatch, max_pending=5, skip_superseded=True) == [(100, "heldout"), (100, "ppl")]
+
+
+def test_a_checkpoint_directory_names_its_job_task_and_step(ledger, tmp_path):
+    assert checkpoint_of(ledger, Path("/ck/step_00000050")) == (1, -1, 50)
+    with pytest.raises(HpctrainError, match=r"^/ck/step_00000150: checkpoint of job 1 step 150 is deleted$"):
+        checkpoint_of(ledger, Path("/ck/step_00000150"))
+    with pytest.raises(HpctrainError, match=r"no job in the ledger wrote this checkpoint"):
+        checkpoint_of(ledger, tmp_path / "step_00000050")
