@@ -49,12 +49,15 @@ def ckpt() -> None:
 @ckpt.command("ls")
 @click.argument("directory", type=_path)
 def ls(directory: Path) -> None:
-    """List the checkpoints in DIRECTORY, newest first, with a quick check of each."""
+    """List the checkpoints in DIRECTORY, newest first, with a quick check of each (and their evaluation jobs'
+    outcomes from the ledger, where it has any)."""
     from hpctrain.checkpoint.naming import list_dirs
     from hpctrain.checkpoint.resume import statuses
 
+    found = list(statuses(directory))
+    evaluated = _evaluations([s.dir.path for s in found])
     rows = []
-    for s in statuses(directory):
+    for s in found:
         m = s.manifest
         rows.append(
             (
@@ -66,17 +69,41 @@ def ls(directory: Path) -> None:
                 m.data["world_size"] if m else "",
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.data["created"])) if m else "",
                 json.dumps(m.data.get("metrics") or {}) if m else "",
+                *([evaluated.get(s.dir.path, "")] if evaluated else []),
             )
         )
-    _print_table(
-        f"checkpoints in {directory}", ("step", "name", "state", "size", "tensors", "ranks", "created", "metrics"), rows
-    )
+    columns = ("step", "name", "state", "size", "tensors", "ranks", "created", "metrics")
+    _print_table(f"checkpoints in {directory}", columns + ("evaluations",) * bool(evaluated), rows)
     unfinished = list_dirs(directory, kind="tmp") + list_dirs(directory, kind="trash")
     if unfinished:
         click.echo(
             f"{len(unfinished)} unfinished or abandoned save/delete director(ies): "
             + ", ".join(d.path.name for d in unfinished)
         )
+
+
+def _evaluations(paths: list[Path]) -> dict[Path, str]:
+    """Each checkpoint's evaluation jobs' outcomes (`hpctrain eval`) in this user's ledger, where there is one to
+    read: a compute node, or a machine without a site config or ledger, lists none."""
+    from hpctrain.config import load_site
+    from hpctrain.errors import HpctrainError
+    from hpctrain.ledger import Ledger
+    from hpctrain.ledger.evaluations import outcome
+
+    try:
+        cfg = load_site(None)
+        if not Path(cfg.ledger.path).exists():
+            return {}
+        found = {}
+        with Ledger(cfg.ledger.path, mode=cfg.ledger.mode) as ledger:
+            for path in paths:
+                names = dict.fromkeys((str(path), str(path.absolute()), str(path.resolve())))
+                rows = [e for name in names for e in ledger.evaluations.of_checkpoint(name)]
+                if rows:
+                    found[path] = "; ".join(f"{e['evaluator']}: {outcome(e)}" for e in rows)
+        return found
+    except HpctrainError:
+        return {}
 
 
 @ckpt.command()

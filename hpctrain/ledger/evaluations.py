@@ -86,6 +86,10 @@ class Evaluations:
     def get(self, job_id: int, task_index: int, step: int, evaluator: str) -> EvaluationRow | None:
         return self._rows.get((job_id, task_index, step, evaluator))
 
+    def of_checkpoint(self, path: str) -> list[EvaluationRow]:
+        """The evaluations asked for of the checkpoint directory ``path`` (as `hpctrain eval` named it)."""
+        return self._rows.rows("checkpoint = ?", [path], order_by="evaluator")
+
     def of_job(self, job_id: int) -> list[EvaluationRow]:
         return self._rows.rows("job_id = ?", [job_id], order_by="task_index, step, evaluator")
 

@@ -99,3 +99,17 @@ def test_loading_the_cli_module_imports_no_heavy_library():
             "print(sorted(m for m in ('torch', 'numpy', 'tensorstore', 'zarr', 'rich') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_ls_adds_the_evaluation_jobs_outcomes_the_ledger_has(ckdir, tmp_path, monkeypatch):
+    from hpctrain.ledger import Ledger
+
+    assert "evaluations" not in run("ls", ckdir).output  # no ledger here: the table as it was
+    monkeypatch.setenv("HPCTRAIN_LEDGER", str(tmp_path / "ledger.db"))
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        ledger.evaluations.request(job, -1, 2, "heldout", str(ckdir / "step_00000002"))
+        ledger.evaluations.done(job, -1, 2, "heldout", {"eval/loss": 2.5}, at=1.0)
+    res = run("ls", ckdir)
+    line = next(ln for ln in res.output.splitlines() if "step_00000002" in ln)
+    assert "evaluations" in res.output and "heldout: eval/loss 2.5" in line
