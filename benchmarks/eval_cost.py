@@ -21,14 +21,13 @@ import tempfile
 from pathlib import Path
 
 from hpctrain.config import load_job_spec
-from hpctrain.contract import EVAL_LOSS
+from hpctrain.contract import EVAL_LOSS, EVAL_TIME
 from hpctrain.data.text import pack_text
 from hpctrain.ledger.journal import Journal
 
 from _figures import figure
 
 REPO = Path(__file__).resolve().parents[1]
-EVAL_TIME = "eval/time_s"
 
 
 def main() -> int:

@@ -47,6 +47,7 @@ EVAL_OUTPUT_ENV = "HPCTRAIN_EVAL_OUTPUT"
 # held-out evaluation's loss and, for byte-level models, bits per byte.
 EVAL_LOSS = "eval/loss"
 EVAL_BPB = "eval/bpb"
+EVAL_TIME = "eval/time_s"  # the seconds an evaluation held the training loop up
 
 DEFAULT_SIGNAL_LEAD_S = 300.0
 

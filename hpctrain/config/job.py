@@ -397,6 +397,13 @@ class JobSpec(StrictModel):
             yield ("eval", "holdout"), "holds out shards of data.index: set data.index too"
         if e.every_steps and not e.enabled:
             yield ("eval", "every_steps"), "evaluates held-out data: set eval.index or eval.holdout"
+        if e.on_checkpoint and not e.evaluators and not (e.enabled and self.model is not None):
+            yield (
+                ("eval", "on_checkpoint"),
+                (
+                    "nothing to evaluate with: give held-out data and a [model] (the heldout evaluator) or [eval] evaluators"
+                ),
+            )
         if "heldout" in e.evaluators:
             yield ("eval", "evaluators", "heldout"), "is hpctrain's own evaluator: give yours another name"
         c = self.checkpoint

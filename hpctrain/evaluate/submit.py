@@ -117,8 +117,7 @@ def eval_job_spec(job: JobRow, target: Target, evaluator: str, command: list[str
             str(target.task_index),
             "--step",
             str(target.step),
-            "--checkpoint",
-            str(target.checkpoint),
+            f"--checkpoint={target.checkpoint}",  # one word: a relative path may start with '-'
             "--evaluator",
             evaluator,
             *(["--", *command] if command else []),
@@ -183,9 +182,10 @@ def follow(ledger: Ledger, site: SiteConfig, job_id: int, always: bool = False) 
     newest: dict[tuple[int, str], int] = {}
     for e in asked:
         newest[(e["task_index"], e["evaluator"])] = max(e["step"], newest.get((e["task_index"], e["evaluator"]), -1))
+    chosen = evaluators(spec, [])
     out: list[Requested] = []
     for target in sorted(targets(ledger, job, None, True), key=lambda t: -t.step):
-        for name, command in evaluators(spec, []).items():
+        for name, command in chosen.items():
             key = (target.task_index, name)
             if (target.task_index, target.step, name) in seen:
                 continue

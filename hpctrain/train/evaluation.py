@@ -18,13 +18,11 @@ from dataclasses import dataclass
 import torch
 
 from hpctrain.config.job import JobSpec, Model
-from hpctrain.contract import EVAL_BPB, EVAL_LOSS
+from hpctrain.contract import EVAL_BPB, EVAL_LOSS, EVAL_TIME
 from hpctrain.data.holdout import check_disjoint, first_samples, split_holdout
 from hpctrain.data.index import ShardIndex, load_index
+from hpctrain.train.sample import BYTE_VOCAB
 from hpctrain.train.synthetic import Batch
-
-BYTE_VOCAB = 256
-EVAL_TIME = "eval/time_s"  # the seconds an evaluation held the loop up
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def test_the_evaluation_job_is_the_training_spec_made_small(ledger):
     spec = eval_job_spec(job, Target(1, -1, 50, Path("/ck/step_00000050")), "ppl", ["python", "ppl.py"], gpus=1)
     assert spec.name == "gpt-tiny-eval" and spec.launcher == "none"
     assert spec.command == ["python", "-m", "hpctrain.evaluate", "--of", "1", "--task", "-1", "--step", "50",
-                            "--checkpoint", "/ck/step_00000050", "--evaluator", "ppl", "--", "python", "ppl.py"]
+                            "--checkpoint=/ck/step_00000050", "--evaluator", "ppl", "--", "python", "ppl.py"]
     r = spec.resources
     assert (r.nodes, r.gpus_per_node, r.ntasks_per_node, r.preemptible, r.time, r.account) == (1, 1, 1, True, 1800,
                                                                                              "auto")
@@ -123,3 +123,18 @@ def test_a_checkpoint_directory_names_its_job_task_and_step(ledger, tmp_path):
         checkpoint_of(ledger, Path("/ck/step_00000150"))
     with pytest.raises(HpctrainError, match=r"no job in the ledger wrote this checkpoint"):
         checkpoint_of(ledger, tmp_path / "step_00000050")
+
+
+def test_a_relative_checkpoint_path_starting_with_a_dash_stays_a_value(ledger):
+    from hpctrain.evaluate.__main__ import parse_args
+
+    spec = eval_job_spec(ledger.jobs.known(1), Target(1, -1, 50, Path("-ck/step_00000050")), "heldout", None, gpus=1)
+    args = parse_args(spec.command[3:])
+    assert (args.checkpoint, args.evaluator, args.command) == (Path("-ck/step_00000050"), "heldout", [])
+
+
+def test_on_checkpoint_with_nothing_to_evaluate_is_refused_at_submit():
+    from hpctrain.config.loading import validate
+
+    with pytest.raises(HpctrainError, match=r"s.toml: eval.on_checkpoint: nothing to evaluate with"):
+        validate(JobSpec, {"name": "plain", "command": ["python", "t.py"], "eval": {"on_checkpoint": True}}, "s.toml")
