@@ -3,6 +3,8 @@ are in the helpers package (tests/helpers/), which no test reaches through this 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -11,16 +13,49 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims
-from helpers.paths import REPO
+from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims, worker_cluster
+from helpers.paths import ASSETS, REPO
 from helpers.wheels import LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter, metadata
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
+# Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
+DURATIONS = ASSETS / "durations.json"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"merge this run's test durations into {DURATIONS.relative_to(REPO)}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (with --maxschedchunk 1), the tests longest first by their recorded durations, a test
+    not recorded first of all: the workers then end together, not one of them alone with a long test at the end."""
+    if getattr(config.option, "numprocesses", None):
+        known = json.loads(DURATIONS.read_text())
+        items.sort(key=lambda item: -known.get(item.nodeid, math.inf))
+
+
+_took: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With --record-durations, on the controller (the only process or xdist's): the durations merged in."""
+    if session.config.getoption("record_durations") and not os.environ.get("PYTEST_XDIST_WORKER"):
+        known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+        known.update({k: round(v, 1) for k, v in _took.items()})
+        DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
+
 
 @pytest.fixture(scope="session")
 def dev_cluster() -> dict[str, str]:
-    """The dev cluster, started if it is not running (and then stopped at the end of the session)."""
+    """The dev cluster, started if it is not running (and then stopped at the end of the session). Under
+    pytest-xdist, each worker has a cluster of its own (helpers.cluster.worker_cluster)."""
+    os.environ.update(worker_cluster(os.environ.get("PYTEST_XDIST_WORKER"), dict(os.environ)))
     started = subprocess.run([DEV_CLUSTER, "status"], capture_output=True).returncode != 0
     if started:
         up = subprocess.run([DEV_CLUSTER, "up"], capture_output=True, text=True)
@@ -114,9 +149,11 @@ def resolutions(wheel, tmp_path_factory) -> dict[str, dict[str, Resolution]]:
 
 
 @pytest.fixture(scope="session", params=LOGIN_PYTHONS)
-def login_install(request, wheel, resolutions, tmp_path_factory) -> Path:
-    """The wheel with its login-node dependencies only, in a venv of each Python: its bin directory. (The extras'
-    resolutions start first, to run while the venvs are made.)"""
+def login_install(request, wheel, tmp_path_factory) -> Path:
+    """The wheel with its login-node dependencies only, in a venv of each Python: its bin directory. (Where this
+    session has tests of the extras' resolutions, those start first, to run while the venvs are made.)"""
+    if any("resolutions" in item.fixturenames for item in request.session.items):
+        request.getfixturevalue("resolutions")
     python = interpreter(request.param)
     if python is None:
         pytest.skip(f"no Python {request.param} on this machine")

@@ -23,6 +23,9 @@ def test_a_job_submitted_from_the_wheel_runs(dev_cluster, login_install, tmp_pat
     spec = tmp_path / "job.toml"
     spec.write_text(SPEC)
     env = {"HPCTRAIN_LEDGER": str(tmp_path / "l.db"), **dev_cluster}
+    dry = hpctrain(login_install, "submit", "--dry-run", str(spec), cwd=tmp_path, **env)
+    assert dry.returncode == 0, dry.stderr
+    assert "#SBATCH --job-name=from-wheel" in dry.stdout and "ran from a wheel" in dry.stdout
     done = hpctrain(login_install, "submit", "--wait", str(spec), cwd=tmp_path, **env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "COMPLETED" in done.stdout.splitlines()[-1]

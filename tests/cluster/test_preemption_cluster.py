@@ -78,10 +78,11 @@ def low_qos_grace(request, dev_cluster):
     set_grace(20)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def straight(tmp_path_factory):
     """The data both grace variants train on, and the checkpoints of the run never preempted: made once, by the
-    first test that asks (during its run, after its preemptions), not per variant."""
+    first test that asks (during its run, after its preemptions), not per variant (session-wide: under
+    pytest-xdist, the tests of this file run between others')."""
     work = tmp_path_factory.mktemp("straight")
     index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
 

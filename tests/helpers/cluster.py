@@ -18,10 +18,26 @@ if TYPE_CHECKING:
     from hpctrain.ledger import Ledger
 
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
+# Port bases of the clusters of pytest-xdist workers: gwK's is the configured base + K x WORKER_PORT_STEP. A
+# cluster uses base +6 .. +203 sparsely (see scripts/dev-cluster) and tests/cluster/test_dev_cluster.py a second
+# one at base +500: 30 apart, up to 9 workers' ports stay clear of each other and of those second clusters.
+WORKER_PORT_STEP = 30
 # A job spec taking every GPU of the dev cluster's three nodes in QOS high: whatever runs in QOS low is preempted.
 HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
         "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
                       "qos": "high", "account": "teama"}}
+
+
+def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str]:
+    """The dev cluster settings of a pytest-xdist worker (PYTEST_XDIST_WORKER): gw0, or no worker, uses the
+    configured cluster (the host's, or the lane's); gwK (K > 0) a cluster of its own beside it, its root and port
+    base derived from the configured ones, so that workers never share a controller, a queue or a QOS."""
+    if not worker or worker == "gw0":
+        return {}
+    k = int(worker.removeprefix("gw"))
+    root = environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
+    base = int(environ.get("HPCTRAIN_DEV_PORT_BASE", "16800"))
+    return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base + k * WORKER_PORT_STEP)}
 
 
 def sacct_gpu_hours(slurm_id: str) -> float:
