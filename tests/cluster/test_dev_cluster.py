@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.cluster import DEV_CLUSTER
+from helpers.cluster import DEV_CLUSTER, dev_port_base
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -77,7 +77,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
     root.chmod(0o755)
     # Ports of its own: this cluster's base + 500 (the host's 16800, each lane's 17800, 19800 or 20800 while they
     # run side by side; every cluster takes base .. base + 203).
-    base = int(os.environ.get("HPCTRAIN_DEV_PORT_BASE", "16800")) + 500
+    base = dev_port_base() + 500
     env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": str(base)}
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()

@@ -28,6 +28,11 @@ HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
                       "qos": "high", "account": "teama"}}
 
 
+def dev_port_base(environ: dict[str, str] | None = None) -> int:
+    """The configured dev cluster's port base (scripts/dev-cluster's default unless HPCTRAIN_DEV_PORT_BASE)."""
+    return int((os.environ if environ is None else environ).get("HPCTRAIN_DEV_PORT_BASE", "16800"))
+
+
 def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str]:
     """The dev cluster settings of a pytest-xdist worker (PYTEST_XDIST_WORKER): gw0, or no worker, uses the
     configured cluster (the host's, or the lane's); gwK (K > 0) a cluster of its own beside it, its root and port
@@ -36,8 +41,8 @@ def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str
         return {}
     k = int(worker.removeprefix("gw"))
     root = environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
-    base = int(environ.get("HPCTRAIN_DEV_PORT_BASE", "16800"))
-    return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base + k * WORKER_PORT_STEP)}
+    base = dev_port_base(environ) + k * WORKER_PORT_STEP
+    return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
 
 
 def sacct_gpu_hours(slurm_id: str) -> float:
