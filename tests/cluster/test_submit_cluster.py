@@ -144,7 +144,8 @@ def test_a_throttled_sweep_past_max_array_size_keeps_its_tasks_running(small_max
     assert counts()["sbatch"] == 5
     slurm_ids = json.loads(out.stdout)["slurm_ids"]
     client, looks = SlurmClient(), []  # (tasks running, tasks pending), the controller's view five times a second
-    while not looks or looks[-1] != (0, 0):
+    states: list[str] = []
+    while len(states) < 23 or not TERMINAL.issuperset(states):  # COMPLETING is neither running nor pending
         states = [r["State"] for r in client.squeue_states(slurm_ids)]
         looks.append((states.count("RUNNING"), states.count("PENDING")))
         assert len(looks) < 5 * 180, "the array did not finish in 3 minutes"

@@ -12,6 +12,7 @@ import pytest
 
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
+from hpctrain.slurm.states import TERMINAL
 
 from helpers.cli import HPCTRAIN, run_cli
 from helpers.cluster import DEV_CLUSTER
@@ -139,11 +140,18 @@ def test_early_stopping_cancels_trials_behind_the_median(dev_cluster, isolated_l
     assert {x: t["state"] for x, t in trials.items()} == {0.3: "completed", 1.3: "completed", 2.3: "pruned",
                                                           3.3: "pruned", 4.3: "pruned"}
     assert all(t["reason"].startswith("median stopping") for t in trials.values() if t["state"] == "pruned")
-    sacct = dict(line.split("|") for line in subprocess.run(
-        ["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", slurm_id], capture_output=True, text=True,
-        check=True).stdout.splitlines())
+
+    def task_states() -> dict[int, str]:
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", slurm_id], capture_output=True,
+                             text=True, check=True).stdout
+        rows = (line.split("|") for line in out.splitlines())
+        return {int(task.split("_")[1].strip("[]")): state.split()[0] for task, state in rows}
+
+    # A pruned trial is final in the ledger at once; its task's end reaches accounting when the task is gone.
+    wait_until(lambda: TERMINAL.issuperset(task_states().values()), 120, 1, "accounting to record every task's end")
+    states = task_states()
     pruned = {t["task_index"] for t in trials.values() if t["state"] == "pruned"}
-    assert {int(k.split("_")[1]) for k, v in sacct.items() if v.startswith("CANCELLED")} == pruned, (sacct, trials)
+    assert {task for task, state in states.items() if state == "CANCELLED"} == pruned, sorted(states.items())
 
 
 def test_one_broken_sweep_leaves_the_cron_tick_to_the_others(dev_cluster, isolated_ledger, tmp_path):
