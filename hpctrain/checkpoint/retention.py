@@ -1,4 +1,4 @@
-"""Which committed checkpoints to keep: the newest few and the best few by a metric."""
+"""Which committed checkpoints to keep: the newest few, the best few by a metric, and every pinned one."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from hpctrain.checkpoint.commit import to_trash
 from hpctrain.checkpoint.naming import list_dirs
+from hpctrain.checkpoint.pins import pinned
 from hpctrain.checkpoint.reader import quick_check
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger.journal import Journal
@@ -48,7 +49,7 @@ def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journ
     after the newest commit; returns them.
 
     Only valid checkpoints count (so the newest valid one always survives); invalid ones are left for
-    a person to look at.
+    a person to look at, and pinned ones (`hpctrain model register`) for good.
     """
     valid = {}
     for d in list_dirs(directory):
@@ -57,9 +58,12 @@ def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journ
         except CheckpointError:
             continue
     scores = {s: m.data.get("metrics", {}).get(policy.metric) for s, (_, m) in valid.items()}
+    kept = pinned(directory)
     deleted = []
     for step in policy.doomed(scores):
         path = valid[step][0]
+        if path.name in kept:
+            continue
         to_trash(path, step, tag)
         log.info("retention: deleted %s", path)
         if journal:

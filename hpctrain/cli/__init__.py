@@ -35,6 +35,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "compare": "hpctrain.cli.compare:compare",
     "eval": "hpctrain.cli.evaluate:evaluate",
     "sample": "hpctrain.cli.sample:sample",
+    "model": "hpctrain.cli.model:model",
     "ledger": "hpctrain.cli.ledger:ledger",
     "examples": "hpctrain.cli.examples:examples",
 }

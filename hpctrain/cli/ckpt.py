@@ -50,12 +50,15 @@ def ckpt() -> None:
 @click.argument("directory", type=_path)
 def ls(directory: Path) -> None:
     """List the checkpoints in DIRECTORY, newest first, with a quick check of each (and their evaluation jobs'
-    outcomes from the ledger, where it has any)."""
+    outcomes from the ledger, where it has any, and the model versions that pin them)."""
     from hpctrain.checkpoint.naming import list_dirs
+    from hpctrain.checkpoint.pins import pins
     from hpctrain.checkpoint.resume import statuses
 
     found = list(statuses(directory))
     evaluated = _evaluations([s.dir.path for s in found])
+    pinned = {s.dir.path: ", ".join(pins(s.dir.path)) for s in found}
+    any_pinned = any(pinned.values())
     rows = []
     for s in found:
         m = s.manifest
@@ -70,10 +73,12 @@ def ls(directory: Path) -> None:
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.data["created"])) if m else "",
                 json.dumps(m.data.get("metrics") or {}) if m else "",
                 *([evaluated.get(s.dir.path, "")] if evaluated else []),
+                *([pinned[s.dir.path]] if any_pinned else []),
             )
         )
-    columns = ("step", "name", "state", "size", "tensors", "ranks", "created", "metrics")
-    _print_table(f"checkpoints in {directory}", columns + ("evaluations",) * bool(evaluated), rows)
+    columns: tuple[str, ...] = ("step", "name", "state", "size", "tensors", "ranks", "created", "metrics")
+    columns += ("evaluations",) * bool(evaluated) + ("pinned by",) * any_pinned
+    _print_table(f"checkpoints in {directory}", columns, rows)
     unfinished = list_dirs(directory, kind="tmp") + list_dirs(directory, kind="trash")
     if unfinished:
         click.echo(

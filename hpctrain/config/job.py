@@ -15,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelW
 from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
 from hpctrain.config.shell import check_shell_command
 from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName, check_not_option
-from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_OUTPUT_ENV, PARAMS_ENV
+from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_LOSS, EVAL_OUTPUT_ENV, PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
@@ -178,6 +178,20 @@ class HangPolicy(StrictModel):
         )
 
 
+class GatePolicy(StrictModel):
+    """What a model version must show to be promoted (`hpctrain model promote`): its result from ``evaluator`` on
+    ``metric`` no worse than the alias's current target's, and within ``threshold`` where one is set."""
+
+    evaluator: Annotated[str, Field(pattern=JOB_NAME)] = Field(
+        "heldout", description="the evaluator whose results decide (heldout, or one of [eval] evaluators)"
+    )
+    metric: str = Field(EVAL_LOSS, min_length=1, max_length=200, description="the metric of its results that decides")
+    mode: Literal["min", "max"] = Field("min", description="min: lower is better; max: higher is better")
+    threshold: FiniteFloat | None = Field(
+        None, description="the value the metric must reach (at most it with min, at least it with max)"
+    )
+
+
 class EvalPolicy(StrictModel):
     """Held-out evaluation in the reference trainer's loop: the same samples every time, never trained on."""
 
@@ -206,6 +220,9 @@ class EvalPolicy(StrictModel):
         default_factory=dict,
         description="evaluation jobs' own evaluators (`hpctrain eval --evaluator NAME`): NAME = argv, run with the "
         f"checkpoint in ${EVAL_CHECKPOINT_ENV}, writing a JSON object of metrics to ${EVAL_OUTPUT_ENV}",
+    )
+    gate: GatePolicy = Field(
+        default_factory=GatePolicy, description="the gate of the models registered from this job (`hpctrain model`)"
     )
 
     @property

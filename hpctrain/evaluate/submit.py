@@ -154,7 +154,7 @@ def request(
     job = ledger.jobs.get(job_id)
     if job is None:
         raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
-    chosen = evaluators(_spec(job), names)
+    chosen = evaluators(job_spec(job), names)
     return [
         submit_one(ledger, site, job, target, name, command, gpus)
         for target in targets(ledger, job, steps, every, task)
@@ -170,7 +170,7 @@ def follow(ledger: Ledger, site: SiteConfig, job_id: int, always: bool = False) 
     from hpctrain.slurm.states import TERMINAL
 
     job = ledger.jobs.known(job_id)
-    spec = _spec(job)
+    spec = job_spec(job)
     if not (spec.eval.on_checkpoint or always) or not any(
         c["state"] == "committed" for c in ledger.checkpoints.of_job(job["id"])
     ):
@@ -205,7 +205,7 @@ def unasked(ledger: Ledger, job_id: int) -> int:
     if not committed:
         return 0
     seen = {(e["task_index"], e["step"], e["evaluator"]) for e in ledger.evaluations.of_job(job_id)}
-    names = evaluators(_spec(job), [])
+    names = evaluators(job_spec(job), [])
     return sum((c["task_index"], c["step"], n) not in seen for c in committed for n in names)
 
 
@@ -237,5 +237,6 @@ def submit_one(
     return Requested(target, name, submitted.ledger_ids[0])
 
 
-def _spec(job: JobRow) -> JobSpec:
+def job_spec(job: JobRow) -> JobSpec:
+    """The spec the ledger recorded for ``job``."""
     return JobSpec.model_validate(json.loads(job["spec_json"] or "{}"))

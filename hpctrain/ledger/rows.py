@@ -358,3 +358,58 @@ class IngestedRow(TypedDict):
     name: str
     kind: str
     ingested_at: float
+
+
+class ModelRow(TypedDict):
+    """A row of `registered_models`: a named model and the gate its promotions pass (an evaluator's metric, lower
+    or higher better, and an optional threshold)."""
+
+    name: str
+    gate_evaluator: str
+    gate_metric: str
+    gate_mode: str
+    gate_threshold: float | None
+    created_at: float
+    created_by: str
+
+
+class VersionRow(TypedDict):
+    """A row of `model_versions`: one immutable version, the checkpoint of (job, task, step) it names and that
+    checkpoint's manifest digest, with the job's lineage as it was at registration."""
+
+    model: str
+    version: int
+    job_id: int
+    task_index: int
+    step: int
+    checkpoint: str
+    manifest_sha256: str
+    lineage_json: str
+    registered_at: float
+    registered_by: str
+
+
+class AliasRow(TypedDict):
+    """A row of `model_aliases`: where an alias of a model points now."""
+
+    model: str
+    alias: str
+    version: int
+    moved_at: float
+
+
+class AliasMoveRow(TypedDict):
+    """A row of `alias_moves`: one move of an alias (promote, force or rollback; ``undoes``: the move a rollback
+    undid), by whom, why, and the gate's numbers (``gate_json``) it was decided on."""
+
+    id: int
+    model: str
+    alias: str
+    action: str
+    from_version: int | None
+    to_version: int | None
+    undoes: int | None
+    at: float
+    by: str
+    why: str | None
+    gate_json: str | None

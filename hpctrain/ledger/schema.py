@@ -261,6 +261,59 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX evaluations_eval_job ON evaluations(eval_job_id)",
     ],
+    # 13: the model registry. A version is immutable (triggers refuse changing or deleting one); an alias points at
+    # one version of its model and is moved, never copied; every move is kept, with the gate's numbers.
+    [
+        """CREATE TABLE registered_models (
+            name TEXT PRIMARY KEY,
+            gate_evaluator TEXT NOT NULL,
+            gate_metric TEXT NOT NULL,
+            gate_mode TEXT NOT NULL CHECK (gate_mode IN ('min', 'max')),
+            gate_threshold REAL,
+            created_at REAL NOT NULL,
+            created_by TEXT NOT NULL
+        )""",
+        """CREATE TABLE model_versions (
+            model TEXT NOT NULL REFERENCES registered_models(name),
+            version INTEGER NOT NULL CHECK (version >= 1),
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            step INTEGER NOT NULL,
+            checkpoint TEXT NOT NULL,
+            manifest_sha256 TEXT NOT NULL,
+            lineage_json TEXT NOT NULL,
+            registered_at REAL NOT NULL,
+            registered_by TEXT NOT NULL,
+            PRIMARY KEY (model, version)
+        )""",
+        "CREATE INDEX model_versions_checkpoint ON model_versions(job_id, task_index, step)",
+        """CREATE TRIGGER model_versions_immutable BEFORE UPDATE ON model_versions
+        BEGIN SELECT RAISE(ABORT, 'a model version is immutable'); END""",
+        """CREATE TRIGGER model_versions_kept BEFORE DELETE ON model_versions
+        BEGIN SELECT RAISE(ABORT, 'a model version is immutable'); END""",
+        """CREATE TABLE model_aliases (
+            model TEXT NOT NULL,
+            alias TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            moved_at REAL NOT NULL,
+            PRIMARY KEY (model, alias),
+            FOREIGN KEY (model, version) REFERENCES model_versions(model, version)
+        )""",
+        """CREATE TABLE alias_moves (
+            id INTEGER PRIMARY KEY,
+            model TEXT NOT NULL REFERENCES registered_models(name),
+            alias TEXT NOT NULL,
+            action TEXT NOT NULL CHECK (action IN ('promote', 'force', 'rollback')),
+            from_version INTEGER,
+            to_version INTEGER,
+            undoes INTEGER REFERENCES alias_moves(id),
+            at REAL NOT NULL,
+            by TEXT NOT NULL,
+            why TEXT,
+            gate_json TEXT
+        )""",
+        "CREATE INDEX alias_moves_alias ON alias_moves(model, alias, id)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -143,11 +143,12 @@ def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.Complet
     return done
 
 
-def train_ranks(spec: Path, steps: int, journal: Path, stderr: list[str] | None = None) -> list[dict]:
-    """The step lines of 4 ranks training ``spec`` to ``steps`` with the reference trainer, journaling into
-    ``journal``; their stderr appended to ``stderr``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": "1"}
-    out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", "4", "-m", "hpctrain.train",
+def train_ranks(spec: Path, steps: int, journal: Path, stderr: list[str] | None = None, nproc: int = 4,
+                job_id: int = 1) -> list[dict]:
+    """The step lines of ``nproc`` ranks training ``spec`` to ``steps`` with the reference trainer, journaling
+    into ``journal`` as ledger job ``job_id``; their stderr appended to ``stderr``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": str(job_id)}
+    out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "hpctrain.train",
                           "--spec", str(spec), "--steps", str(steps)], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

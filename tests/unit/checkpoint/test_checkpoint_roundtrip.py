@@ -5,8 +5,6 @@ import json
 import random
 import re
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import ml_dtypes
@@ -23,6 +21,7 @@ from hpctrain.errors import CheckpointError
 
 from helpers.checkpoint import chunk_file, flip_byte, same_bits, special_array
 from helpers.paths import REPO
+from helpers.venvs import without_hpctrain
 
 DTYPES = ["float32", "bfloat16", "float16", "int64", "bool"]
 
@@ -94,18 +93,11 @@ def test_the_docs_recipe_reads_a_checkpoint_in_a_venv_without_hpctrain(tmp_path)
                        (REPO / "docs" / "checkpoints.md").read_text(), re.S)[1]
     state = {"model": {d: to_torch(special_array(d, (5, 3), seed=i)) for i, d in enumerate(DTYPES)}, "step": 3}
     path = save_one(tmp_path / "ck", state, step=3)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    # The libraries of this venv on the path, hpctrain's own (an editable install's .pth there) not.
-    site = Path(subprocess.run([venv / "bin" / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
-    (site / "libraries.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    python = without_hpctrain(tmp_path / "venv")
     script = tmp_path / "recipe.py"
     script.write_text(recipe + "import hashlib, json\nprint(json.dumps({n: [str(a.dtype), list(a.shape), "
                                "hashlib.sha256(a.tobytes()).hexdigest()] for n, a in tensors.items()}))\n")
-    isolated = subprocess.run([venv / "bin" / "python", "-c", "import hpctrain"], capture_output=True, text=True, cwd=tmp_path)
-    assert "No module named 'hpctrain'" in isolated.stderr
-    done = subprocess.run([venv / "bin" / "python", str(script), str(path)], capture_output=True, text=True, cwd=tmp_path)
+    done = subprocess.run([python, str(script), str(path)], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     values, hashes = done.stdout.splitlines()
     assert values == "step 3 values {'step': 3}"

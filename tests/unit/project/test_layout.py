@@ -108,10 +108,19 @@ def test_the_package_root_holds_the_shared_leaves_only():
 @pytest.mark.parametrize("lower, upper", [
     ("ledger", "jobs"), ("ledger", "submit"), ("ledger", "slurm"), ("slurm", "ledger"), ("contract", "config"),
     ("config", "submit"), ("sweep", "report"), ("data", "train"), ("checkpoint", "train"),
+    ("ledger", "registry"), ("checkpoint", "registry"), ("evaluate", "registry"), ("registry", "cli"),
 ])
 def test_layers_do_not_reach_up(lower, upper):
     """The leaves stay leaves: the ledger knows no Slurm or lifecycle, Slurm access knows no ledger, ..."""
     assert upper not in package_graph()[lower]
+
+
+def test_the_exported_model_definition_needs_no_hpctrain():
+    """`hpctrain model export` copies registry/standalone_gpt.py into the export as the model's definition."""
+    tree = modules()["registry.standalone_gpt"]
+    tops = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    tops |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert tops <= {"__future__", "json", "pathlib", "torch", "safetensors"}
 
 
 def string_literals(tree: ast.Module) -> list[ast.Constant]:

@@ -1,0 +1,129 @@
+"""Model versions: a job's committed checkpoint registered under a model's name as its next immutable version, the
+checkpoint pinned against retention, the job's lineage and the checkpoint's manifest digest kept with it."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from hpctrain.checkpoint.manifest import Manifest, sha256
+from hpctrain.checkpoint.naming import MANIFEST
+from hpctrain.checkpoint.pins import pin
+from hpctrain.config.job import JobSpec
+from hpctrain.contract import EVAL_LOSS
+from hpctrain.errors import CheckpointError, HpctrainError
+from hpctrain.evaluate.submit import job_spec, targets
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import ModelRow, VersionRow
+from hpctrain.registry.gate import Gate
+from hpctrain.registry.names import Ref, RegistryError, check_model_name
+
+
+def register(
+    ledger: Ledger, name: str, job_id: int, step: int | None = None, task: int | None = None, gate: Gate | None = None
+) -> VersionRow:
+    """Register job ``job_id``'s checkpoint at ``step`` (default: its newest) of array task ``task`` as the next
+    version of model ``name``. A new model takes ``gate``, or the job spec's [eval.gate]; an existing one keeps its
+    own (``gate`` must then be None)."""
+    check_model_name(name)
+    model = ledger.registry.model(name)
+    if model is not None and gate is not None:
+        raise RegistryError(f"model {name}: has its gate already ({Gate.of_model(model)}); give no gate options")
+    job = ledger.jobs.get(job_id)
+    if job is None:
+        raise RegistryError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
+    found = targets(ledger, job, None if step is None else [step], every=False, task=task)
+    if len(found) > 1:
+        tasks = ", ".join(str(t.task_index) for t in found)
+        raise RegistryError(f"job {job_id}: has checkpoints of tasks {tasks}: give one with --task")
+    target = found[0]
+    for other in ledger.registry.versions_of(job_id, target.task_index, target.step):
+        if other["model"] == name:
+            raise RegistryError(f"job {job_id} step {target.step} is {name}:{other['version']} already")
+    ckpt = target.checkpoint
+    if not ckpt.is_dir():
+        raise CheckpointError(f"{ckpt}: job {job_id}'s checkpoint of step {target.step} is gone")
+    pin(ckpt, name)  # before the check below: retention running now either sees the pin or has removed it
+    try:
+        manifest_digest = sha256(ckpt / MANIFEST)
+        manifest = Manifest.read(ckpt)
+    except (OSError, CheckpointError) as exc:
+        raise CheckpointError(f"{ckpt}: cannot register it: {exc}") from None
+    spec = job_spec(job) if job["spec_json"] else None
+    chosen = gate or (Gate.of(spec.eval.gate) if spec else Gate("heldout", EVAL_LOSS, "min"))
+    new_model: ModelRow = {
+        "name": name,
+        "gate_evaluator": chosen.evaluator,
+        "gate_metric": chosen.metric,
+        "gate_mode": chosen.mode,
+        "gate_threshold": chosen.threshold,
+        "created_at": time.time(),
+        "created_by": getpass.getuser(),
+    }
+    lineage: dict[str, Any] = {
+        **json.loads(job["lineage_json"] or "{}"),
+        "job": {"id": job_id, "name": job["name"], "slurm_job_id": job["slurm_job_id"], "site": job["site"]},
+        "checkpoint": {
+            "step": target.step,
+            "task": target.task_index,
+            "world_size": manifest.data.get("world_size"),
+            "metrics": manifest.data.get("metrics") or {},
+        },
+        "model_shape": spec.model.model_dump() if spec and spec.model else None,
+    }
+    number = ledger.registry.add_version(
+        model or new_model,
+        {
+            "job_id": job_id,
+            "task_index": target.task_index,
+            "step": target.step,
+            "checkpoint": str(Path(ckpt).absolute()),
+            "manifest_sha256": manifest_digest,
+            "lineage_json": lineage,
+            "registered_at": time.time(),
+            "registered_by": getpass.getuser(),
+        },
+    )
+    version = ledger.registry.version(name, number)
+    assert version is not None
+    return version
+
+
+def model_of(ledger: Ledger, name: str) -> ModelRow:
+    check_model_name(name)
+    model = ledger.registry.model(name)
+    if model is None:
+        known = ", ".join(m["name"] for m in ledger.registry.models()[:10]) or "none yet"
+        raise RegistryError(f"model {name!r}: not registered (models: {known})")
+    return model
+
+
+def resolve(ledger: Ledger, ref: Ref) -> VersionRow:
+    """The version ``ref`` names: by number, by alias, or the newest."""
+    model_of(ledger, ref.model)
+    if ref.alias is not None:
+        alias = ledger.registry.alias(ref.model, ref.alias)
+        if alias is None:
+            have = ", ".join(a["alias"] for a in ledger.registry.aliases(ref.model)) or "none"
+            raise RegistryError(f"{ref}: model {ref.model} has no alias {ref.alias!r} (aliases: {have})")
+        number = alias["version"]
+    elif ref.version is not None:
+        number = ref.version
+    else:
+        number = ledger.registry.versions(ref.model)[-1]["version"]
+    version = ledger.registry.version(ref.model, number)
+    if version is None:
+        newest = ledger.registry.versions(ref.model)[-1]["version"]
+        raise RegistryError(f"{ref}: model {ref.model} has versions 1 to {newest}")
+    return version
+
+
+def spec_of(ledger: Ledger, version: VersionRow) -> JobSpec:
+    """The job spec of the job a version's checkpoint came from."""
+    job = ledger.jobs.get(version["job_id"])
+    if job is None or not job["spec_json"]:
+        raise HpctrainError(f"{version['model']}:{version['version']}: job {version['job_id']} has no spec")
+    return job_spec(job)
