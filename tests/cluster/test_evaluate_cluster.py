@@ -69,6 +69,18 @@ def test_each_checkpoint_is_evaluated_once_and_the_results_are_in_the_ledger(dev
     metrics = run_cli("metrics", str(job), "--name", "heldout:eval/loss", "--json", env=env)
     assert [json.loads(ln)["step"] for ln in metrics.stdout.splitlines()] == [3, 6]
 
+    # From run to model: of the two checkpoints, the one the evaluation jobs found better becomes production
+    # through the gate; the other is refused with both numbers.
+    heldout = {step: json.loads(rows[(step, "heldout")]["metrics_json"])[EVAL_LOSS] for step in (3, 6)}
+    for step in (3, 6):
+        assert run_cli("model", "register", "gpt", str(job), "--step", str(step), env=env).returncode == 0
+    better, worse = (2, 1) if heldout[6] <= heldout[3] else (1, 2)
+    promoted = run_cli("model", "promote", "gpt", str(better), "--alias", "production", env=env)
+    assert promoted.returncode == 0, promoted.stderr
+    refused = run_cli("model", "promote", "gpt", str(worse), "--alias", "production", env=env)
+    assert refused.returncode == 2 and f"worse than gpt@production (gpt:{better})" in refused.stderr
+    assert f"{heldout[3 * worse]:.6g}" in refused.stderr and f"{heldout[3 * better]:.6g}" in refused.stderr
+
 
 def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cluster, isolated_ledger, tmp_path):
     """A preemptible job with `[eval] on_checkpoint`, driven by reconciles as cron would, is preempted twice by QOS
@@ -136,3 +148,4 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
     assert [(r["step"], r["evaluator"], r["state"]) for r in rows] == [(s, "slow", "done") for s in committed]
     assert [json.loads(r["metrics_json"]) for r in rows] == [{"step": s} for s in committed]
     assert max(eval_runs) >= 2  # an evaluation job preempted too, and run again
+
