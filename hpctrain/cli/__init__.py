@@ -36,6 +36,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "eval": "hpctrain.cli.evaluate:evaluate",
     "sample": "hpctrain.cli.sample:sample",
     "model": "hpctrain.cli.model:model",
+    "export": "hpctrain.cli.export:export",
     "ledger": "hpctrain.cli.ledger:ledger",
     "examples": "hpctrain.cli.examples:examples",
 }
@@ -47,6 +48,8 @@ EXTRA_OF = {
     **dict.fromkeys(("torch", "deepspeed", "webdataset", "safetensors", "submitit"), "train"),
     "optuna": "sweep",
     "matplotlib": "report",
+    "mlflow": "mlflow",
+    "tensorboard": "tensorboard",
 }
 # extra -> the oldest Python it installs on, where newer than hpctrain's own 3.10 (setup.cfg): tensorstore has no
 # release for 3.10 from 0.1.79 on

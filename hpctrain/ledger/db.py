@@ -3,8 +3,9 @@
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
 `ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.events`, `ledger.evaluations` (of
-checkpoints), `ledger.registry` (models, versions, aliases), `ledger.site_cache` and `ledger.ingested` (journal
-records folded in). Rows come and go as the dicts of `hpctrain.ledger.rows`; the
+checkpoints), `ledger.registry` (models, versions, aliases), `ledger.exports` (what trackers were sent),
+`ledger.site_cache` and `ledger.ingested` (journal records folded in). Rows come and go as the dicts of
+`hpctrain.ledger.rows`; the
 generic row access they are built on (`hpctrain.ledger.table`) is the ledger's own.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
@@ -28,6 +29,7 @@ from hpctrain.ledger.attempts import Attempts
 from hpctrain.ledger.checkpoints import Checkpoints
 from hpctrain.ledger.evaluations import Evaluations
 from hpctrain.ledger.events import Events
+from hpctrain.ledger.exports import TrackerExports
 from hpctrain.ledger.ingested import Ingested
 from hpctrain.ledger.jobs import Jobs
 from hpctrain.ledger.metrics import Metrics
@@ -71,7 +73,7 @@ class Ledger:
         self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
         self.usage, self.events = RunUsage(self), Events(self)
         self.site_cache, self.ingested = SiteCache(self), Ingested(self)
-        self.evaluations, self.registry = Evaluations(self), Registry(self)
+        self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
 
     def close(self) -> None:
         self.db.close()

@@ -151,6 +151,12 @@ class Jobs:
         """Every job of one submission (arrays split past MaxArraySize are several)."""
         return self._rows.rows("group_id = ?", [group_id])
 
+    def submitted_since(self, site: str, since: float) -> list[JobRow]:
+        return self._rows.rows("site = ? AND submitted_at >= ?", [site, since], order_by="id")
+
+    def of_site(self, site: str) -> list[JobRow]:
+        return self._rows.rows("site = ?", [site], order_by="id")
+
     def of_sweep(self, sweep_id: str) -> list[JobRow]:
         return self._rows.rows("sweep_id = ?", [sweep_id])
 

@@ -55,6 +55,17 @@ class Metrics:
             where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
         return self._rows.rows(where, args, order_by="task_index, step")
 
+    def after(self, job_id: int, task_index: int, rowid: int) -> list[tuple[int, str, int, float, float | None]]:
+        """(rowid, name, step, value, time) of the task's values written after ``rowid`` (a value written again,
+        a recomputed step's, comes again), by rowid."""
+        return list(
+            self.ledger.db.execute(
+                "SELECT rowid, name, step, value, time FROM metrics WHERE job_id = ? AND task_index = ? AND rowid > ? "
+                "AND value IS NOT NULL ORDER BY rowid",
+                [job_id, task_index, rowid],
+            )
+        )
+
     def points(self, job_id: int) -> Iterator[tuple[str, int, int, float]]:
         """(name, task, step, value) of every reported value, by name, task and step."""
         yield from self.ledger.db.execute(

@@ -413,3 +413,17 @@ class AliasMoveRow(TypedDict):
     by: str
     why: str | None
     gate_json: str | None
+
+
+class TrackerExportRow(TypedDict):
+    """A row of `tracker_exports`: the run a tracker holds for a job's task, and how far it was sent (metrics up to
+    ``metrics_rowid``, evaluations done up to ``evaluations_at``, the job's ``state`` then)."""
+
+    tracker: str
+    job_id: int
+    task_index: int
+    run_id: str
+    metrics_rowid: int
+    evaluations_at: float
+    state: str | None
+    exported_at: float

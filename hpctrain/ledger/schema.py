@@ -314,6 +314,22 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX alias_moves_alias ON alias_moves(model, alias, id)",
     ],
+    # 14: what each tracker (MLflow at one URI, ...) has of each job's task: its run there, the metrics up to a rowid
+    # and the evaluations up to a time, so that a later export sends only what is new.
+    [
+        """CREATE TABLE tracker_exports (
+            tracker TEXT NOT NULL,
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            run_id TEXT NOT NULL,
+            metrics_rowid INTEGER NOT NULL DEFAULT 0,
+            evaluations_at REAL NOT NULL DEFAULT 0,
+            state TEXT,
+            exported_at REAL NOT NULL,
+            PRIMARY KEY (tracker, job_id, task_index)
+        )""",
+        "CREATE INDEX jobs_submitted ON jobs(site, submitted_at)",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

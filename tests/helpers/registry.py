@@ -23,16 +23,19 @@ def job_with_checkpoints(ledger: Ledger, root: Path, name: str, steps: tuple[int
                "hyperparameters": {"lr": 0.001}, "seed": 7, "parallel": {"dp": 1}, "versions": {"hpctrain": "0.1.0"}}
     job_id = Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": "COMPLETED", "spec_json": spec,
                                            "lineage_json": lineage})
-    directory = root / name
-    with Checkpointer(directory, retention=Retention(keep_last=100), journal=None) as ck:
-        for step in steps:
-            ck.save(step, {"w": np.full(4, float(step), dtype=np.float32)})
     for step in steps:
-        ledger.checkpoints.record({"job_id": job_id, "task_index": -1, "step": step,
-                                   "path": str(directory / f"step_{step:08d}"), "state": "committed",
-                                   "created_at": time.time(), "bytes": None, "duration_s": None,
-                                   "manifest_sha256": None, "metric_name": None, "metric_value": None, "note": None})
+        record_checkpoint(ledger, job_id, -1, root / name, step)
     return job_id
+
+
+def record_checkpoint(ledger: Ledger, job_id: int, task_index: int, directory: Path, step: int) -> None:
+    """A small real checkpoint of ``step`` committed in ``directory``, and its row as the job's task journaled it."""
+    with Checkpointer(directory, retention=Retention(keep_last=100), journal=None) as ck:
+        ck.save(step, {"w": np.full(4, float(step), dtype=np.float32)})
+    ledger.checkpoints.record({"job_id": job_id, "task_index": task_index, "step": step,
+                               "path": str(directory / f"step_{step:08d}"), "state": "committed",
+                               "created_at": time.time(), "bytes": None, "duration_s": None,
+                               "manifest_sha256": None, "metric_name": None, "metric_value": None, "note": None})
 
 
 def evaluated(ledger: Ledger, job_id: int, step: int, loss: float, evaluator: str = "heldout") -> None:

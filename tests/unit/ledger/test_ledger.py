@@ -123,7 +123,8 @@ ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": 
              "trials": rows.TrialRow, "events": rows.EventRow, "segments": rows.SegmentRow,
              "site_cache": rows.SiteCacheRow, "journal_ingested": rows.IngestedRow,
              "evaluations": rows.EvaluationRow, "registered_models": rows.ModelRow,
-             "model_versions": rows.VersionRow, "model_aliases": rows.AliasRow, "alias_moves": rows.AliasMoveRow}
+             "model_versions": rows.VersionRow, "model_aliases": rows.AliasRow, "alias_moves": rows.AliasMoveRow,
+             "tracker_exports": rows.TrackerExportRow}
 WRITE_TYPES = {rows.NewJob: "jobs", rows.JobTimes: "jobs", rows.NewTask: "array_tasks", rows.AttemptFields: "attempts",
                rows.NewCheckpoint: "checkpoints", rows.SegmentKey: "segments"}
 

@@ -109,6 +109,7 @@ def test_the_package_root_holds_the_shared_leaves_only():
     ("ledger", "jobs"), ("ledger", "submit"), ("ledger", "slurm"), ("slurm", "ledger"), ("contract", "config"),
     ("config", "submit"), ("sweep", "report"), ("data", "train"), ("checkpoint", "train"),
     ("ledger", "registry"), ("checkpoint", "registry"), ("evaluate", "registry"), ("registry", "cli"),
+    ("ledger", "trackers"), ("registry", "trackers"), ("trackers", "cli"),
 ])
 def test_layers_do_not_reach_up(lower, upper):
     """The leaves stay leaves: the ledger knows no Slurm or lifecycle, Slurm access knows no ledger, ..."""
