@@ -2,7 +2,8 @@
 archive ledger (same schema, readable as a ledger: `hpctrain --ledger ARCHIVE ...` style tools and SQLite alike).
 
 A submission (the chunks of one array) and a sweep move whole or not at all: only when every job of theirs ended
-before the time, and a sweep only once it is no longer active. Queries never scan the history (indexes), so
+before the time, and a sweep only once it is no longer active. A job that a model version names stays (with its
+submission and sweep), and so does an evaluation job beside the job it evaluated. Queries never scan the history (indexes), so
 archiving is about the file's size: the space freed is reused by new rows; `vacuum` gives it back to the disk.
 """
 
@@ -18,7 +19,18 @@ if TYPE_CHECKING:
     from hpctrain.ledger import Ledger
 
 # Tables whose rows belong to a job (its job_id), children before the jobs they reference.
-JOB_TABLES = ("array_tasks", "attempts", "checkpoints", "metrics", "events", "segments", "run_usage", "trials")
+JOB_TABLES = (
+    "array_tasks",
+    "attempts",
+    "checkpoints",
+    "metrics",
+    "events",
+    "segments",
+    "run_usage",
+    "trials",
+    "evaluations",
+    "tracker_exports",
+)
 
 _DOOMED_SWEEPS = """
 CREATE TEMP TABLE doomed_sweeps AS
@@ -32,6 +44,22 @@ WHERE j.ended_at < :before
   AND (j.group_id IS NULL OR NOT EXISTS (
       SELECT 1 FROM main.jobs g WHERE g.group_id = j.group_id AND (g.ended_at IS NULL OR g.ended_at >= :before)))
   AND (j.sweep_id IS NULL OR j.sweep_id IN (SELECT id FROM doomed_sweeps))
+"""
+# Jobs that stay after all, until none is left to take out: a job a model version names (versions are never
+# deleted); a job evaluated by, or evaluating, a job that stays (an evaluation row references both); the rest of
+# a submission or sweep of which a job stays.
+_KEPT_JOBS = """
+DELETE FROM doomed_jobs WHERE id IN (SELECT job_id FROM main.model_versions)
+   OR id IN (SELECT eval_job_id FROM main.evaluations WHERE job_id NOT IN (SELECT id FROM doomed_jobs))
+   OR id IN (SELECT job_id FROM main.evaluations
+             WHERE eval_job_id IS NOT NULL AND eval_job_id NOT IN (SELECT id FROM doomed_jobs))
+   OR id IN (SELECT j.id FROM main.jobs j JOIN main.jobs k ON k.group_id = j.group_id
+             WHERE k.id NOT IN (SELECT id FROM doomed_jobs))
+   OR id IN (SELECT j.id FROM main.jobs j JOIN main.jobs k ON k.sweep_id = j.sweep_id
+             WHERE k.id NOT IN (SELECT id FROM doomed_jobs))
+"""
+_KEPT_SWEEPS = """
+DELETE FROM doomed_sweeps WHERE id IN (SELECT sweep_id FROM main.jobs WHERE id NOT IN (SELECT id FROM doomed_jobs))
 """
 
 
@@ -58,6 +86,10 @@ def archive(ledger: Ledger, target: Path, before: float) -> Archived:
         for name, sql in (("doomed_sweeps", _DOOMED_SWEEPS), ("doomed_jobs", _DOOMED_JOBS)):
             conn.execute(f"DROP TABLE IF EXISTS temp.{name}")
             conn.execute(sql, {"before": before})
+        while conn.execute(_KEPT_JOBS).rowcount:
+            pass
+        conn.execute(_KEPT_SWEEPS)
+        conn.commit()  # the DELETEs on the temp tables opened a transaction
         foreign = conn.execute(
             "SELECT count(*) FROM doomed_jobs d JOIN main.jobs m ON m.id = d.id JOIN archive.jobs a "
             "ON a.id = d.id WHERE a.name IS NOT m.name OR a.submitted_at IS NOT m.submitted_at "

@@ -96,3 +96,32 @@ def test_the_cli_archives_then_vacuums(history, tmp_path):
     assert out.returncode == 2 and out.stderr.startswith("hpctrain: error: ") and "another file" in out.stderr
     with Ledger(path) as ledger:
         assert vacuum(ledger)[1] <= path.stat().st_size
+
+
+def test_registered_and_evaluated_jobs_stay_with_what_they_reference(tmp_path):
+    """A job with a model version stays, and its evaluation job with it; an evaluated job and its evaluation job
+    move together, the evaluation's row too; a job that was exported moves with its export row."""
+    from hpctrain.registry.versions import register
+
+    from helpers.registry import evaluated, job_with_checkpoints
+
+    path, long_ago = tmp_path / "ledger.db", time.time() - 400 * DAY
+    with Ledger(path) as ledger:
+        kept, moved = (job_with_checkpoints(ledger, tmp_path, name, (5,)) for name in ("kept", "moved"))
+        evals = [Table(ledger, "jobs").insert({"name": f"{n}-eval", "site": "dev", "state": "COMPLETED"})
+                 for n in ("kept", "moved")]
+        for job, eval_job in zip((kept, moved), evals):
+            ledger.evaluations.request(job, -1, 5, "heldout", "ck")
+            ledger.evaluations.submitted(job, -1, 5, "heldout", eval_job)
+            evaluated(ledger, job, 5, 2.0)
+        ledger.exports.sent("mlflow:x", moved, -1, "run", 0, 0.0, "COMPLETED")
+        register(ledger, "gpt", kept)
+        ledger.db.execute("UPDATE jobs SET ended_at = ?", [long_ago])
+        done = archive(ledger, tmp_path / "archive.db", time.time())
+        left = {r["id"] for r in Table(ledger, "jobs").rows()}
+        assert done.jobs == 2 and left == {kept, evals[0]}
+        assert [e["job_id"] for e in Table(ledger, "evaluations").rows()] == [kept]
+        assert ledger.registry.versions("gpt")[0]["job_id"] == kept
+    with Ledger(tmp_path / "archive.db") as archived:
+        assert [e["job_id"] for e in archived.evaluations.of_job(moved)] == [moved]
+        assert archived.exports.get("mlflow:x", moved, -1) is not None
