@@ -5,6 +5,8 @@ promotions decided at once exactly one moves the alias."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -113,3 +115,15 @@ def test_bad_moves_are_one_line_and_change_nothing(three_versions, args, message
     assert out.stderr.count("\n") == 1
     with Ledger(three_versions) as ledger:
         assert history(ledger, "gpt") == [] and ledger.registry.aliases("gpt") == []
+
+
+@pytest.mark.parametrize("args", [("ls",), ("show", "gpt@production"), ("promote", "gpt", "2", "--alias", "staging"),
+                                  ("history", "gpt")])
+def test_the_registry_commands_import_neither_torch_nor_mlflow(three_versions, args):
+    """They run on login nodes: the base install's click, pydantic and SQLite."""
+    assert run_cli("model", "promote", "gpt", "1", "--alias", "production").returncode == 0
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpctrain", "model", *args], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert not imported & {"torch", "mlflow", "numpy", "tensorstore"}
