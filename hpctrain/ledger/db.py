@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import sqlite_utils
-
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.attempts import Attempts
 from hpctrain.ledger.checkpoints import Checkpoints
@@ -37,6 +35,7 @@ from hpctrain.ledger.registry import Registry
 from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from hpctrain.ledger.segments import Segments
 from hpctrain.ledger.site_cache import SiteCache
+from hpctrain.ledger.sqlite import sqlite_utils
 from hpctrain.ledger.sweeps import Sweeps
 from hpctrain.ledger.usage import RunUsage
 

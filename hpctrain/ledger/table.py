@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
-import sqlite_utils
+from hpctrain.ledger.sqlite import sqlite_utils
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger

@@ -4,12 +4,12 @@ checkpoint pinned against retention, the job's lineage and the checkpoint's mani
 from __future__ import annotations
 
 import getpass
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.checkpoint.manifest import Manifest, sha256
 from hpctrain.checkpoint.naming import MANIFEST
 from hpctrain.checkpoint.pins import pin
 from hpctrain.config.job import JobSpec
@@ -47,11 +47,15 @@ def register(
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: job {job_id}'s checkpoint of step {target.step} is gone")
     pin(ckpt, name)  # before the check below: retention running now either sees the pin or has removed it
-    try:
-        manifest_digest = sha256(ckpt / MANIFEST)
-        manifest = Manifest.read(ckpt)
-    except (OSError, CheckpointError) as exc:
-        raise CheckpointError(f"{ckpt}: cannot register it: {exc}") from None
+    try:  # the manifest alone, parsed without the checkpoint stack (login nodes may lack tensorstore)
+        raw = (ckpt / MANIFEST).read_bytes()
+        manifest = json.loads(raw)
+    except OSError as exc:
+        raise CheckpointError(f"{ckpt}: cannot register it: {exc.strerror}: {MANIFEST}") from None
+    except ValueError:
+        raise CheckpointError(f"{ckpt}: cannot register it: {MANIFEST} is not JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("step") != target.step:
+        raise CheckpointError(f"{ckpt}: cannot register it: {MANIFEST} is not the manifest of step {target.step}")
     spec = job_spec(job) if job["spec_json"] else None
     chosen = gate or (Gate.of(spec.eval.gate) if spec else Gate("heldout", EVAL_LOSS, "min"))
     new_model: ModelRow = {
@@ -69,8 +73,8 @@ def register(
         "checkpoint": {
             "step": target.step,
             "task": target.task_index,
-            "world_size": manifest.data.get("world_size"),
-            "metrics": manifest.data.get("metrics") or {},
+            "world_size": manifest.get("world_size"),
+            "metrics": manifest.get("metrics") or {},
         },
         "model_shape": spec.model.model_dump() if spec and spec.model else None,
     }
@@ -81,7 +85,7 @@ def register(
             "task_index": target.task_index,
             "step": target.step,
             "checkpoint": str(Path(ckpt).absolute()),
-            "manifest_sha256": manifest_digest,
+            "manifest_sha256": hashlib.sha256(raw).hexdigest(),
             "lineage_json": lineage,
             "registered_at": time.time(),
             "registered_by": getpass.getuser(),
