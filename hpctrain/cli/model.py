@@ -108,18 +108,14 @@ def show(ref: str, site: str | None, as_json: bool) -> None:
     """One version (default: the newest): its checkpoint, lineage, evaluation results and aliases."""
     from hpctrain.cli.common import open_site
     from hpctrain.registry.names import parse_ref
-    from hpctrain.registry.versions import resolve
+    from hpctrain.registry.versions import aliases_of, resolve
+    from hpctrain.registry.versions import results as results_of
 
     _, ledger, _ = open_site(site)
     with ledger:
         version = resolve(ledger, parse_ref(ref))
         lineage = json.loads(version["lineage_json"])
-        results = {
-            e["evaluator"]: json.loads(e["metrics_json"]) if e["metrics_json"] else {"state": e["state"]}
-            for e in ledger.evaluations.of_job(version["job_id"])
-            if (e["task_index"], e["step"]) == (version["task_index"], version["step"])
-        }
-        aliases = [a["alias"] for a in ledger.registry.aliases(version["model"]) if a["version"] == version["version"]]
+        results, aliases = results_of(ledger, version), aliases_of(ledger, version)
     if as_json:
         click.echo(json.dumps({**version, "lineage_json": lineage, "evaluations": results, "aliases": aliases}))
         return

@@ -17,7 +17,7 @@ from hpctrain.errors import CheckpointError, HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.rows import VersionRow
 from hpctrain.registry import standalone_gpt
-from hpctrain.registry.versions import spec_of
+from hpctrain.registry.versions import aliases_of, results, spec_of
 
 EXPORT_FORMAT = "hpctrain-model-export/1"
 REFERENCE_PREFIX = "model."  # the reference trainer keeps the GPT's weights under model.*
@@ -91,17 +91,11 @@ def _check_loads(folder: Path, weights: dict[str, Any]) -> None:
 
 
 def _manifest(ledger: Ledger, version: VersionRow, folder: Path, files: list[str], fmt: str) -> dict[str, Any]:
-    evaluations = {
-        e["evaluator"]: json.loads(e["metrics_json"])
-        for e in ledger.evaluations.of_job(version["job_id"])
-        if (e["task_index"], e["step"]) == (version["task_index"], version["step"]) and e["metrics_json"]
-    }
-    aliases = [a["alias"] for a in ledger.registry.aliases(version["model"]) if a["version"] == version["version"]]
     return {
         "format": EXPORT_FORMAT,
         "model": version["model"],
         "version": version["version"],
-        "aliases": aliases,
+        "aliases": aliases_of(ledger, version),
         "weights_format": fmt,
         "files": {f: sha256(folder / f) for f in files},
         "checkpoint": {
@@ -112,7 +106,7 @@ def _manifest(ledger: Ledger, version: VersionRow, folder: Path, files: list[str
             "step": version["step"],
         },
         "lineage": json.loads(version["lineage_json"]),
-        "evaluations": evaluations,
+        "evaluations": results(ledger, version),
         "registered": {"at": version["registered_at"], "by": version["registered_by"]},
         "exported_by": f"hpctrain {__version__}",
     }

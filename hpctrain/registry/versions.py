@@ -131,3 +131,17 @@ def spec_of(ledger: Ledger, version: VersionRow) -> JobSpec:
     if job is None or not job["spec_json"]:
         raise HpctrainError(f"{version['model']}:{version['version']}: job {version['job_id']} has no spec")
     return job_spec(job)
+
+
+def results(ledger: Ledger, version: VersionRow) -> dict[str, dict[str, Any]]:
+    """The evaluations of the version's checkpoint: evaluator -> its metrics (or its state, while it has none)."""
+    return {
+        e["evaluator"]: json.loads(e["metrics_json"]) if e["metrics_json"] else {"state": e["state"]}
+        for e in ledger.evaluations.of_job(version["job_id"])
+        if (e["task_index"], e["step"]) == (version["task_index"], version["step"])
+    }
+
+
+def aliases_of(ledger: Ledger, version: VersionRow) -> list[str]:
+    """The aliases of its model that point at the version."""
+    return [a["alias"] for a in ledger.registry.aliases(version["model"]) if a["version"] == version["version"]]
