@@ -225,10 +225,15 @@ def _release_chunks(env: Any) -> None:
         click.echo(f"hpctrain: could not let the next chunk of this array start early: {exc}", err=True)
 
 
+# A step's exit status when a stop signal killed it (128 + SIGTERM, 128 + SIGHUP).
+KILLED_BY_STOP = (143, 129)
+
+
 def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str, bool]:
     """(completed, error, or after a stop signal timeout, cancelled or preemption told by the job's state;
-    whether Slurm has requeued the job already)."""
-    if not signal_name:
+    whether Slurm has requeued the job already). A step killed by SIGTERM or SIGHUP before the batch shell got its
+    own (scancel signals every process of the job, in no set order) ended by a cancel if the job is ending."""
+    if not signal_name and exit_code not in KILLED_BY_STOP:
         return ("completed" if exit_code == 0 else "error"), False
     from hpctrain.runtime import job_now
     from hpctrain.runtime.guard import stop_cause, timeout_margin_s
@@ -236,4 +241,7 @@ def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str,
 
     now = job_now(SlurmClient())
     requeued = now is not None and now.restarts is not None and now.restarts > restarts
-    return stop_cause(now, restarts, timeout_margin_s()), requeued
+    cause = stop_cause(now, restarts, timeout_margin_s())
+    if not signal_name:
+        return ("cancelled" if cause == "cancelled" else "error"), False
+    return cause, requeued

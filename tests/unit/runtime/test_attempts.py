@@ -234,3 +234,25 @@ def test_an_arrays_own_id_without_a_task_index_is_no_task(tmp_path):
         Poller(ledger, Recorded(), "dev").refresh()
         assert [(a["task_index"], a["state"]) for a in ledger.attempts.of_job(1)] == [(0, "RUNNING")]
         assert ledger.jobs.get(1)["state"] == "RUNNING"
+
+
+@pytest.mark.parametrize("exit_code, signal_name, state, want", [
+    (143, None, "CANCELLED", ("cancelled", False)),  # scancel's SIGTERM reached the step before the batch shell
+    (129, None, "COMPLETING", ("cancelled", False)),
+    (143, None, "RUNNING", ("error", False)),  # killed by someone else while the job runs on: its own failure
+    (1, None, "CANCELLED", ("error", False)),
+    (0, None, "CANCELLED", ("completed", False)),
+    (143, "TERM", "CANCELLED", ("cancelled", False)),
+])
+def test_a_step_killed_by_the_cancel_before_the_shell_saw_it_ended_by_the_cancel(monkeypatch, exit_code, signal_name,
+                                                                                 state, want):
+    import time
+
+    import hpctrain.runtime
+    from hpctrain.cli.attempt import _cause
+    from hpctrain.runtime.guard import JobNow
+
+    asked = []
+    monkeypatch.setattr(hpctrain.runtime, "job_now", lambda client: asked.append(1) or JobNow(state, 0, time.time() + 3600))
+    assert _cause(exit_code, signal_name, 0) == want
+    assert bool(asked) == (exit_code in (143, 129) or signal_name is not None)  # Slurm asked only when it may matter
