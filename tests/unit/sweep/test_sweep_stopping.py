@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-import time
 from typing import Any
 
 from hypothesis import given, settings
@@ -123,16 +122,15 @@ def test_halving_grace_and_maximize():
     assert sorted(trials_to_stop(maximize, ladder(9, last_step=10))) == [0, 1, 2, 3, 4, 5]
 
 
-def test_trials_to_stop_is_fast_over_10000_trials():
+def test_trials_to_stop_decides_over_10000_trials():
+    """Its time over 10,000 trials is benchmarks/sweep_suggest.py's (a timed assertion failed here at load 19)."""
     rng = random.Random(0)
     floors = [rng.random() for _ in range(10_000)]
     trials = [curve(i, {s: floor + 10 / s + 0.01 * rng.random() for s in range(10, 201, 10)})
               for i, floor in enumerate(floors)]
     for spec in (MEDIAN, HALVING):
-        t0 = time.perf_counter()
         stopped = trials_to_stop(spec, trials)
-        assert time.perf_counter() - t0 < 1.5, spec.early_stopping.rule
-        assert 1000 < len(stopped) < 9000
+        assert 1000 < len(stopped) < 9000, spec.early_stopping.rule
 
 
 # Against Optuna's MedianPruner. Where only completed trials report, the two decide alike; hpctrain also
