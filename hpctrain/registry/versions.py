@@ -12,8 +12,7 @@ from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST
 from hpctrain.checkpoint.pins import pin
-from hpctrain.config.job import JobSpec
-from hpctrain.contract import EVAL_LOSS
+from hpctrain.config.job import GatePolicy, JobSpec
 from hpctrain.errors import CheckpointError, HpctrainError
 from hpctrain.evaluate.submit import job_spec, targets
 from hpctrain.ledger import Ledger
@@ -57,7 +56,7 @@ def register(
     if not isinstance(manifest, dict) or manifest.get("step") != target.step:
         raise CheckpointError(f"{ckpt}: cannot register it: {MANIFEST} is not the manifest of step {target.step}")
     spec = job_spec(job) if job["spec_json"] else None
-    chosen = gate or (Gate.of(spec.eval.gate) if spec else Gate("heldout", EVAL_LOSS, "min"))
+    chosen = gate or Gate.of(spec.eval.gate if spec else GatePolicy())
     new_model: ModelRow = {
         "name": name,
         "gate_evaluator": chosen.evaluator,
