@@ -69,6 +69,13 @@ def dev_cluster() -> dict[str, str]:
 
 
 @pytest.fixture(autouse=True)
+def _cluster_for_slurm_tests(request: pytest.FixtureRequest) -> None:
+    """Every test marked `slurm` has the dev cluster and SLURM_CONF, whichever test ran before it on its worker."""
+    if request.node.get_closest_marker("slurm"):
+        request.getfixturevalue("dev_cluster")
+
+
+@pytest.fixture(autouse=True)
 def isolated_ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test writes its own ledger file, never the user's; jobs it leaves behind are cancelled."""
     path = tmp_path / "ledger.db"
