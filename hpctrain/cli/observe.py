@@ -42,7 +42,9 @@ def metrics(
     _, ledger = _refreshed(site, no_refresh)
     with ledger:
         row = find_job(ledger, job)
-        found = ledger.metrics.of_job(row["id"], task, names)
+        found = (
+            ledger.metrics.tail(row["id"], tail, task, names) if tail else ledger.metrics.of_job(row["id"], task, names)
+        )
         evaluated = [
             e for e in ledger.evaluations.of_job(row["id"]) if e["metrics_json"] and task in (None, e["task_index"])
         ]

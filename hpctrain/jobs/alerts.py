@@ -1,4 +1,4 @@
-"""Flags on running jobs for `hpctrain status`: stalled (no training step lately), data-bound (waiting for data),
+"""Flags on running jobs for `hpctrain status`: stalled (a job that reports steps reported none lately), data-bound (waiting for data),
 stragglers (ranks far slower than their pipeline stage's fastest)."""
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ def job_alerts(
         if job["state"] != "RUNNING":
             continue
         found = []
-        last = ledger.metrics.last_time(job["id"])
-        since = last or ledger.attempts.last_start(job["id"])
-        if since is not None and now - since > limits.stall_minutes * 60:
-            found.append(
-                f"stalled: no training step for {(now - since) / 60:.0f} min"
-                + ("" if last else " (none since the run started)")
-            )
+        # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
+        # it restarts with each run.
+        if (last := ledger.metrics.last_time(job["id"])) is not None:
+            since = max(last, ledger.attempts.last_start(job["id"]) or last)
+            if now - since > limits.stall_minutes * 60:
+                found.append(
+                    f"stalled: no training step for {(now - since) / 60:.0f} min"
+                    + ("" if since == last else " (none since the run started)")
+                )
         wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
         if wait is not None and wait > limits.data_wait_fraction:
             found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")

@@ -8,7 +8,7 @@ from typing import Any
 
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.rows import JobSummary, SubmittedJob
+from hpctrain.ledger.rows import AttemptFields, JobSummary, SubmittedJob
 from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm import sacct
@@ -46,16 +46,17 @@ class Poller:
         return changed
 
     def _apply(self, job: SubmittedJob, tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
+        """Fold one job's sacct histories in, writing only the runs and task states that changed."""
         policy = RunPolicy.of(json.loads(job["spec_json"] or "{}"))
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
+        known = {(a["task_index"], a["attempt"]): a for a in self.ledger.attempts.of_job(job["id"])}
+        task_rows = {t["task_index"]: t for t in self.ledger.jobs.tasks(job["id"])} if job["is_array"] else {}
+        runs: dict[tuple[int, int], AttemptFields] = {}
         for index, history in tasks.items():
             history.requeue = policy.requeue
             for n, a in enumerate(history.attempts if attempts_known else ()):
-                self.ledger.attempts.record(
-                    job["id"],
-                    index,
-                    base + n,
+                run = AttemptFields(
                     slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
                     state=a.state,
                     node_list=a.node_list,
@@ -68,16 +69,23 @@ class Poller:
                     gpu_s=a.gpu_s,
                     idle_gpu_s=idle_gpu_seconds(a, policy.spare_gpus),
                 )
-            if attempts_known:
+                row = known.get((index, base + n))
+                if row is None or any(row.get(k) != v for k, v in run.items()):
+                    runs[index, base + n] = run
+            if attempts_known and any(t == index and n >= base + len(history.attempts) for t, n in known):
                 self.ledger.attempts.drop_unstarted_from(job["id"], index, base + len(history.attempts))
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
             # not list yet: still requeued, not finished.
             history.requeued_by_us = attempts_known and requeued_upto.get(index, -1) >= base + history.restarts
-            if index >= 0:
+            task = task_rows.get(index)
+            if task is not None and (task["state"] != history.state or task["restarts"] < history.restarts):
                 self.ledger.jobs.set_task_state(job["id"], index, history.state, history.restarts)
-        self.ledger.attempts.fill_causes(job["id"], CAUSE_OF_STATE)
+                task_rows[index] = {**task, "state": history.state}
+        if runs:
+            self.ledger.attempts.record_all(job["id"], runs)
+            self.ledger.attempts.fill_causes(job["id"], CAUSE_OF_STATE)
         if job["is_array"]:
-            state = array_state(list(self.ledger.jobs.task_states(job["id"]).values()))
+            state = array_state([t["state"] for t in task_rows.values()])
         else:
             state = tasks[-1].state if -1 in tasks else job["state"]
         secret_file.remove_when_final(job["job_dir"], job["id"], state)

@@ -20,7 +20,7 @@ from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import Outcome, RunPolicy, fill_end_steps, latest_committed_step
 from hpctrain.runtime.requeue import run_again
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.slurm.states import DIED, TERMINAL, array_state
+from hpctrain.slurm.states import DIED, NO_MORE_RUNS, TERMINAL, array_state
 
 
 @dataclass
@@ -32,7 +32,9 @@ class Decision:
 
 
 def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
-    """Decide every dead run whose last attempt nobody has decided on yet; returns what was done."""
+    """Decide every dead run whose last attempt nobody has decided on yet; returns what was done. The runs that
+    need no decision (followed by another, or of a job that runs no more) are marked decided first."""
+    ledger.attempts.decide_left_over(site, NO_MORE_RUNS)
     return [
         _decide(ledger, client, ledger.jobs.known(job_id), task, ledger.attempts.of_task(job_id, task))
         for job_id, task in ledger.jobs.undecided_deaths(site, DIED)

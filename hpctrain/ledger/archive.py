@@ -9,6 +9,7 @@ archiving is about the file's size: the space freed is reused by new rows; `vacu
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,6 +101,7 @@ def archive(ledger: Ledger, target: Path, before: float) -> Archived:
                 f"{target}: holds {foreign} other jobs under the same ids: the archive of another "
                 "ledger? Nothing was moved"
             )
+        _check_free_disk(ledger, target, conn.execute("SELECT count(*) FROM doomed_jobs").fetchone()[0])
         wheres = _wheres()
         with ledger.transaction():
             moved = sum(
@@ -110,11 +112,29 @@ def archive(ledger: Ledger, target: Path, before: float) -> Archived:
             for table, where in reversed(wheres.items()):  # children before the rows they reference
                 conn.execute(f"DELETE FROM main.{table} WHERE {where}")
         jobs = conn.execute("SELECT count(*) FROM doomed_jobs").fetchone()[0]
+        ledger.analyze()  # the planner's statistics of the history that remains
     finally:
         conn.execute("DROP TABLE IF EXISTS temp.doomed_sweeps")
         conn.execute("DROP TABLE IF EXISTS temp.doomed_jobs")
         conn.execute("DETACH DATABASE archive")
     return Archived(jobs, moved, target)
+
+
+def _check_free_disk(ledger: Ledger, target: Path, jobs: int) -> None:
+    """Refuse, before anything is copied, an archive the disks cannot hold. Moving a share of the jobs writes about
+    that share of the ledger's size three times: into the archive, into the archive's WAL before it is folded in,
+    and into this ledger's WAL for the deletes."""
+    total = ledger.db.execute("SELECT count(*) FROM jobs").fetchone()[0]
+    moved = ledger.path.stat().st_size * jobs / max(total, 1)
+    dirs = {target.resolve().parent: 2 * moved, ledger.path.resolve().parent: moved}
+    if len({d.stat().st_dev for d in dirs}) == 1:
+        dirs = {target.resolve().parent: 3 * moved}
+    for directory, need in dirs.items():
+        if (free := shutil.disk_usage(directory).free) < need:
+            raise HpctrainError(
+                f"{directory}: archiving {jobs:,} jobs needs about {need / 2**30:.1f} GiB free there, "
+                f"{free / 2**30:.1f} GiB is: nothing was moved"
+            )
 
 
 def _wheres() -> dict[str, str]:
@@ -135,5 +155,5 @@ def vacuum(ledger: Ledger) -> tuple[int, int]:
     path = Path(ledger.path)
     before = path.stat().st_size
     ledger.db.conn.execute("VACUUM")
-    ledger.db.conn.execute("PRAGMA optimize")
+    ledger.analyze()
     return before, path.stat().st_size

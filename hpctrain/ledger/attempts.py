@@ -54,6 +54,13 @@ class Attempts:
         """Create or update one run's row with ``fields`` (Slurm's view, or the decision taken after it)."""
         self._rows.upsert({"job_id": job_id, "task_index": task_index, "attempt": attempt, **fields})
 
+    def record_all(self, job_id: int, runs: Mapping[tuple[int, int], AttemptFields]) -> None:
+        """Create or update many runs of one job at once, each keyed by (task index, attempt number)."""
+        self._rows.upsert_all(
+            {"job_id": job_id, "task_index": task, "attempt": attempt, **fields}
+            for (task, attempt), fields in runs.items()
+        )
+
     def of_task(self, job_id: int, task_index: int) -> list[AttemptRow]:
         return self._rows.rows("job_id = ? AND task_index = ?", [job_id, task_index], order_by="attempt")
 
@@ -88,6 +95,29 @@ class Attempts:
                 f"WHERE job_id = ? AND cause IS NULL AND state IN ({','.join('?' * len(pairs))})",
                 [*(x for pair in pairs for x in pair), job_id, *(state for state, _ in pairs)],
             )
+
+    def decide_left_over(self, site: str, no_more_runs: Collection[str]) -> int:
+        """Decide the runs nothing else decides on: a run that another run of its task followed was requeued; the
+        last run of a plain job or array task now in one of ``no_more_runs`` (cancelled before it started, ...)
+        runs no more. They leave `attempts_undecided`, which then holds the live runs only. Returns how many."""
+        marks = ",".join("?" * len(no_more_runs))
+        later = "EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.task_index = a.task_index AND b.attempt > a.attempt)"
+        of_site = "EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id AND j.site = ?)"
+        ended = (
+            "EXISTS (SELECT 1 FROM jobs j LEFT JOIN array_tasks t ON t.job_id = j.id AND t.task_index = a.task_index "
+            f"WHERE j.id = a.job_id AND j.site = ? AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN "
+            f"({marks}) ELSE t.state IN ({marks}) END)"
+        )
+        undecided = "UPDATE attempts AS a INDEXED BY attempts_undecided SET requeued = {}, decision = {} WHERE requeued IS NULL AND "
+        with self.ledger.transaction() as db:
+            requeued = db.execute(
+                undecided.format(1, "'requeued by Slurm'") + f"{later} AND {of_site}", [site]
+            ).rowcount
+            stopped = db.execute(
+                undecided.format(0, "'no more runs: ' || a.state") + f"NOT {later} AND {ended}",
+                [site, *no_more_runs, *no_more_runs],
+            ).rowcount
+        return requeued + stopped
 
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]

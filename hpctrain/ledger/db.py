@@ -40,6 +40,8 @@ from hpctrain.ledger.sweeps import Sweeps
 from hpctrain.ledger.usage import RunUsage
 
 BUSY_TIMEOUT_S = 60.0
+# Rows of each index that ANALYZE samples: planner statistics in milliseconds on a ledger of any size.
+ANALYSIS_LIMIT = 1000
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
@@ -63,7 +65,10 @@ class Ledger:
             self.db.enable_wal()
             conn.execute("PRAGMA foreign_keys=ON")
             conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
             self._migrate()
+            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
+                self.analyze()  # a ledger from before v15, or new: what the planner knows of it is made once
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from None
         except OSError as exc:
@@ -75,7 +80,22 @@ class Ledger:
         self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
 
     def close(self) -> None:
-        self.db.close()
+        """Close, first refreshing the statistics of tables that grew (SQLite's advice for each connection); not
+        when another process holds the write lock: the next close does it."""
+        conn = self.db.conn
+        try:
+            if conn.total_changes:
+                conn.execute("PRAGMA busy_timeout = 0")
+                conn.execute("PRAGMA optimize")
+        except sqlite3.OperationalError:
+            pass
+        finally:
+            self.db.close()
+
+    def analyze(self) -> None:
+        """Fresh planner statistics of every table (sampled: `ANALYSIS_LIMIT`)."""
+        with self.transaction():
+            self.db.execute("ANALYZE")
 
     def __enter__(self) -> Ledger:
         return self
@@ -100,6 +120,7 @@ class Ledger:
                 for statement in MIGRATIONS[version - 1]:
                     self.db.execute(statement)
                 self.db.execute(f"PRAGMA user_version = {version}")
+            self.db.execute("ANALYZE")  # new indexes, new tables
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:

@@ -41,7 +41,7 @@ SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.i
        (SELECT count(*) - count(DISTINCT a.task_index) FROM attempts a WHERE a.job_id = j.id) AS restarts,
        (SELECT count(*) FROM attempts a WHERE a.job_id = j.id
             AND (a.state = 'PREEMPTED' OR a.cause = 'preemption')) AS preemptions
-FROM jobs j
+FROM jobs j {index}
 WHERE j.site = ? {where}
 ORDER BY j.id DESC
 LIMIT ?
@@ -106,6 +106,7 @@ class Jobs:
         rows = self._rows.rows(
             f"site = ? AND ended_at IS NULL AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)})",
             [site, *sorted(final)],
+            index="jobs_open",
         )
         return cast("list[SubmittedJob]", rows)
 
@@ -118,7 +119,7 @@ class Jobs:
         ``ended_since`` whose journal has not been read ``JOURNAL_SETTLE_S`` after their end; each with the
         ids of those ended jobs (to pass to `journals_read` once read)."""
         rows = self.ledger.db.query(
-            f"SELECT NULL AS id, job_dir FROM jobs WHERE site = ? AND ended_at IS NULL AND job_dir IS NOT NULL "
+            f"SELECT NULL AS id, job_dir FROM jobs INDEXED BY jobs_open WHERE site = ? AND ended_at IS NULL AND job_dir IS NOT NULL "
             f"AND state NOT IN ({_marks(final)}) "
             "UNION ALL SELECT id, job_dir FROM jobs WHERE site = ? AND ended_at >= ? AND job_dir IS NOT NULL "
             f"AND (journal_read_at IS NULL OR journal_read_at < ended_at + {JOURNAL_SETTLE_S})",
@@ -142,10 +143,13 @@ class Jobs:
     ) -> list[JobSummary]:
         """One row per job, newest first, with array task counts, restarts and preemptions (one query); a run that
         requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
-        where, args = "", [site]
+        # The plans fixed whatever the statistics: the open jobs' index, or the newest rows first, up to the limit.
+        index, where, args = "NOT INDEXED", "", [site]
         if active_only:
-            where, args = f"AND j.ended_at IS NULL AND j.state NOT IN ({_marks(final)})", args + sorted(final)
-        return cast("list[JobSummary]", list(self.ledger.db.query(_SUMMARY_SQL.format(where=where), [*args, limit])))
+            index, where = "INDEXED BY jobs_open", f"AND j.ended_at IS NULL AND j.state NOT IN ({_marks(final)})"
+            args += sorted(final)
+        sql = _SUMMARY_SQL.format(index=index, where=where)
+        return cast("list[JobSummary]", list(self.ledger.db.query(sql, [*args, limit])))
 
     def in_group(self, group_id: int) -> list[JobRow]:
         """Every job of one submission (arrays split past MaxArraySize are several)."""
@@ -176,7 +180,9 @@ class Jobs:
         return [
             (r["job_id"], r["task_index"])
             for r in self.ledger.db.query(
-                "SELECT a.job_id, a.task_index FROM attempts a JOIN jobs j ON j.id = a.job_id "
+                # the undecided runs first (CROSS JOIN keeps that order): never the site's whole history
+                "SELECT a.job_id, a.task_index FROM attempts a INDEXED BY attempts_undecided CROSS JOIN jobs j "
+                "ON j.id = a.job_id "
                 "LEFT JOIN array_tasks t ON t.job_id = a.job_id AND t.task_index = a.task_index "
                 "WHERE a.requeued IS NULL AND j.site = ? AND a.attempt = (SELECT max(b.attempt) FROM attempts b "
                 "WHERE b.job_id = a.job_id AND b.task_index = a.task_index) "

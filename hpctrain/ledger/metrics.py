@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.ledger.rows import MetricRow, MetricSummary
 from hpctrain.ledger.table import Table
@@ -54,6 +54,37 @@ class Metrics:
         if names:
             where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
         return self._rows.rows(where, args, order_by="task_index, step")
+
+    def tail(
+        self, job_id: int, steps: int, task_index: int | None = None, names: tuple[str, ...] = ()
+    ) -> list[MetricRow]:
+        """`of_job`'s rows at its last ``steps`` (task, step) pairs, reading at most ``steps`` rows of each series
+        (task and metric name): a (task, step) among the last ``steps`` overall is among its series' last ``steps``."""
+        rows: list[MetricRow] = []
+        for task, name in self.series(job_id):
+            if task_index in (None, task) and (not names or name in names):
+                where, args = "job_id = ? AND task_index = ? AND name = ?", [job_id, task, name]
+                rows += self._rows.rows(where, args, order_by="step DESC", limit=steps)
+        last = set(sorted({(r["task_index"], r["step"]) for r in rows})[-steps:])
+        return sorted(
+            (r for r in rows if (r["task_index"], r["step"]) in last), key=lambda r: (r["task_index"], r["step"])
+        )
+
+    def series(self, job_id: int) -> list[tuple[int, str]]:
+        """(task index, metric name) of each series the job reported, one primary-key seek each (a skip scan)."""
+
+        def first(sql: str, *args: object) -> Any:
+            return self.ledger.db.execute(f"SELECT min({sql}", [job_id, *args]).fetchone()[0]
+
+        found: list[tuple[int, str]] = []
+        task = first("task_index) FROM metrics WHERE job_id = ?")
+        while task is not None:
+            name = first("name) FROM metrics WHERE job_id = ? AND task_index = ?", task)
+            while name is not None:
+                found.append((task, name))
+                name = first("name) FROM metrics WHERE job_id = ? AND task_index = ? AND name > ?", task, name)
+            task = first("task_index) FROM metrics WHERE job_id = ? AND task_index > ?", task)
+        return found
 
     def after(self, job_id: int, task_index: int, rowid: int) -> list[tuple[int, str, int, float, float | None]]:
         """(rowid, name, step, value, time) of the task's values written after ``rowid`` (a value written again,

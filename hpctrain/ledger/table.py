@@ -52,10 +52,19 @@ class Table(Generic[Row]):
             db.table(self.name).delete(key)
 
     def rows(
-        self, where: str | None = None, params: Any = None, order_by: str | None = None, limit: int | None = None
+        self,
+        where: str | None = None,
+        params: Any = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+        index: str | None = None,
     ) -> list[Row]:
-        found = self.ledger.db.table(self.name).rows_where(where, params, order_by=order_by, limit=limit)
-        return cast("list[Row]", list(found))
+        """The rows ``where`` holds; through ``index`` alone when given (a plan that holds whatever the statistics)."""
+        sql = f'SELECT * FROM "{self.name}"' + (f" INDEXED BY {index}" if index else "")
+        sql += (f" WHERE {where}" if where else "") + (f" ORDER BY {order_by}" if order_by else "")
+        cursor = self.ledger.db.execute(sql + (f" LIMIT {int(limit)}" if limit is not None else ""), params or [])
+        columns = [c[0] for c in cursor.description]
+        return cast("list[Row]", [dict(zip(columns, r, strict=True)) for r in cursor])
 
     def first(self, where: str, params: Any, order_by: str | None = None) -> Row | None:
         found = self.rows(where, params, order_by, limit=1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from hpctrain.jobs.accounting import settle
 from hpctrain.ledger import Ledger
@@ -30,7 +30,8 @@ def _spec(name: str, i: int) -> str:
 def make_history(path: Path, jobs: int, sweeps: int, metric_rows: int, now: float, days: float = 365,
                  seed: int = 0) -> None:
     """``jobs`` jobs over the ``days`` before ``now`` (one array job of TRIALS_PER_SWEEP tasks per sweep among them,
-    the newest ACTIVE still running), each with one run (a tenth requeued once), two events, two checkpoints,
+    the newest ACTIVE still running), each with one run (a tenth requeued once; half the cancelled ones cancelled
+    before they started, their run undecided as sacct left it), two events, two checkpoints,
     and ``metric_rows`` metric rows (STEPS_PER_JOB steps of loss for as many jobs as that takes); the runs of the
     settled jobs kept (`hpctrain.jobs.accounting.settle`)."""
     rnd = random.Random(seed)
@@ -74,8 +75,9 @@ def _rows(rnd: random.Random, indices: range, jobs: int, first: float, now: floa
         jid, submitted = i + 1, first + i * (now - first) / jobs
         active = i >= jobs - ACTIVE
         state = rnd.choice(("RUNNING", "PENDING")) if active else rnd.choice(ENDED)
-        started = submitted + 60 if state != "PENDING" else None
-        ended = None if started is None or active else started + rnd.uniform(600, 4 * 3600)
+        unstarted = state == "CANCELLED" and rnd.random() < 0.5  # cancelled while pending
+        started = submitted + 60 if state != "PENDING" and not unstarted else None
+        ended = None if active else submitted + 600 if unstarted else started + rnd.uniform(600, 4 * 3600)
         sweep_id = f"sweep-{i}" if i in sweep_jobs else None
         if sweep_id:
             out["sweeps"].append((sweep_id, sweep_id, "random", "DONE", "{}", submitted, ended))
@@ -87,6 +89,9 @@ def _rows(rnd: random.Random, indices: range, jobs: int, first: float, now: floa
                             int(bool(sweep_id)), state, submitted, started, ended, _spec(f"job-{i % 997}", i), jid,
                             f"/shared/logs/job-{i}", sweep_id, submitted, None if ended is None else ended + 300))
         out["events"].append((submitted, "submitted", jid, f"slurm job {10_000 + i}"))
+        if unstarted:  # sacct lists the run that never started; no batch script decided on it
+            out["attempts"].append((jid, -1, 0, str(10_000 + i), state, None, None, ended, "0:0", 0, 0, "cancelled",
+                                    None, None))
         if started is None:
             continue
         runs = 2 if ended and rnd.random() < 0.1 else 1
@@ -127,8 +132,8 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
     """Each command's work on the ledger as the CLI does it (its Slurm calls answered by QuietSlurm): `status`
     (active jobs), `status --all`, `show` of a job with metrics, `cost --since` a week, `report --account` over 30
     days, and a sweep tick (cron's: reconcile with supervision, then the active sweeps)."""
-    from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.accounting import totals, usage
+    from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.poll import job_summaries
     from hpctrain.jobs.reconcile import reconcile

@@ -22,20 +22,23 @@ def add_steps(ledger, job_id, steps, start, wait_s, step_s=1.0):
 def test_stalled_and_data_bound_jobs_are_flagged(isolated_ledger):
     now = time.time()
     with Ledger(isolated_ledger) as ledger:
-        for name in ("healthy", "stalled", "starved", "silent", "done"):
+        for name in ("healthy", "stalled", "starved", "silent", "done", "requeued"):
             state = "COMPLETED" if name == "done" else "RUNNING"
             Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": state})
         add_steps(ledger, 1, range(1, 30), now - 40, wait_s=0.05)
         add_steps(ledger, 2, range(1, 30), now - 3600, wait_s=0.05)
         add_steps(ledger, 3, range(1, 60), now - 70, wait_s=0.6)
-        ledger.attempts.record(4, -1, 0, started_at=now - 1200)
+        ledger.attempts.record(4, -1, 0, started_at=now - 1200)  # reports no steps (a plain command): no stall clock
         add_steps(ledger, 5, range(1, 30), now - 9000, wait_s=0.9)
+        add_steps(ledger, 6, range(1, 30), now - 9000, wait_s=0.05)
+        ledger.attempts.record(6, -1, 0, started_at=now - 9100)
+        ledger.attempts.record(6, -1, 1, started_at=now - 1200)
         jobs = Table(ledger, "jobs").rows()
         found = job_alerts(ledger, jobs, LIMITS, now=now)
-    assert set(found) == {2, 3, 4}
+    assert set(found) == {2, 3, 6}
     assert found[2] == ["stalled: no training step for 60 min"]
     assert found[3] == ["data-bound: 60% of step time waiting for data (last 20 steps)"]
-    assert found[4] == ["stalled: no training step for 20 min (none since the run started)"]
+    assert found[6] == ["stalled: no training step for 20 min (none since the run started)"]
 
 
 def test_metrics_command_pivots_steps(isolated_ledger):

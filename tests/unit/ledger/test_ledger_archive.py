@@ -3,18 +3,18 @@ or duplicated, a submission or sweep still running stays whole, and the file shr
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 
 import pytest
+from helpers.cli import run_cli
+from helpers.ledger import DAY, make_history
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.archive import JOB_TABLES, archive, vacuum
 from hpctrain.ledger.table import Table
-
-from helpers.cli import run_cli
-from helpers.ledger import DAY, make_history
 
 TABLES = ("sweeps", "jobs", *JOB_TABLES)
 
@@ -82,6 +82,29 @@ def test_the_archive_of_another_ledger_is_refused(history, tmp_path):
     assert (counts(path), counts(other)) == before
 
 
+def test_an_archive_the_disk_cannot_hold_is_refused_first(history, tmp_path, monkeypatch):
+    """Half of a ledger's jobs moved write about 1.5 times its size (the archive, its WAL, the ledger's WAL)."""
+    path, now = history
+    before = counts(path)
+    size = path.stat().st_size
+    monkeypatch.setattr(shutil, "disk_usage", lambda d: shutil._ntuple_diskusage(10 * size, 9 * size, size))
+    with Ledger(path) as ledger, pytest.raises(HpctrainError, match=r"archiving [\d,]+ jobs needs about .* GiB free"
+                                                                    r" there, .* GiB is: nothing was moved"):
+        archive(ledger, tmp_path / "archive.db", now - 180 * DAY)
+    assert counts(path) == before and counts(tmp_path / "archive.db")["jobs"] == 0
+
+
+def test_the_ledger_makes_its_planner_statistics(history):
+    """A ledger without statistics (never analysed, as before schema v15) gets them when opened; archive and vacuum
+    make them again for what remains."""
+    path, now = history
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE sqlite_stat1")
+    with Ledger(path) as ledger:
+        analysed = {r[0] for r in ledger.db.execute("SELECT tbl FROM sqlite_stat1")}
+    assert {"jobs", "attempts", "metrics", "events"} <= analysed
+
+
 def test_the_cli_archives_then_vacuums(history, tmp_path):
     path, _ = history
     env = {"HPCTRAIN_LEDGER": str(path)}
@@ -101,9 +124,9 @@ def test_the_cli_archives_then_vacuums(history, tmp_path):
 def test_registered_and_evaluated_jobs_stay_with_what_they_reference(tmp_path):
     """A job with a model version stays, and its evaluation job with it; an evaluated job and its evaluation job
     move together, the evaluation's row too; a job that was exported moves with its export row."""
-    from hpctrain.registry.versions import register
-
     from helpers.registry import evaluated, job_with_checkpoints
+
+    from hpctrain.registry.versions import register
 
     path, long_ago = tmp_path / "ledger.db", time.time() - 400 * DAY
     with Ledger(path) as ledger:

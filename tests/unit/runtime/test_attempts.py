@@ -8,11 +8,19 @@ import sys
 import pytest
 
 from hpctrain.jobs.poll import Poller
+from hpctrain.jobs.supervise import supervise
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.table import Table
-from hpctrain.runtime.attempts import Outcome, decide, fill_end_steps, journal_outcomes, latest_committed_step, stalled_streak
+from hpctrain.runtime.attempts import (
+    Outcome,
+    decide,
+    fill_end_steps,
+    journal_outcomes,
+    latest_committed_step,
+    stalled_streak,
+)
 from hpctrain.slurm.parse import parse_parsable_with_header
 from hpctrain.slurm.sacct import histories
 
@@ -234,6 +242,63 @@ def test_an_arrays_own_id_without_a_task_index_is_no_task(tmp_path):
         Poller(ledger, Recorded(), "dev").refresh()
         assert [(a["task_index"], a["state"]) for a in ledger.attempts.of_job(1)] == [(0, "RUNNING")]
         assert ledger.jobs.get(1)["state"] == "RUNNING"
+
+
+SACCT_HEADER = "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+
+
+class Recorded:
+    """A Slurm whose sacct answers with the lines given."""
+
+    def __init__(self, lines: str):
+        self.lines = lines
+
+    def sacct(self, ids, fields):
+        return parse_parsable_with_header(SACCT_HEADER + self.lines)
+
+
+def undecided(ledger) -> list[tuple]:
+    return ledger.db.execute("SELECT job_id, task_index, attempt FROM attempts WHERE requeued IS NULL").fetchall()
+
+
+def test_runs_that_nothing_decides_on_are_decided(tmp_path):
+    """A job cancelled before it started has a run in sacct and no batch script to decide on it; a run Slurm
+    requeued by itself is followed by the next: reconcile's supervision decides both, the running run stays open."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        Table(ledger, "jobs").insert_all([
+            {"name": "never", "site": "dev", "slurm_job_id": "11", "state": "PENDING", "spec_json": "{}"},
+            {"name": "again", "site": "dev", "slurm_job_id": "12", "state": "RUNNING", "spec_json": "{}"}])
+        slurm = Recorded(
+            "11|CANCELLED|0:0|2026-11-27T06:00:00|None|2026-11-27T06:05:00|None assigned||None\n"
+            "12|PREEMPTED|0:15|2026-11-27T06:00:00|2026-11-27T06:00:01|2026-11-27T06:10:00|n1||None\n"
+            "12|RUNNING|0:0|2026-11-27T06:10:00|2026-11-27T06:11:00|Unknown|n2||None\n")
+        Poller(ledger, slurm, "dev").refresh()
+        assert ledger.jobs.get(1)["state"] == "CANCELLED" and undecided(ledger) == [(1, -1, 0), (2, -1, 0), (2, -1, 1)]
+        assert supervise(ledger, slurm, "dev") == []
+        assert undecided(ledger) == [(2, -1, 1)]
+        assert [(a["requeued"], a["decision"]) for a in ledger.attempts.of_job(1) + ledger.attempts.of_job(2)[:1]] == [
+            (0, "no more runs: CANCELLED"), (1, "requeued by Slurm")]
+
+
+def test_a_second_poll_with_nothing_new_writes_no_row(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "9", "is_array": 1,
+                                      "state": "PENDING", "spec_json": "{}"})
+        ledger.db.table("array_tasks").insert_all({"job_id": 1, "task_index": t, "param_index": t} for t in range(3))
+        lines = ("9_0|COMPLETED|0:0|2026-11-27T06:00:00|2026-11-27T06:00:01|2026-11-27T06:09:00|n1||None\n"
+                 "9_1|RUNNING|0:0|2026-11-27T06:00:00|2026-11-27T06:00:01|Unknown|n2||None\n"
+                 "9_[2]|PENDING|0:0|2026-11-27T06:00:00|Unknown|Unknown|None assigned||Priority\n")
+        poller = Poller(ledger, Recorded(lines), "dev")
+        assert poller.refresh() == 1
+        conn = ledger.db.conn
+        before = conn.total_changes
+        assert poller.refresh() == 0 and conn.total_changes == before
+        poller.client = Recorded(lines.replace("9_1|RUNNING|0:0", "9_1|FAILED|1:0").replace(
+            "Unknown|n2", "2026-11-27T06:10:00|n2"))
+        poller.refresh()
+        assert ledger.jobs.task_states(1) == {0: "COMPLETED", 1: "FAILED", 2: "PENDING"}
+        assert [(a["task_index"], a["state"], a["cause"]) for a in ledger.attempts.of_job(1)] == [
+            (0, "COMPLETED", "completed"), (1, "FAILED", "error"), (2, "PENDING", None)]
 
 
 @pytest.mark.parametrize("exit_code, signal_name, state, want", [
