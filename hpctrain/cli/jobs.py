@@ -140,7 +140,9 @@ def _status_table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
 )
 @click.option("--count", type=click.IntRange(1, 10**9), default=None, help="stop --watch after this many polls")
 @click.option("--no-refresh", is_flag=True, help="show the ledger as it is, without asking Slurm")
-@click.option("--limit", type=click.IntRange(1, 10**9), default=200, show_default=True, help="rows shown")
+@click.option(
+    "--limit", type=click.IntRange(1, 10**9), default=200, show_default=True, help="jobs shown with --all (active: all)"
+)
 def status(
     site: str | None,
     show_all: bool,
@@ -152,33 +154,37 @@ def status(
     no_refresh: bool,
     limit: int,
 ) -> None:
-    """Tracked jobs: one sacct call per poll for all of them (and their journals), cached in the ledger;
-    running jobs that stalled or wait on data are flagged."""
+    """Every active submission on one line (an array's tasks counted by state, why it waits, its restarts): one
+    sacct call per poll for all of them (and their journals), cached in the ledger; running jobs that stalled or
+    wait on data are flagged."""
     from hpctrain.jobs.alerts import job_alerts
-    from hpctrain.jobs.pending import waiting
-    from hpctrain.jobs.poll import job_summaries, next_interval
+    from hpctrain.jobs.pending import waiting, waits
+    from hpctrain.jobs.poll import job_summaries, next_interval, submissions
     from hpctrain.jobs.reconcile import reconcile
 
     cfg, ledger, client = open_site(site)
     console = make_console()
     wait, polls = interval, 0
-    waits: dict[int, str] = {}
-    waits_at = -WAITS_EVERY_S
+    reasons: dict[int, str] = {}
+    reasons_at = -WAITS_EVERY_S
     with ledger:
         while True:
             # Backs off on job state changes only: new metrics arrive all the time.
             changed = 0 if no_refresh else warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
             polls += 1
-            rows = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
+            rows = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
             alerts = job_alerts(ledger, rows, cfg.alerts)
             # Why jobs wait is the controller's to say (one squeue): once a run, at most once a minute under --watch.
-            if not no_refresh and time.monotonic() - waits_at >= WAITS_EVERY_S:
-                waits, waits_at = waiting(rows, client, lambda: quota_limits(cfg, client, ledger)), time.monotonic()
-            pending = {r["id"] for r in rows if r["state"] == "PENDING"}
-            waits = {job_id: why for job_id, why in waits.items() if job_id in pending}
+            if not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S:
+                reasons = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
+                reasons_at = time.monotonic()
+            pending = {r["id"] for r in rows if waits(r)}
+            reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
             if as_json:
                 click.echo(
-                    json.dumps([{**r, "alerts": alerts.get(r["id"], []), "waiting": waits.get(r["id"])} for r in rows])
+                    json.dumps(
+                        [{**r, "alerts": alerts.get(r["id"], []), "waiting": reasons.get(r["id"])} for r in rows]
+                    )
                 )
             elif not rows:
                 console.print(
@@ -190,7 +196,7 @@ def status(
                 console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
                 for job_id, found in alerts.items():
                     console.print(f"  [bold red]job {job_id}[/]: {'; '.join(found)}")
-                for job_id, why in waits.items():
+                for job_id, why in reasons.items():
                     console.print(f"  job {job_id} waits: {why}")
             if not watch or (count is not None and polls >= count):
                 return

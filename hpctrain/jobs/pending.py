@@ -93,13 +93,18 @@ def _numbers(lim: Limit) -> str:
     return f"{number(lim.used)} of {number(lim.limit)} {lim.unit} {'spent' if lim.how == 'spent' else 'in use'}"
 
 
+def waits(job: Mapping[str, Any]) -> bool:
+    """Whether the job (a ledger row or summary) is pending, or is an array with tasks pending."""
+    return job["state"] == "PENDING" or "PENDING:" in (job.get("task_states") or "")
+
+
 def waiting(
     jobs: Sequence[Mapping[str, Any]], client: SlurmClient, limits: Callable[[], list[Limit]]
 ) -> dict[int, str]:
-    """Why each PENDING job among ``jobs`` (ledger rows or summaries) waits, in words: the controller's reason
-    (one squeue call, only when a job is pending; an array's from its first pending task) and, when a
+    """Why each job among ``jobs`` (ledger rows or summaries) that `waits` does, in words: the controller's reason
+    (one squeue call, only when a job waits; an array's from its first pending task) and, when a
     reason names a limit, that limit's numbers (``limits()``, one more Slurm call)."""
-    pending = {job["slurm_job_id"]: job for job in jobs if job["state"] == "PENDING" and job.get("slurm_job_id")}
+    pending = {job["slurm_job_id"]: job for job in jobs if waits(job) and job.get("slurm_job_id")}
     if not pending:
         return {}
     try:

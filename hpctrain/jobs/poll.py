@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from typing import Any
 
 from hpctrain.errors import SlurmError
@@ -116,8 +117,39 @@ def next_interval(current: float, start: float, maximum: float, changed: bool) -
 
 
 def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: int = 200) -> list[JobSummary]:
-    """One row per tracked job, newest first, with array task counts, restarts and preemptions (one query)."""
-    return ledger.jobs.summaries(site, TERMINAL, active_only, limit)
+    """One row per tracked job, newest first, with array task counts, restarts and preemptions (one query): every
+    active job with ``active_only`` (``limit`` then does not apply), else the newest ``limit``."""
+    return ledger.jobs.summaries(site, TERMINAL, active_only, -1 if active_only else limit)
+
+
+def submissions(rows: list[JobSummary]) -> list[JobSummary]:
+    """One row per submission, in the order of ``rows``: the jobs of an array split past MaxArraySize (one group)
+    as one, under its first job's id and name, with every part's Slurm id, its tasks' states counted together, and
+    the restarts and preemptions of all."""
+    groups: dict[int, list[JobSummary]] = {}
+    for r in rows:
+        groups.setdefault(r["group_id"] or r["id"], []).append(r)
+    out = []
+    for parts in groups.values():
+        parts.sort(key=lambda r: r["id"])
+        counts: Counter[str] = Counter()
+        for part in parts:
+            for item in filter(None, (part["task_states"] or "").split(",")):
+                state, n = item.rsplit(":", 1)
+                counts[state] += int(n)
+        merged = parts[0].copy()
+        merged.update(
+            {
+                "slurm_job_id": ",".join(p["slurm_job_id"] or "-" for p in parts),
+                "state": array_state([p["state"] for p in parts]) if len(parts) > 1 else parts[0]["state"],
+                "tasks": sum(p["tasks"] for p in parts),
+                "task_states": ",".join(f"{s}:{n}" for s, n in sorted(counts.items())) or None,
+                "restarts": sum(p["restarts"] for p in parts),
+                "preemptions": sum(p["preemptions"] for p in parts),
+            }
+        )
+        out.append(merged)
+    return out
 
 
 def wait_finished(ledger: Ledger, client: SlurmClient, site: str, ledger_ids: list[int]) -> dict[int, str]:

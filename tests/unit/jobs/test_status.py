@@ -88,3 +88,34 @@ def test_backoff_doubles_to_the_cap_and_resets_on_change():
         wait = next_interval(wait, 5.0, 300.0, changed)
         waits.append(wait)
     assert waits == [10, 20, 40, 80, 160, 300, 300, 300, 5, 10]
+
+
+def test_status_shows_every_active_submission_an_array_split_in_parts_as_one(tmp_path):
+    """Past the 200 rows `status --all` shows, every active job is there; the two jobs of an array split past
+    MaxArraySize are one line with their tasks counted together."""
+    from hpctrain.jobs.poll import job_summaries, submissions
+    from hpctrain.ledger import Ledger
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        for i in range(250):
+            ledger.jobs.submitted(ledger.jobs.record({"name": f"plain-{i}", "site": "dev"}), str(100 + i))
+        first = ledger.jobs.record({"name": "big", "site": "dev", "is_array": 1},
+                                   [{"task_index": t, "param_index": t} for t in range(3)])
+        second = ledger.jobs.record({"name": "big", "site": "dev", "is_array": 1, "group_id": first},
+                                    [{"task_index": t, "param_index": 3 + t} for t in range(2)])
+        for job, slurm_id, states in ((first, "900", ("RUNNING", "COMPLETED", "RUNNING")),
+                                      (second, "901", ("PENDING", "PENDING"))):
+            ledger.jobs.submitted(job, slurm_id)
+            for t, state in enumerate(states):
+                ledger.jobs.set_task_state(job, t, state, 1 if t == 0 else 0)
+            ledger.jobs.set_state(job, array_state(list(states)))
+        ledger.attempts.record(first, 0, 0, state="PREEMPTED", cause="preemption")
+        ledger.attempts.record(first, 0, 1, state="RUNNING")
+        ledger.attempts.record(second, 1, 0, state="PENDING")
+        rows = submissions(job_summaries(ledger, "dev", active_only=True))
+        assert len(job_summaries(ledger, "dev", limit=200)) == 200
+    assert len(rows) == 251 and {r["name"] for r in rows[1:]} == {f"plain-{i}" for i in range(250)}
+    big = rows[0]
+    assert (big["id"], big["slurm_job_id"], big["state"], big["tasks"], big["task_states"]) == (
+        first, "900,901", "RUNNING", 5, "COMPLETED:1,PENDING:2,RUNNING:2")
+    assert (big["restarts"], big["preemptions"]) == (1, 1)
