@@ -9,11 +9,21 @@ running; each ended one with its run, events and checkpoints; sweeps as arrays o
 and kept under /var/tmp/hpctrain-bench-ledger for later runs. Slurm answers nothing (what Slurm costs is
 benchmarks/submit_sweep.py's): each figure is the ledger's and hpctrain's own time, the median of the repeats
 after one warm-up (imports, page cache). Goal (issue 20): each under 1 s and not growing with the history.
+
+    .venv/bin/python benchmarks/ledger_scale.py --heavy [--jobs 1000000] [--repeats 5]
+
+A heavy user's year instead (issue 41; tests/helpers/heavy_ledger.py): many runs per job, 2,000 active jobs with
+24,000 active array tasks, heavy-tailed metrics, runs cancelled before they started; Slurm answers for the active
+jobs (nothing new). Each command runs in a process of its own, on the ledger as generated (no planner statistics,
+as users' ledgers were) and again once analysed: its median, and the process's peak RSS. Goals: each <= 1 s (cost
+and report over 30 days <= 2 s), RSS <= 200 MB, a year / its last 40 days <= 1.3.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import statistics
 import sys
 import time
@@ -26,6 +36,7 @@ from hpctrain.ledger import Ledger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
+from helpers.heavy_ledger import make_heavy_history  # noqa: E402
 from helpers.ledger import SITE, commands, make_history  # noqa: E402
 
 CACHE = Path("/var/tmp/hpctrain-bench-ledger")
@@ -67,13 +78,89 @@ def timings(path: Path, now: float, repeats: int) -> dict[str, float]:
     return out
 
 
+def heavy_ledger_of(jobs: int, days: float) -> tuple[Path, float, dict[str, int]]:
+    """The heavy ledger of this size (made once), the time it was made as of, and the ids to time."""
+    path = CACHE / f"heavy-{jobs}-{days:g}d.db"
+    stamp = path.with_suffix(".json")
+    if not stamp.exists():
+        for stale in CACHE.glob(path.name + "*"):
+            stale.unlink()
+        CACHE.mkdir(parents=True, exist_ok=True)
+        now, t0 = time.time(), time.perf_counter()
+        ids = make_heavy_history(path, jobs, now, days)
+        print(f"generated {path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        stamp.write_text(json.dumps({"now": now, "ids": ids}))
+    made = json.loads(stamp.read_text())
+    return path, made["now"], made["ids"]
+
+
+def _heavy_child(path: Path, now: float, ids: dict[str, int], name: str, analysed: bool, repeats: int):
+    """In a process of its own: the command's median seconds and the process's peak RSS (MiB)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from helpers.heavy_ledger import heavy_commands
+
+    run = heavy_commands(load_site("dev"), ids)[name]
+    with Ledger(path) as ledger:
+        conn = ledger.db.conn
+        if analysed:
+            ledger.analyze()
+        else:
+            conn.execute("DELETE FROM sqlite_stat1")
+            conn.commit()
+            conn.execute("ANALYZE sqlite_schema")  # the planner forgets what opening the ledger made
+        run(ledger, now)  # warm-up: what a first run writes (a poll's first answers, decisions)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run(ledger, now)
+            times.append(time.perf_counter() - t0)
+    # This process's own peak (VmHWM): ru_maxrss would count the parent's memory the spawn forked before its exec.
+    peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    return statistics.median(times), peak_kb / 1024
+
+
+def heavy(args: argparse.Namespace) -> None:
+    from helpers.heavy_ledger import heavy_commands
+
+    part = RECENT_DAYS / 365
+    ledgers = {"year": heavy_ledger_of(args.jobs, 365), "recent": heavy_ledger_of(round(args.jobs * part), RECENT_DAYS)}
+    names = list(heavy_commands(load_site("dev"), {}))
+    results: dict[tuple[str, bool, str], tuple[float, float]] = {}
+    pool = multiprocessing.get_context("spawn")
+    for analysed in (False, True):
+        for which, (path, now, ids) in ledgers.items():
+            for name in names:
+                with pool.Pool(1) as child:
+                    results[which, analysed, name] = child.apply(_heavy_child, (path, now, ids, name, analysed,
+                                                                                args.repeats))
+    size_gb = ledgers["year"][0].stat().st_size / 2**30
+    print(f"heavy mix, {args.jobs:,} jobs ({size_gb:.1f} GiB), median of {args.repeats}: s (peak RSS MiB)")
+    print(f"  {'command':34}{'no statistics':>22}{'analysed':>22}{'year/40 days':>14}")
+    for name in names:
+        cells = [f"{results['year', a, name][0]:9.3f} ({results['year', a, name][1]:4.0f})" for a in (False, True)]
+        ratio = results["year", False, name][0] / results["recent", False, name][0]
+        print(f"  {name:34}{cells[0]:>22}{cells[1]:>22}{ratio:14.2f}")
+        goal = 2.0 if "30" in name else 1.0
+        for analysed in (False, True):
+            seconds, rss = results["year", analysed, name]
+            how = "analysed" if analysed else "no statistics"
+            figure(f"heavy {name}, {args.jobs:,} jobs, {how}", seconds, "s", f"<= {goal:g} s (issue 41)",
+                   seconds <= goal)
+            figure(f"heavy {name}, peak RSS, {how}", rss, "MiB", "<= 200 MiB (issue 41)", rss <= 200)
+        figure(f"heavy {name}, a year / its last {RECENT_DAYS} days", ratio, "x", "<= 1.3 (issue 41)", ratio <= 1.3)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--sweeps", type=int, default=10_000)
     parser.add_argument("--metrics", type=int, default=10_000_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--heavy", action="store_true", help="a heavy user's year (issue 41)")
     args = parser.parse_args()
+    if args.heavy:
+        heavy(args)
+        return
     part = RECENT_DAYS / 365
     small_path, small_now = ledger_of(*(round(n * part) for n in (args.jobs, args.sweeps, args.metrics)), RECENT_DAYS)
     large_path, large_now = ledger_of(args.jobs, args.sweeps, args.metrics, 365)

@@ -31,19 +31,26 @@ class Poller:
             return 0
         ids = [j["slurm_job_id"] for j in jobs]
         try:
-            found, self.warning = sacct.histories(self.client.sacct(ids, sacct.FIELDS)), None
+            found, self.warning = sacct.by_job(self.client.sacct(ids, sacct.FIELDS)), None
         except SlurmError as exc:
             # slurmdbd down: the controller still knows pending, running and recently ended jobs.
-            found = sacct.histories(self.client.squeue_states(ids))
+            found = sacct.by_job(self.client.squeue_states(ids))
             self.warning = f"{exc}; job states from squeue until accounting is back (no attempt history)"
-        changed = 0
+        changed, digests = 0, {}
         with self.ledger.transaction():
             for job in jobs:
-                tasks = found.get(job["slurm_job_id"], {})
+                rows = found.get(job["slurm_job_id"], [])
+                digest = sacct.digest(rows) if self.warning is None else None
+                if not rows or (digest is not None and digest == job["sacct_digest"]):
+                    continue  # nothing new since the last poll: nothing to read or write
+                tasks = sacct.histories(rows).get(job["slurm_job_id"], {})
                 if job["is_array"]:  # a row under the array's own id without a task index names no task
                     tasks.pop(-1, None)
                 if tasks and self._apply(job, tasks, attempts_known=self.warning is None):
                     changed += 1
+                if digest is not None:
+                    digests[job["id"]] = digest
+            self.ledger.jobs.polled(digests)
         return changed
 
     def _apply(self, job: SubmittedJob, tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
@@ -52,6 +59,9 @@ class Poller:
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
         known = {(a["task_index"], a["attempt"]): a for a in self.ledger.attempts.of_job(job["id"])}
+        last_known: dict[int, int] = {}
+        for task_index, attempt in known:
+            last_known[task_index] = max(attempt, last_known.get(task_index, -1))
         task_rows = {t["task_index"]: t for t in self.ledger.jobs.tasks(job["id"])} if job["is_array"] else {}
         runs: dict[tuple[int, int], AttemptFields] = {}
         for index, history in tasks.items():
@@ -73,7 +83,7 @@ class Poller:
                 row = known.get((index, base + n))
                 if row is None or any(row.get(k) != v for k, v in run.items()):
                     runs[index, base + n] = run
-            if attempts_known and any(t == index and n >= base + len(history.attempts) for t, n in known):
+            if attempts_known and last_known.get(index, -1) >= base + len(history.attempts):
                 self.ledger.attempts.drop_unstarted_from(job["id"], index, base + len(history.attempts))
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
             # not list yet: still requeued, not finished.

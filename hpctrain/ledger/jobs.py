@@ -7,7 +7,7 @@ States are Slurm's (plus SUBMITTING, SUBMIT_FAILED, REQUEUED); which are final i
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.errors import LedgerError
@@ -96,6 +96,12 @@ class Jobs:
         """The job goes on under a new Slurm id (its script submitted again), its runs numbered on from
         ``attempt_base``."""
         self._rows.update(job_id, {"slurm_job_id": slurm_job_id, "attempt_base": attempt_base})
+
+    def polled(self, digests: Mapping[int, str]) -> None:
+        """What sacct said of these jobs, folded in (job id -> digest of its rows): the next poll skips a job whose
+        rows are the same, until something else changes it (schema v15's triggers forget the digest)."""
+        with self.ledger.transaction() as db:
+            db.conn.executemany("UPDATE jobs SET sacct_digest = ? WHERE id = ?", [(d, i) for i, d in digests.items()])
 
     def set_state(self, job_id: int, state: str, **times: Unpack[JobTimes]) -> None:
         """A new state from Slurm or from hpctrain's own decision, with its start and end where they change with it."""

@@ -64,6 +64,7 @@ class _JobColumns(TypedDict):
     attempt_base: int
     journal_read_at: float | None
     usage_settled_at: float | None
+    sacct_digest: str | None
 
 
 class JobRow(_JobColumns):

@@ -330,6 +330,22 @@ MIGRATIONS: list[list[str]] = [
         )""",
         "CREATE INDEX jobs_submitted ON jobs(site, submitted_at)",
     ],
+    # 15: what sacct last said of each active job (a digest of its rows): a poll folds in only the jobs whose rows
+    # changed. Whatever else changes what a poll would make of them (a run decided, a state set by hpctrain)
+    # forgets the digest.
+    [
+        "ALTER TABLE jobs ADD COLUMN sacct_digest TEXT",
+        """CREATE TRIGGER attempts_new_forget_digest AFTER INSERT ON attempts BEGIN
+            UPDATE jobs SET sacct_digest = NULL WHERE id = NEW.job_id AND sacct_digest IS NOT NULL; END""",
+        """CREATE TRIGGER attempts_decided_forget_digest AFTER UPDATE OF requeued ON attempts
+            WHEN NEW.requeued IS NOT OLD.requeued BEGIN
+            UPDATE jobs SET sacct_digest = NULL WHERE id = NEW.job_id AND sacct_digest IS NOT NULL; END""",
+        """CREATE TRIGGER jobs_state_forget_digest AFTER UPDATE OF state, attempt_base, slurm_job_id ON jobs
+            WHEN NEW.sacct_digest IS NOT NULL BEGIN UPDATE jobs SET sacct_digest = NULL WHERE id = NEW.id; END""",
+        """CREATE TRIGGER tasks_state_forget_digest AFTER UPDATE OF state ON array_tasks
+            WHEN NEW.state IS NOT OLD.state BEGIN
+            UPDATE jobs SET sacct_digest = NULL WHERE id = NEW.job_id AND sacct_digest IS NOT NULL; END""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -9,6 +9,7 @@ one run here, its GPU-seconds the parts' sum.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -76,6 +77,21 @@ class TaskHistory:
     @property
     def restarts(self) -> int:
         return len(self.attempts) - 1
+
+
+def by_job(rows: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
+    """sacct rows -> {base job id: its rows, in sacct's order}; rows of job steps left out."""
+    out: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        if m := _JOBID.match(row["JobID"]):
+            out.setdefault(m[1], []).append(row)
+    return out
+
+
+def digest(rows: list[dict[str, str]]) -> str:
+    """A job's sacct rows in a few bytes: equal digests, nothing new to fold in."""
+    text = "\n".join("|".join(f"{k}={v}" for k, v in row.items()) for row in rows)
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:

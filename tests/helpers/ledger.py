@@ -20,7 +20,8 @@ STEPS_PER_JOB = 1000  # of the jobs with metrics (the rest journaled none)
 ACTIVE = 50  # jobs running or pending now, the newest ones
 
 
-def _spec(name: str, i: int) -> str:
+def spec_of(name: str, i: int) -> str:
+    """A job's spec as the ledger keeps it (JSON)."""
     return json.dumps({"name": name, "command": ["python", "train.py", "--run", str(i)], "seed": i,
                        "resources": {"nodes": 2, "gpus_per_node": 4, "time": 14400, "account": "auto"},
                        "parallel": {"dp": 2, "tp": 2, "pp": 2}, "checkpoint": {"every_steps": 500},
@@ -40,13 +41,8 @@ def make_history(path: Path, jobs: int, sweeps: int, metric_rows: int, now: floa
     with Ledger(path) as ledger:
         db = ledger.db.conn
         for first in range(0, jobs, 100_000):
-            rows = _rows(rnd, range(first, min(first + 100_000, jobs)), jobs, now - days * DAY, now, sweep_jobs,
-                         with_metrics)
-            for table, values in rows.items():
-                if values:
-                    db.executemany(f"INSERT INTO {table} ({', '.join(COLUMNS[table])}) "
-                                   f"VALUES ({', '.join('?' * len(COLUMNS[table]))})", values)
-            db.commit()
+            insert(db, _rows(rnd, range(first, min(first + 100_000, jobs)), jobs, now - days * DAY, now, sweep_jobs,
+                             with_metrics))
         settle(ledger, SITE, now)  # as reconciles would have, a few each minute
         db.execute("ANALYZE")
 
@@ -68,6 +64,15 @@ COLUMNS = {  # in the order rows are inserted (foreign keys)
 }
 
 
+def insert(db, rows: dict[str, list[tuple]]) -> None:
+    """Rows of COLUMNS' tables, in their order, in one transaction."""
+    for table, values in rows.items():
+        if values:
+            db.executemany(f"INSERT INTO {table} ({', '.join(COLUMNS[table])}) "
+                           f"VALUES ({', '.join('?' * len(COLUMNS[table]))})", values)
+    db.commit()
+
+
 def _rows(rnd: random.Random, indices: range, jobs: int, first: float, now: float, sweep_jobs: set[int],
           with_metrics: set[int]) -> dict[str, list[tuple]]:
     out: dict[str, list[tuple]] = {table: [] for table in COLUMNS}
@@ -86,7 +91,7 @@ def _rows(rnd: random.Random, indices: range, jobs: int, first: float, now: floa
                 out["trials"].append((sweep_id, t, json.dumps({"lr": rnd.uniform(1e-4, 1e-3)}), "completed", jid, t,
                                       rnd.random(), ended))
         out["jobs"].append((jid, f"job-{i % 997}", SITE, "alice", ACCOUNTS[i % 2], "gpu", "normal", str(10_000 + i),
-                            int(bool(sweep_id)), state, submitted, started, ended, _spec(f"job-{i % 997}", i), jid,
+                            int(bool(sweep_id)), state, submitted, started, ended, spec_of(f"job-{i % 997}", i), jid,
                             f"/shared/logs/job-{i}", sweep_id, submitted, None if ended is None else ended + 300))
         out["events"].append((submitted, "submitted", jid, f"slurm job {10_000 + i}"))
         if unstarted:  # sacct lists the run that never started; no batch script decided on it

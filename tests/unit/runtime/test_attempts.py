@@ -299,6 +299,10 @@ def test_a_second_poll_with_nothing_new_writes_no_row(tmp_path):
         assert ledger.jobs.task_states(1) == {0: "COMPLETED", 1: "FAILED", 2: "PENDING"}
         assert [(a["task_index"], a["state"], a["cause"]) for a in ledger.attempts.of_job(1)] == [
             (0, "COMPLETED", "completed"), (1, "FAILED", "error"), (2, "PENDING", None)]
+        # sacct says the same again, but hpctrain requeued the failed task meanwhile: that poll folds it in.
+        ledger.attempts.record(1, 1, 0, requeued=1, decision="requeued by reconcile")
+        poller.refresh()
+        assert ledger.jobs.task_states(1)[1] == "REQUEUED"
 
 
 @pytest.mark.parametrize("exit_code, signal_name, state, want", [

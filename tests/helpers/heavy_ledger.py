@@ -1,0 +1,227 @@
+"""A heavy user's year (issue 41), generated straight into SQLite: many runs per job (preemptions, retries, runs
+cancelled before they started), a few thousand active jobs among them big arrays split past MaxArraySize with tens
+of thousands of active tasks, heavy-tailed metrics (a few jobs of hundreds of thousands of points); and a Slurm that
+answers for the active jobs as the ledger has them (benchmarks/ledger_scale.py --heavy)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+from hpctrain.jobs.accounting import settle
+from hpctrain.ledger import Ledger
+
+from helpers.ledger import ACCOUNTS, COLUMNS, DAY, ENDED, SITE, QuietSlurm, insert, spec_of
+
+MAX_ARRAY = 1000  # tasks of one array job: a submission of more is split in parts, one group
+BIG_ARRAYS = 8  # active submissions of ACTIVE_TASKS // BIG_ARRAYS tasks each
+LONG_JOBS = (500_000, 200_000, 100_000)  # points of the longest jobs' metrics (the newest ended jobs)
+
+
+def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, active: int = 2000,
+                       active_tasks: int = 24_000, seed: int = 0) -> dict[str, int]:
+    """``jobs`` job rows over the ``days`` before ``now``: 60 % plain (1 to 40 runs each, 1 in 12 cancelled before
+    it started), 25 % arrays of heavy-tailed size, 15 % sweeps of 20 trials; the newest ``active`` still active,
+    among them BIG_ARRAYS submissions of ``active_tasks`` tasks in all; 1,000 loss points for one plain job in 50
+    and LONG_JOBS points for three of the newest ended ones. Settled as reconcile would have, without planner statistics.
+    Returns the ids to time: the longest job, and the first part of an active big array."""
+    rnd = random.Random(seed)
+    first_at = now - days * DAY
+    rows: dict[str, list[tuple]] = {table: [] for table in COLUMNS}
+    jid = 0
+    long_jobs = {jobs - active - 1 - k: n for k, n in enumerate(LONG_JOBS)}
+    per_array = active_tasks // BIG_ARRAYS
+    big = set(range(jobs - active, jobs - active + BIG_ARRAYS))
+    picked: dict[str, int] = {}
+    with Ledger(path) as ledger:
+        db = ledger.db.conn
+        for i in range(jobs):
+            submitted = first_at + i * (now - first_at) / jobs
+            live = i >= jobs - active
+            if i in big:
+                group = jid + 1
+                picked.setdefault("big_array", group)
+                for start in range(0, per_array, MAX_ARRAY):
+                    jid += 1
+                    _array(rows, rnd, jid, group, submitted, min(MAX_ARRAY, per_array - start), live=True)
+            else:
+                jid += 1
+                kind = 0.0 if i in long_jobs else rnd.random()
+                if kind < 0.6:
+                    _plain(rows, rnd, jid, submitted, live, long_jobs.get(i, 1000 if rnd.random() < 0.02 else 0))
+                    if long_jobs.get(i) == max(LONG_JOBS):
+                        picked["long_job"] = jid
+                else:
+                    size = TRIALS if kind >= 0.85 else min(int(rnd.paretovariate(1.1) * 3), MAX_ARRAY)
+                    _array(rows, rnd, jid, jid, submitted, size, live, sweep=kind >= 0.85 and not live)
+            if len(rows["jobs"]) >= 20_000 or i == jobs - 1:
+                insert(db, rows)
+                rows = {table: [] for table in COLUMNS}
+        settle(ledger, SITE, now)
+        db.execute("DROP TABLE IF EXISTS sqlite_stat1")  # as users' ledgers were
+        db.commit()
+    return picked
+
+
+TRIALS = 20
+
+
+def _job(rows, jid: int, group: int, submitted: float, state: str, started: float | None, ended: float | None,
+         is_array: bool, sweep_id: str | None = None) -> None:
+    rows["jobs"].append((jid, f"job-{jid % 997}", SITE, "alice", ACCOUNTS[jid % 2], "gpu", "normal", str(10_000 + jid),
+                         int(is_array), state, submitted, started, ended, spec_of(f"job-{jid % 997}", jid), group,
+                         f"/shared/logs/job-{jid}", sweep_id, submitted, None if ended is None else ended + 300))
+    rows["events"].append((submitted, "submitted", jid, f"slurm job {10_000 + jid}"))
+
+
+def _run(rows, jid: int, task: int, n: int, state: str, start: float | None, end: float | None, last: bool,
+         live: bool) -> None:
+    decided = None if live and last else (0 if last else 1)
+    rows["attempts"].append((jid, task, n, str(10_000 + jid) + (f"_{task}" if task >= 0 else ""), state,
+                             None if start is None else "n[1-2]", start, end, "0:0", 8,
+                             None if start is None or end is None else int(end - start),
+                             None if end is None else ("preemption" if not last else state.lower()), decided,
+                             None if decided is None else "-"))
+
+
+def _plain(rows, rnd: random.Random, jid: int, submitted: float, live: bool, points: int) -> None:
+    runs = 1 + min(int(rnd.expovariate(0.25)), 39)
+    if not live and rnd.random() < 1 / 12:  # cancelled while it waited: sacct lists a run that never started
+        _job(rows, jid, jid, submitted, "CANCELLED", None, submitted + 600, False)
+        rows["attempts"].append((jid, -1, 0, str(10_000 + jid), "CANCELLED", None, None, submitted + 600, "0:0", 0, 0,
+                                 "cancelled", None, None))
+        return
+    state = rnd.choice(("RUNNING", "PENDING")) if live else rnd.choice(ENDED)
+    started = submitted + 60
+    span = rnd.uniform(600, 4 * 3600) * runs
+    ended = None if live else started + span
+    for n in range(runs):
+        last = n == runs - 1
+        a, b = started + n * span / runs, started + (n + 1) * span / runs
+        if last and live and state == "PENDING":
+            _run(rows, jid, -1, n, "PENDING", None, None, True, True)
+        else:
+            _run(rows, jid, -1, n, (state if last else "PREEMPTED"), a, None if last and live else b, last, live)
+    _job(rows, jid, jid, submitted, state, started, ended, False)
+    for k in (1, 2):
+        rows["checkpoints"].append((jid, 500 * k, f"/lustre/ckpt/job-{jid}/step_{500 * k:08d}",
+                                    "committed" if k == 2 else "deleted", started + k * 300, 2 << 30))
+    if points:
+        rows["segments"].append((jid, -1, runs - 1, 0, started, started + 30, 0, None, points, 900.0, points,
+                                 started + 930, 0))
+        rows["metrics"] += [(jid, -1, "loss", s, 5.5 / (1 + s / 100), 0, started + 30 + s)
+                            for s in range(1, points + 1)]
+
+
+def _array(rows, rnd: random.Random, jid: int, group: int, submitted: float, size: int, live: bool,
+           sweep: bool = False) -> None:
+    size = max(size, 1)
+    started = submitted + 60
+    ended = None if live else started + rnd.uniform(600, 4 * 3600)
+    sweep_id = f"sweep-{jid}" if sweep else None
+    if sweep_id:
+        rows["sweeps"].append((sweep_id, sweep_id, "random", "DONE", "{}", submitted, ended))
+    states = [rnd.choices(("RUNNING", "PENDING", "COMPLETED"), (3, 6, 1))[0] if live else rnd.choice(ENDED)
+              for _ in range(size)]
+    for t, state in enumerate(states):
+        rows["array_tasks"].append((jid, t, t, "{}", state, ended))
+        if sweep_id:
+            rows["trials"].append((sweep_id, t, json.dumps({"lr": rnd.uniform(1e-4, 1e-3)}),
+                                   "completed", jid, t, rnd.random(), ended))
+        if state == "PENDING":
+            continue
+        runs = 2 if rnd.random() < 0.1 else 1
+        for n in range(runs):
+            last = n == runs - 1
+            end = None if state == "RUNNING" and last else (ended or started + 600) - (runs - 1 - n) * 60
+            _run(rows, jid, t, n, state if last else "PREEMPTED", started + n * 60, end, last,
+                 live and state != "COMPLETED")
+    _job(rows, jid, group, submitted, "RUNNING" if live else ("COMPLETED" if all(s == "COMPLETED" for s in states)
+                                                            else "FAILED"), started, ended, True, sweep_id)
+
+
+def _iso(t: float | None) -> str:
+    return "Unknown" if t is None else datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+class AnsweringSlurm(QuietSlurm):
+    """A Slurm whose sacct lists every run of the active jobs as the ledger has them (pending array tasks as one
+    range row, as sacct prints them): a poll with nothing new."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.rows: dict[str, list[dict[str, str]]] = {}
+        found = ledger.db.execute(
+            "SELECT j.slurm_job_id, j.is_array, a.task_index, a.state, a.started_at, a.ended_at, j.submitted_at "
+            "FROM jobs j INDEXED BY jobs_open JOIN attempts a ON a.job_id = j.id WHERE j.site = ? AND j.ended_at IS "
+            "NULL ORDER BY j.id, a.task_index, a.attempt", [SITE])
+        for slurm_id, is_array, task, state, start, end, submitted in found:
+            self.rows.setdefault(slurm_id, []).append(self._row(
+                slurm_id + (f"_{task}" if is_array else ""), state, submitted, start, end))
+        pending = ledger.db.execute(
+            "SELECT j.slurm_job_id, t.task_index, j.submitted_at FROM jobs j INDEXED BY jobs_open JOIN array_tasks t "
+            "ON t.job_id = j.id WHERE j.site = ? AND j.ended_at IS NULL AND t.state = 'PENDING'", [SITE])
+        ranges: dict[str, list[Any]] = {}
+        for slurm_id, task, submitted in pending:
+            ranges.setdefault(slurm_id, [submitted]).append(task)
+        for slurm_id, (submitted, *tasks) in ranges.items():
+            self.rows.setdefault(slurm_id, []).append(
+                self._row(f"{slurm_id}_[{','.join(map(str, tasks))}]", "PENDING", submitted, None, None))
+
+    @staticmethod
+    def _row(job_id: str, state: str, submitted: float, start: float | None, end: float | None) -> dict[str, str]:
+        elapsed = "0" if start is None else str(int((end or start) - start))
+        return {"JobID": job_id, "State": state, "ExitCode": "0:0", "Submit": _iso(submitted), "Start": _iso(start),
+                "End": _iso(end), "ElapsedRaw": elapsed, "NodeList": "n[1-2]" if start else "None assigned",
+                "AllocTRES": "gres/gpu=8" if start else "", "Reason": "None" if start else "Priority"}
+
+    def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> list[dict[str, str]]:
+        return [row for job_id in job_ids for row in self.rows.get(job_id, [])]
+
+
+def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger, float], object]]:
+    """Each command's work as the CLI does it, Slurm answered by AnsweringSlurm (made from the ledger on first use):
+    the figures issue 41 asks for."""
+    from hpctrain.jobs.accounting import totals, usage
+    from hpctrain.jobs.alerts import job_alerts
+    from hpctrain.jobs.goodput import job_goodput
+    from hpctrain.jobs.pending import waiting
+    from hpctrain.jobs.poll import job_summaries, submissions
+    from hpctrain.jobs.reconcile import reconcile
+    from hpctrain.report import account_report
+    from hpctrain.sweep.tick import tick_all
+
+    slurm: list[AnsweringSlurm] = []
+
+    def client(ledger: Ledger) -> AnsweringSlurm:
+        if not slurm:
+            slurm.append(AnsweringSlurm(ledger))
+        return slurm[0]
+
+    def status(ledger: Ledger, now: float) -> object:
+        reconcile(ledger, client(ledger), SITE, supervise_runs=False)
+        rows = submissions(job_summaries(ledger, SITE, active_only=True))
+        return job_alerts(ledger, rows, site_cfg.alerts, now), waiting(rows, client(ledger), list)
+
+    def show(ledger: Ledger, now: float) -> object:
+        job_id = ids["big_array"]
+        attempts = ledger.attempts.of_job(job_id)
+        ledger.jobs.tasks(job_id), ledger.events.of_job(job_id)
+        return job_goodput(attempts, ledger.segments.of_jobs([job_id]), now)
+
+    def cost(by: str, days: int) -> Callable[[Ledger, float], object]:
+        return lambda ledger, now: totals(usage(ledger, SITE, {}, since=now - days * DAY, now=now), by)
+
+    return {
+        "status": status,
+        "status --all": lambda ledger, now: submissions(job_summaries(ledger, SITE)),
+        f"show, {MAX_ARRAY:,}-task array": show,
+        "metrics --tail 20, longest job": lambda ledger, now: ledger.metrics.tail(ids["long_job"], 20),
+        "cost --since 7d": cost("job", 7),
+        "cost --by account --since 30d": cost("account", 30),
+        "report --account, 30 days": lambda ledger, now: account_report(ledger, site_cfg, "teama", now - 30 * DAY),
+        "sweep tick": lambda ledger, now: tick_all(ledger, client(ledger), site_cfg),
+        "reconcile": lambda ledger, now: reconcile(ledger, client(ledger), SITE),
+    }
