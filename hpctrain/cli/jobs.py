@@ -216,8 +216,12 @@ def _seconds(param: click.Parameter, value: float) -> float:
 @site_option
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--lineage", "show_lineage", is_flag=True, help="what the job ran: code, data, parameters, versions")
-def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
-    """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events."""
+@click.option("--task", type=click.IntRange(0, 10**9), default=None, help="only this array task's runs")
+@click.option("--state", default=None, help="only the runs of the array tasks in this state (RUNNING, FAILED, ...)")
+def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: int | None, state: str | None) -> None:
+    """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events. An array of
+    more than 20 tasks shows its tasks counted by state; --task or --state lists runs."""
+    from hpctrain.jobs.arrays import runs_view
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
     from hpctrain.jobs.stragglers import latest
@@ -240,6 +244,12 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         }
         segments = ledger.segments.of_jobs([row["id"]])
         slow = latest(ledger, row["id"])
+    view = runs_view(row["id"], detail["array_tasks"], detail["attempts"], task, state)
+    if task is not None or state is not None:
+        shown = {r["task_index"] for r in view.runs}
+        detail["array_tasks"] = [t for t in detail["array_tasks"] if t["task_index"] in shown]
+        detail["attempts"] = view.runs
+        segments = [s for s in segments if s["task_index"] in shown]
     detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
     measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
     goodput = {
@@ -262,6 +272,9 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
     if detail["waiting"]:
         console.print(f"  waits: {detail['waiting']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
+    if view.by_state:
+        counts = ", ".join(f"{n} {s}" for s, n in view.by_state.items())
+        console.print(f"  tasks: {counts}" + ("; --task N or --state STATE lists their runs" * view.summarised))
     attempts = Table(title="attempts", title_justify="left")
     tasks = bool(row["is_array"])  # a plain job's runs have no task
     for col in ("task",) * tasks + (
@@ -277,7 +290,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
         "exit",
     ):
         attempts.add_column(col)
-    for a in detail["attempts"]:
+    for a in view.runs:
         attempts.add_row(
             *(str(a["task_index"]),) * tasks,
             str(a["attempt"]),
@@ -291,15 +304,16 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool) -> None:
             str(a["alloc_gpus"] or "-"),
             a["exit_code"] or "-",
         )
-    console.print(attempts)
-    for a in detail["attempts"]:
+    if not view.summarised:
+        console.print(attempts)
+    for a in view.runs:
         if a["requeued"] == 0 and a["cause"] != "completed":
             which = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
             console.print(f"  [bold]{which}stopped after attempt {a['attempt']}[/]: {a['decision']}")
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
-    for (task, attempt), good in goodput.items():
-        console.print(f"  {f'task {task} ' if task >= 0 else ''}attempt {attempt} time: {good.words()}")
+    for (index, attempt), good in goodput.items() if not view.summarised else ():
+        console.print(f"  {f'task {index} ' if index >= 0 else ''}attempt {attempt} time: {good.words()}")
     if detail["evaluations"]:
         console.print(_evaluations_table(detail["evaluations"], tasks))
     for e in detail["events"]:

@@ -50,3 +50,27 @@ def test_status_without_active_jobs_says_so_in_one_line_and_names_all(isolated_l
     assert run_cli("status", "--no-refresh").stdout.startswith("no active jobs on site dev;")
     assert "hpctrain status: site dev" in run_cli("status", "--no-refresh", "--all").stdout
     assert run_cli("status", "--no-refresh", "--json").stdout == "[]\n"
+
+
+def test_show_of_a_big_array_counts_its_tasks_and_lists_the_runs_asked_for(isolated_ledger):
+    with Ledger(isolated_ledger) as ledger:
+        job = ledger.jobs.record({"name": "big", "site": "dev", "is_array": 1},
+                                 [{"task_index": t, "param_index": t} for t in range(1000)])
+        for t in range(1000):
+            state = "FAILED" if t in (7, 700) else "RUNNING" if t < 300 else "PENDING"
+            ledger.jobs.set_task_state(job, t, state)
+            if state != "PENDING":
+                ledger.attempts.record(job, t, 0, state=state, cause="error" if state == "FAILED" else None,
+                                       requeued=0 if state == "FAILED" else None, decision="stopped: exit 1")
+    out = run_cli("show", str(job))
+    assert out.returncode == 0, out.stderr
+    assert "tasks: 699 PENDING, 299 RUNNING, 2 FAILED; --task N or --state STATE lists their runs" in out.stdout
+    assert _rows(out.stdout) == [] and "stopped after" not in out.stdout
+    failed = run_cli("show", str(job), "--state", "failed")
+    header, *runs = _rows(failed.stdout)
+    assert [(r[header.index("task")], r[header.index("state")]) for r in runs] == [("7", "FAILED"), ("700", "FAILED")]
+    assert failed.stdout.count("stopped after attempt 0") == 2
+    one = _rows(run_cli("show", str(job), "--task", "299").stdout)
+    assert [r[0] for r in one[1:]] == ["299"]
+    missing = run_cli("show", str(job), "--task", "1000")
+    assert (missing.returncode, missing.stderr) == (2, f"hpctrain: error: job {job} has no task 1000 (tasks 0 to 999)\n")
