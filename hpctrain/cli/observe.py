@@ -93,7 +93,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
     job or partition."""
     from datetime import datetime
 
-    from hpctrain.jobs.accounting import goodput, percent, totals, usage
+    from hpctrain.jobs.accounting import cost_totals, overall, percent
     from hpctrain.jobs.goodput import LOST
 
     try:
@@ -102,8 +102,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
         raise click.BadParameter(f"expected a date such as 2026-11-01, got {since!r}", param_hint="--since") from None
     cfg, ledger = _refreshed(site, no_refresh)
     with ledger:
-        runs = usage(ledger, cfg.name, cfg.gpu_hour_price, since_ts)
-        groups = totals(runs, by)
+        groups = cost_totals(ledger, cfg.name, cfg.gpu_hour_price, by, since_ts)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
     rows: list[dict[str, Any]] = [
         {
@@ -163,7 +162,7 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
         str(sum(r["runs"] for r in rows)),
         f"{sum(r['gpu_hours'] for r in rows):.3f}",
         f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
-        percent(goodput(runs)),
+        percent(overall(groups).goodput),
         *([""] * len(cause_cols)),
         f"{sum(r['cost'] for r in rows):.2f}",
         *(["", "", ""] if budgets else []),

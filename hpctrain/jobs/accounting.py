@@ -212,13 +212,6 @@ def usage(
     return sorted((windowed(u, since, now, prices) for u in kept + live), key=lambda u: u.started_at)
 
 
-def goodput(runs: list[Usage]) -> float | None:
-    """Productive GPU time over the GPU time of the runs whose trainer journals its steps (None: none does)."""
-    measured = [u for u in runs if u.measured]
-    hours = sum(u.gpu_hours for u in measured)
-    return sum(u.causes.get("productive", 0.0) for u in measured) / hours if hours else None
-
-
 def percent(fraction: float | None) -> str:
     return "-" if fraction is None else f"{100 * fraction:.1f}%"
 
@@ -270,13 +263,53 @@ class Total:
         self.add((u.job_id,), 1, u.gpu_hours, u.lost_gpu_hours, u.cost, u.causes, u.measured, u.queue_s)
 
 
-def totals(runs: list[Usage], by: str) -> list[Total]:
-    """Runs summed per account, user, sweep, job or partition (one of GROUPS), largest first."""
-    attr = {"sweep": "sweep_id", "job": "job_id"}.get(by, by)
-    groups: dict[object, Total] = {}
+def _key(by: str) -> str:
+    """The attribute of a run (Usage) or column of a kept job's sums that a total per ``by`` (of GROUPS) sums by."""
+    return {"sweep": "sweep_id", "job": "job_id"}.get(by, by)
+
+
+def totals(runs: Iterable[Usage], by: str, groups: dict[object, Total] | None = None) -> list[Total]:
+    """Runs summed per account, user, sweep, job or partition (one of GROUPS) into ``groups``, largest first."""
+    groups = {} if groups is None else groups
     for u in runs:
-        groups.setdefault(getattr(u, attr), Total(getattr(u, attr))).add_run(u)
+        key = getattr(u, _key(by))
+        groups.setdefault(key, Total(key)).add_run(u)
     return sorted(groups.values(), key=lambda t: -t.gpu_hours)
+
+
+def _kept_totals(
+    groups: dict[object, Total], per_job: Iterable[dict[str, Any]], by: str, prices: dict[str, float]
+) -> float | None:
+    """The ledger's per-job sums of kept runs (`RunUsage.per_job`) added to ``groups`` per ``by``; the first
+    moment within the window that any of them ran."""
+    first = None
+    for g in per_job:
+        key = g[_key(by)]
+        groups.setdefault(key, Total(key)).add(
+            (g["job_id"],),
+            g["runs"],
+            g["gpu_hours"],
+            g["lost_gpu_hours"],
+            g["gpu_hours"] * prices.get(g["partition"] or "", 0.0),
+            {c: g[c] for c in GPU_CAUSES},
+            bool(g["measured"]),
+            g["queue_s"],
+        )
+        first = g["first"] if first is None else min(first, g["first"])
+    return first
+
+
+def cost_totals(
+    ledger: Ledger, site: str, prices: dict[str, float], by: str, since: float | None = None, now: float | None = None
+) -> list[Total]:
+    """`totals` of `usage` without a row per run: the settled runs summed by the ledger per job, the others
+    measured here; memory follows the jobs in the window, not their runs."""
+    now, since = now or time.time(), since or 0.0
+    settle(ledger, site, now)
+    groups: dict[object, Total] = {}
+    _kept_totals(groups, ledger.usage.per_job(site, since, now), by, prices)
+    live = measure(ledger, ledger.attempts.unsettled_usage(site, since, now), now)
+    return totals((windowed(u, since, now, prices) for u in live), by, groups)
 
 
 def overall(groups: Iterable[Total]) -> Total:
@@ -317,20 +350,7 @@ def summary(
         for u in measure(ledger, ledger.attempts.unsettled_usage(site, since, now, account=account), now)
     ]
     groups: dict[object, Total] = {}
-    kept = ledger.usage.groups(site, since, now, account)
-    for g in kept:
-        groups.setdefault(g["account"], Total(g["account"])).add(
-            (),
-            g["runs"],
-            g["gpu_hours"],
-            g["lost_gpu_hours"],
-            g["gpu_hours"] * prices.get(g["partition"] or "", 0.0),
-            {c: g[c] for c in GPU_CAUSES},
-            bool(g["measured"]),
-            g["queue_s"],
-        )
-    for acct, job_id in ledger.usage.jobs(site, since, now, account):
-        groups[acct].jobs.add(job_id)
+    first = _kept_totals(groups, ledger.usage.per_job(site, since, now, account), "account", prices)
     days: dict[str, dict[str, float]] = {
         r["day"]: {c: r[c] for c in GPU_CAUSES} for r in ledger.usage.by_day(site, since, now, account)
     }
@@ -342,7 +362,7 @@ def summary(
             )
             for cause, hours in u.causes.items():
                 day[cause] += hours
-    firsts = [g["first"] for g in kept] + [max(u.started_at, since) for u in live]
+    firsts = ([] if first is None else [first]) + [max(u.started_at, since) for u in live]
     t0 = since or min(firsts, default=now)
     return Summary(
         sorted(groups.values(), key=lambda t: -t.gpu_hours),

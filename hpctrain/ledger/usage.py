@@ -8,7 +8,7 @@ Schema v11's trigger drops a job's rows when its end changes (requeued, resubmit
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -49,10 +49,13 @@ _LOST = (
 _IN_WINDOW = f"SELECT *, {_SHARE} AS share, {_LOST} AS lost FROM run_usage WHERE {_WINDOW}"
 _CAUSE_SUMS = ", ".join(f"sum(share * {c}_h) AS {c}" for c in CAUSES)
 
-_GROUPS_SQL = f"""
-SELECT account, partition, measured, count(*) AS runs, sum(share * gpu_hours) AS gpu_hours, sum(lost) AS lost_gpu_hours,
-       sum(queue_s) AS queue_s, min(max(started_at, :since)) AS first, {_CAUSE_SUMS}
-FROM ({_IN_WINDOW}) GROUP BY account, partition, measured
+# Per job (and partition and measured): a window of runs comes out as one row per job, its user and sweep with it.
+_PER_JOB_SQL = f"""
+SELECT g.*, j.user, j.sweep_id FROM (
+    SELECT job_id, account, partition, measured, count(*) AS runs, sum(share * gpu_hours) AS gpu_hours,
+           sum(lost) AS lost_gpu_hours, sum(queue_s) AS queue_s, min(max(started_at, :since)) AS first, {_CAUSE_SUMS}
+    FROM ({_IN_WINDOW}) GROUP BY job_id, partition, measured) g
+JOIN jobs j ON j.id = g.job_id
 """
 _DAYS_SQL = f"""
 SELECT date(started_at, 'unixepoch', 'localtime') AS day, {_CAUSE_SUMS}
@@ -140,16 +143,13 @@ class RunUsage:
             for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))
         ]
 
-    def groups(self, site: str, since: float, now: float, account: str | None = None) -> list[dict[str, Any]]:
-        """Kept runs in [since, now] summed per (account, partition, measured): runs, GPU-hours, lost GPU-hours,
-        queue seconds, GPU-hours per cause (CAUSES), and the ``first`` moment within the window any of them ran."""
-        return [dict(r) for r in self.ledger.db.query(_GROUPS_SQL, _args(site, since, now, account))]
-
-    def jobs(self, site: str, since: float, now: float, account: str | None = None) -> list[tuple[str | None, int]]:
-        """(account, job id) of every job with a kept run in [since, now]."""
-        return self.ledger.db.execute(
-            f"SELECT DISTINCT account, job_id FROM run_usage WHERE {_WINDOW}", _args(site, since, now, account)
-        ).fetchall()
+    def per_job(self, site: str, since: float, now: float, account: str | None = None) -> Iterator[dict[str, Any]]:
+        """Kept runs in [since, now] summed per (job, partition, measured), streamed: the job's account, user and
+        sweep, runs, GPU-hours, lost GPU-hours, queue seconds, GPU-hours per cause (CAUSES), and the ``first``
+        moment within the window any of them ran. The ledger sums the runs: a row per job, not per run."""
+        cursor = self.ledger.db.execute(_PER_JOB_SQL, _args(site, since, now, account))
+        columns = [c[0] for c in cursor.description]
+        return (dict(zip(columns, r, strict=True)) for r in cursor)
 
     def by_day(self, site: str, since: float, now: float, account: str | None = None) -> list[dict[str, Any]]:
         """GPU-hours per cause of the kept runs in [since, now] whose trainer journals its steps, per local day of

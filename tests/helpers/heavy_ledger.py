@@ -184,7 +184,7 @@ class AnsweringSlurm(QuietSlurm):
 def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger, float], object]]:
     """Each command's work as the CLI does it, Slurm answered by AnsweringSlurm (made from the ledger on first use):
     the figures issue 41 asks for."""
-    from hpctrain.jobs.accounting import totals, usage
+    from hpctrain.jobs.accounting import cost_totals
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
@@ -212,7 +212,7 @@ def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger,
         return job_goodput(attempts, ledger.segments.of_jobs([job_id]), now)
 
     def cost(by: str, days: int) -> Callable[[Ledger, float], object]:
-        return lambda ledger, now: totals(usage(ledger, SITE, {}, since=now - days * DAY, now=now), by)
+        return lambda ledger, now: cost_totals(ledger, SITE, {}, by, since=now - days * DAY, now=now)
 
     return {
         "status": status,

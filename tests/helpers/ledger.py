@@ -137,7 +137,7 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
     """Each command's work on the ledger as the CLI does it (its Slurm calls answered by QuietSlurm): `status`
     (active jobs), `status --all`, `show` of a job with metrics, `cost --since` a week, `report --account` over 30
     days, and a sweep tick (cron's: reconcile with supervision, then the active sweeps)."""
-    from hpctrain.jobs.accounting import totals, usage
+    from hpctrain.jobs.accounting import cost_totals
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.poll import job_summaries
@@ -162,7 +162,7 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
         "status": status,
         "status --all": lambda ledger, now: job_summaries(ledger, SITE),
         "show": show,
-        "cost --since 7 days": lambda ledger, now: totals(usage(ledger, SITE, {}, since=now - 7 * DAY, now=now), "job"),
+        "cost --since 7 days": lambda ledger, now: cost_totals(ledger, SITE, {}, "job", since=now - 7 * DAY, now=now),
         "report --account, 30 days": lambda ledger, now: account_report(ledger, site_cfg, "teama", now - 30 * DAY),
         "sweep tick": lambda ledger, now: tick_all(ledger, client, site_cfg),
     }

@@ -4,7 +4,7 @@ from datetime import datetime
 
 import pytest
 
-from hpctrain.jobs.accounting import settle, summary, totals, usage
+from hpctrain.jobs.accounting import GROUPS, cost_totals, settle, summary, totals, usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
@@ -133,3 +133,24 @@ def _spread(runs: list, since: float, now: float, t: float) -> float:
 
 def test_the_ledger_keeps_every_cause_of_goodput():
     assert CAUSES == GPU_CAUSES
+
+
+@pytest.mark.parametrize("by", GROUPS)
+def test_cost_totals_sum_in_the_ledger_what_totals_of_usage_sum_per_run(tmp_path, by):
+    """`cost` sums the settled runs per job in SQL: the same totals as every run read and summed here, over a
+    window that cuts runs and holds running jobs."""
+    import time
+
+    from helpers.ledger import DAY, make_history
+
+    now = time.time()
+    make_history(tmp_path / "l.db", jobs=3000, sweeps=30, metric_rows=30_000, now=now, days=60)
+    prices = {"gpu": 2.5}
+    with Ledger(tmp_path / "l.db") as ledger:
+        want = totals(usage(ledger, "dev", prices, since=now - 7 * DAY, now=now), by)
+        got = cost_totals(ledger, "dev", prices, by, since=now - 7 * DAY, now=now)
+    assert sum(t.runs for t in want) > 300 and [(t.key, t.jobs, t.runs) for t in got] == [(t.key, t.jobs, t.runs) for t in want]
+    for g, w in zip(got, want, strict=True):
+        assert (g.gpu_hours, g.lost_gpu_hours, g.cost, g.queue_s, g.measured_gpu_hours) == pytest.approx(
+            (w.gpu_hours, w.lost_gpu_hours, w.cost, w.queue_s, w.measured_gpu_hours))
+        assert g.causes == pytest.approx(w.causes)
