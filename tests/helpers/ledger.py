@@ -135,8 +135,9 @@ class QuietSlurm:
 
 def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
     """Each command's work on the ledger as the CLI does it (its Slurm calls answered by QuietSlurm): `status`
-    (active jobs), `status --all`, `show` of a job with metrics, `cost --since` a week, `report --account` over 30
-    days, and a sweep tick (cron's: reconcile with supervision, then the active sweeps)."""
+    (active jobs), `status --all`, `show` and `metrics --tail 20` of a job with metrics, `cost --since` a week and
+    `cost --by account` over 30 days, `report --account` over 30 days, a sweep tick (cron's: reconcile with
+    supervision, then the active sweeps) and `reconcile`."""
     from hpctrain.jobs.accounting import cost_totals
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.goodput import job_goodput
@@ -152,8 +153,11 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
         reconcile(ledger, client, SITE, supervise_runs=False)
         return job_alerts(ledger, job_summaries(ledger, SITE, active_only=True), site_cfg.alerts, now)
 
+    def with_metrics(ledger: Ledger) -> int:
+        return ledger.db.execute("SELECT min(job_id) FROM segments").fetchone()[0]
+
     def show(ledger: Ledger, now: float) -> object:
-        (job_id,) = ledger.db.execute("SELECT min(job_id) FROM segments").fetchone()
+        job_id = with_metrics(ledger)
         attempts = ledger.attempts.of_job(job_id)
         ledger.jobs.tasks(job_id), ledger.events.of_job(job_id), latest(ledger, job_id)
         return job_goodput(attempts, ledger.segments.of_jobs([job_id]), now)
@@ -162,7 +166,10 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
         "status": status,
         "status --all": lambda ledger, now: job_summaries(ledger, SITE),
         "show": show,
+        "metrics --tail 20": lambda ledger, now: ledger.metrics.tail(with_metrics(ledger), 20),
         "cost --since 7 days": lambda ledger, now: cost_totals(ledger, SITE, {}, "job", since=now - 7 * DAY, now=now),
+        "cost --by account, 30 days": lambda ledger, now: cost_totals(ledger, SITE, {}, "account", now - 30 * DAY, now),
         "report --account, 30 days": lambda ledger, now: account_report(ledger, site_cfg, "teama", now - 30 * DAY),
         "sweep tick": lambda ledger, now: tick_all(ledger, client, site_cfg),
+        "reconcile": lambda ledger, now: reconcile(ledger, client, SITE),
     }
