@@ -25,7 +25,7 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
                        active_tasks: int = 24_000, seed: int = 0) -> dict[str, int]:
     """``jobs`` job rows over the ``days`` before ``now``: 60 % plain (1 to 40 runs each, 1 in 12 cancelled before
     it started), 25 % arrays of heavy-tailed size, 15 % sweeps of 20 trials; the newest ``active`` still active,
-    among them BIG_ARRAYS submissions of ``active_tasks`` tasks in all; 1,000 loss points for one plain job in 50
+    among them BIG_ARRAYS submissions of ``active_tasks`` tasks in all and ACTIVE_SWEEPS sweeps; 1,000 loss points for one plain job in 50
     and LONG_JOBS points for three of the newest ended ones. Settled as reconcile would have, without planner statistics.
     Returns the ids to time: the longest job, and the first part of an active big array."""
     rnd = random.Random(seed)
@@ -35,6 +35,7 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
     long_jobs = {jobs - active - 1 - k: n for k, n in enumerate(LONG_JOBS)}
     per_array = active_tasks // BIG_ARRAYS
     big = set(range(jobs - active, jobs - active + BIG_ARRAYS))
+    sweeping = set(range(jobs - active + BIG_ARRAYS, jobs - active + BIG_ARRAYS + ACTIVE_SWEEPS))
     picked: dict[str, int] = {}
     with Ledger(path) as ledger:
         db = ledger.db.conn
@@ -47,6 +48,9 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
                 for start in range(0, per_array, MAX_ARRAY):
                     jid += 1
                     _array(rows, rnd, jid, group, submitted, min(MAX_ARRAY, per_array - start), live=True)
+            elif i in sweeping:
+                jid += 1
+                _array(rows, rnd, jid, jid, submitted, TRIALS, live=True, sweep=True)
             else:
                 jid += 1
                 kind = 0.0 if i in long_jobs else rnd.random()
@@ -67,6 +71,10 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
 
 
 TRIALS = 20
+ACTIVE_SWEEPS = 3  # of TRIALS trials each, all of them in flight (max_parallel): a tick submits nothing
+# An active sweep's spec as `hpctrain sweep` registers it (hpctrain.sweep.store).
+SWEEP_SPEC = {"method": "random", "search": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-3}}, "metric": "loss",
+              "direction": "minimize", "max_trials": TRIALS, "max_parallel": TRIALS, "job": "train.toml"}
 
 
 def _job(rows, jid: int, group: int, submitted: float, state: str, started: float | None, ended: float | None,
@@ -123,14 +131,15 @@ def _array(rows, rnd: random.Random, jid: int, group: int, submitted: float, siz
     ended = None if live else started + rnd.uniform(600, 4 * 3600)
     sweep_id = f"sweep-{jid}" if sweep else None
     if sweep_id:
-        rows["sweeps"].append((sweep_id, sweep_id, "random", "DONE", "{}", submitted, ended))
-    states = [rnd.choices(("RUNNING", "PENDING", "COMPLETED"), (3, 6, 1))[0] if live else rnd.choice(ENDED)
-              for _ in range(size)]
+        spec = json.dumps({"sweep": {**SWEEP_SPEC, "name": sweep_id}, "job": {"name": "trial", "command": ["true"]}})
+        rows["sweeps"].append((sweep_id, sweep_id, "random", "ACTIVE" if live else "DONE", spec, submitted, ended))
+    live_states = ("RUNNING",) if sweep else rnd.choices(("RUNNING", "PENDING", "COMPLETED"), (3, 6, 1), k=size)
+    states = [(live_states[t % len(live_states)] if live else rnd.choice(ENDED)) for t in range(size)]
     for t, state in enumerate(states):
         rows["array_tasks"].append((jid, t, t, "{}", state, ended))
         if sweep_id:
             rows["trials"].append((sweep_id, t, json.dumps({"lr": rnd.uniform(1e-4, 1e-3)}),
-                                   "completed", jid, t, rnd.random(), ended))
+                                   "running" if live else "completed", jid, t, None if live else rnd.random(), ended))
         if state == "PENDING":
             continue
         runs = 2 if rnd.random() < 0.1 else 1
