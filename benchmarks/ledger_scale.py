@@ -28,6 +28,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 from hpctrain.config import load_site
 from hpctrain.jobs.accounting import settle
@@ -43,19 +45,38 @@ CACHE = Path("/var/tmp/hpctrain-bench-ledger")
 RECENT_DAYS = 40  # longer than any window the commands ask for (cost: 7 days, report: 30)
 
 
-def ledger_of(jobs: int, sweeps: int, metric_rows: int, days: float) -> tuple[Path, float]:
-    """The generated ledger of this size (made once) and the time it was made as of."""
-    path = CACHE / f"ledger-{jobs}-{sweeps}-{metric_rows}-{days:g}d.db"
-    stamp = path.with_suffix(".now")
+def cached(name: str, make: Callable[[Path, float], dict[str, Any] | None]) -> tuple[Path, dict[str, Any]]:
+    """The ledger CACHE/``name``, made once by ``make(path, now)``; what it returned is kept beside it, with the
+    time it was made as of ("now")."""
+    path = CACHE / name
+    stamp = path.with_suffix(".json")
     if not stamp.exists():
         for stale in CACHE.glob(path.name + "*"):
             stale.unlink()
         CACHE.mkdir(parents=True, exist_ok=True)
         now, t0 = time.time(), time.perf_counter()
-        make_history(path, jobs, sweeps, metric_rows, now, days)
+        made = make(path, now) or {}
         print(f"generated {path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        stamp.write_text(str(now))
-    return path, float(stamp.read_text())
+        stamp.write_text(json.dumps({"now": now, **made}))
+    return path, json.loads(stamp.read_text())
+
+
+def ledger_of(jobs: int, sweeps: int, metric_rows: int, days: float) -> tuple[Path, float]:
+    """The generated ledger of this size and the time it was made as of."""
+    path, made = cached(f"ledger-{jobs}-{sweeps}-{metric_rows}-{days:g}d.db",
+                        lambda p, now: make_history(p, jobs, sweeps, metric_rows, now, days))
+    return path, made["now"]
+
+
+def median_seconds(run: Callable[[Ledger, float], object], ledger: Ledger, now: float, repeats: int) -> float:
+    """The median of ``repeats`` runs after one warm-up (imports, page cache, what a first run writes)."""
+    run(ledger, now)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(ledger, now)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def timings(path: Path, now: float, repeats: int) -> dict[str, float]:
@@ -68,29 +89,13 @@ def timings(path: Path, now: float, repeats: int) -> dict[str, float]:
             print(f"{path.name}: kept the runs of {jobs:,} settled jobs in {time.perf_counter() - t0:.1f} s",
                   file=sys.stderr)
         for name, run in commands(load_site("dev")).items():
-            run(ledger, now)  # warm-up
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                run(ledger, now)
-                times.append(time.perf_counter() - t0)
-            out[name] = statistics.median(times)
+            out[name] = median_seconds(run, ledger, now, repeats)
     return out
 
 
 def heavy_ledger_of(jobs: int, days: float) -> tuple[Path, float, dict[str, int]]:
-    """The heavy ledger of this size (made once), the time it was made as of, and the ids to time."""
-    path = CACHE / f"heavy-{jobs}-{days:g}d.db"
-    stamp = path.with_suffix(".json")
-    if not stamp.exists():
-        for stale in CACHE.glob(path.name + "*"):
-            stale.unlink()
-        CACHE.mkdir(parents=True, exist_ok=True)
-        now, t0 = time.time(), time.perf_counter()
-        ids = make_heavy_history(path, jobs, now, days)
-        print(f"generated {path} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-        stamp.write_text(json.dumps({"now": now, "ids": ids}))
-    made = json.loads(stamp.read_text())
+    """The heavy ledger of this size, the time it was made as of, and the ids to time."""
+    path, made = cached(f"heavy-{jobs}-{days:g}d.db", lambda p, now: {"ids": make_heavy_history(p, jobs, now, days)})
     return path, made["now"], made["ids"]
 
 
@@ -108,15 +113,10 @@ def _heavy_child(path: Path, now: float, ids: dict[str, int], name: str, analyse
             conn.execute("DELETE FROM sqlite_stat1")
             conn.commit()
             conn.execute("ANALYZE sqlite_schema")  # the planner forgets what opening the ledger made
-        run(ledger, now)  # warm-up: what a first run writes (a poll's first answers, decisions)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            run(ledger, now)
-            times.append(time.perf_counter() - t0)
+        seconds = median_seconds(run, ledger, now, repeats)
     # This process's own peak (VmHWM): ru_maxrss would count the parent's memory the spawn forked before its exec.
     peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-    return statistics.median(times), peak_kb / 1024
+    return seconds, peak_kb / 1024
 
 
 def heavy(args: argparse.Namespace) -> None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import datetime
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from hpctrain.jobs.accounting import settle
 from hpctrain.ledger import Ledger
