@@ -1,5 +1,5 @@
 """Flags on running jobs for `hpctrain status`: stalled (a job that reports steps reported none lately), data-bound (waiting for data),
-stragglers (ranks far slower than their pipeline stage's fastest)."""
+stragglers (ranks far slower than their pipeline stage's median)."""
 
 from __future__ import annotations
 

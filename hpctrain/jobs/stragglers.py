@@ -1,37 +1,41 @@
 """Stragglers: ranks whose own compute time per step (journaled by hpctrain.runtime.stragglers) is far above
-that of the fastest rank of their pipeline stage, which does the same work. Tensor-parallel peers wait for
-each other inside the forward pass and share a node: a slow GPU or node shows as its whole group."""
+the median of their pipeline stage, whose ranks do the same work (the low median: a stage of two compares with
+its faster rank). Against the median, one rank that happened to be fast, or slowed for a moment, flags no other.
+Tensor-parallel peers wait for each other inside the forward pass and share a node: a slow GPU or node shows as
+its whole group."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpctrain.ledger import Ledger
 
-FACTOR = 1.5  # this many times the stage's fastest rank
+FACTOR = 1.5  # this many times the stage's median
 
 
 @dataclass(frozen=True)
 class Straggler:
     rank: int
     node: str
-    ratio: float  # its compute time over its stage's fastest
+    ratio: float  # its compute time over its stage's median
 
     def __str__(self) -> str:
-        return f"rank {self.rank} on {self.node} ({self.ratio:.1f}x its stage's fastest)"
+        return f"rank {self.rank} on {self.node} ({self.ratio:.1f}x its stage's median)"
 
 
 def stragglers(ranks: list[dict[str, Any]], factor: float = FACTOR) -> list[Straggler]:
     """From one `ranks` record's entries ({rank, node, stage, compute_s}), by rank."""
-    fastest: dict[int, float] = {}
+    times: dict[int, list[float]] = {}
     for r in ranks:
-        fastest[r["stage"]] = min(fastest.get(r["stage"], r["compute_s"]), r["compute_s"])
+        times.setdefault(r["stage"], []).append(r["compute_s"])
+    median = {stage: statistics.median_low(t) for stage, t in times.items()}
     return [
-        Straggler(r["rank"], r["node"], r["compute_s"] / fastest[r["stage"]])
+        Straggler(r["rank"], r["node"], r["compute_s"] / median[r["stage"]])
         for r in sorted(ranks, key=lambda r: r["rank"])
-        if fastest[r["stage"]] > 0 and r["compute_s"] >= factor * fastest[r["stage"]]
+        if median[r["stage"]] > 0 and r["compute_s"] >= factor * median[r["stage"]]
     ]
 
 
