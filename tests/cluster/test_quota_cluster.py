@@ -119,9 +119,12 @@ def test_a_parent_accounts_cap_holds_for_the_accounts_below_it(dev_cluster, isol
                                    "the job asks 12 GPUs\n")
 
 
-def _spec(tmp_path: Path, name: str, nodes: int, gpus: int, seconds: int, account: str = "teamb") -> Path:
+def _spec(tmp_path: Path, name: str, nodes: int, gpus: int, seconds: int, account: str = "teamb",
+          until: Path | None = None) -> Path:
+    """A job of ``nodes`` x ``gpus`` that sleeps ``seconds``, or (``until``) until that file exists."""
     path = tmp_path / f"{name}.toml"
-    path.write_text(f'name = "{name}"\ncommand = ["sleep", "{seconds}"]\nlauncher = "none"\n\n[resources]\n'
+    command = ["sleep", str(seconds)] if until is None else ["sh", "-c", f"until [ -e {until} ]; do sleep 0.2; done"]
+    path.write_text(f'name = "{name}"\ncommand = {json.dumps(command)}\nlauncher = "none"\n\n[resources]\n'
                     f'nodes = {nodes}\ngpus_per_node = {gpus}\ntasks_per_node = 1\nmem = "100M"\ntime = "5"\n'
                     f'account = "{account}"\n')
     return path
@@ -140,7 +143,8 @@ def test_a_job_over_the_running_gpu_cap_is_refused_before_sbatch(dev_cluster, is
 
 
 def test_a_job_behind_the_cap_is_warned_shown_waiting_and_runs_when_it_frees(dev_cluster, isolated_ledger, tmp_path):
-    hold = run_cli("submit", str(_spec(tmp_path, "cap-hold", 2, 4, 8)), "--json")
+    release = tmp_path / "release"  # the 8 GPUs are held until the test has seen the other job wait
+    hold = run_cli("submit", str(_spec(tmp_path, "cap-hold", 2, 4, 0, until=release)), "--json")
     assert hold.returncode == 0 and hold.stderr == "", hold.stderr
     wait_until(lambda: "RUNNING" in sh("squeue", "-h", "-o", "%T", "-j", str(json.loads(hold.stdout)["slurm_ids"][0])),
                30, 0.3, "the 8-GPU job to run")
@@ -157,6 +161,7 @@ def test_a_job_behind_the_cap_is_warned_shown_waiting_and_runs_when_it_frees(dev
         "its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use")
     shown = run_cli("show", str(job_id)).stdout
     assert "waits: its account's running-GPU cap is reached: account teamb, 8 of 8 GPUs in use" in shown
+    release.touch()
 
     def states() -> list[str] | None:
         rows = json.loads(run_cli("status", "--all", "--json").stdout)
