@@ -28,6 +28,10 @@ CLIENT_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr",
 # An update of a whole array is refused by its tasks that have started or ended (scontrol then fails, every
 # other task answering "No error"): they need none.
 TASKS_ENDED = re.compile(r"^\S+: (No error|Job has already finished|Job is no longer pending execution)$")
+# A cancel of a job or task that ended meanwhile (or left the controller's memory): nothing is left to do.
+CANCEL_ENDED = re.compile(
+    r"^scancel: error: Kill job error on job id \S+: (Job/step already completing or completed|Invalid job id specified)$"
+)
 
 
 class SlurmClient:
@@ -213,11 +217,17 @@ class SlurmClient:
         out = self.run("squeue", "-h", "-r", "-t", "PENDING", "-o", "%i|%r", "-j", ",".join(job_ids))
         return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
 
-    def scancel(self, job_ids: list[str], signal: str | None = None, batch_only: bool = False) -> None:
+    def scancel(
+        self,
+        job_ids: list[str],
+        signal: str | None = None,
+        batch_only: bool = False,
+        harmless: re.Pattern[str] | None = None,
+    ) -> None:
         if not job_ids:
             return
         args = ([f"--signal={signal}"] if signal else []) + (["--batch"] if batch_only else [])
-        self.run("scancel", *args, *job_ids)
+        self.run("scancel", *args, *job_ids, harmless=harmless)
 
 
 def complaint(text: str, limit: int = 400) -> str:

@@ -19,7 +19,8 @@ from hpctrain.config.site import SiteConfig
 from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
-from hpctrain.slurm.client import SlurmClient
+from hpctrain.slurm.client import CANCEL_ENDED, SlurmClient
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 from hpctrain.submit.arrays import ArrayChunk
 from hpctrain.submit.placement import choose_placement
@@ -135,16 +136,19 @@ def _parallel(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: stor
 
 
 def _early_stop(ledger: Ledger, client: SlurmClient, sweep: store.Sweep, rows: list[dict]) -> dict[int, str]:
+    """Prune the trials the stopping rule dooms, cancelling their tasks. A trial pruned earlier whose task
+    accounting still shows unfinished is cancelled again: a cancel lost on a busy controller must not leave a
+    pruned trial holding its GPUs (scancel of a task that has ended meanwhile is no error)."""
     es = sweep.spec.early_stopping
     assert es is not None and es.metric is not None
-    if not any(r["state"] == "running" for r in rows):
-        return {}
-    seen = [r["number"] for r in rows if r["state"] in ("running", "completed", "pruned")]
-    doomed = trials_to_stop(sweep.spec, store.records(rows, store.intermediate(ledger, sweep, seen, es.metric)))
-    if not doomed:
-        return {}
+    doomed: dict[int, str] = {}
+    if any(r["state"] == "running" for r in rows):
+        seen = [r["number"] for r in rows if r["state"] in ("running", "completed", "pruned")]
+        doomed = trials_to_stop(sweep.spec, store.records(rows, store.intermediate(ledger, sweep, seen, es.metric)))
+    unfinished = [r for r in rows if r["state"] == "pruned" and r["task_state"] not in (None, *TERMINAL)]
     by_number = {r["number"]: r for r in rows}
-    client.scancel([f"{by_number[n]['slurm_job_id']}_{by_number[n]['task_index']}" for n in doomed])
+    cancel = [by_number[n] for n in doomed] + unfinished
+    client.scancel([f"{r['slurm_job_id']}_{r['task_index']}" for r in cancel], harmless=CANCEL_ENDED)
     with ledger.transaction():
         for number, why in doomed.items():
             ledger.sweeps.prune(sweep.id, number, why)

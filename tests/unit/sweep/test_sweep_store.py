@@ -8,8 +8,10 @@ import pytest
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.slurm.client import SlurmClient
 from hpctrain.sweep import store
 from hpctrain.sweep.spec import load_sweep_spec
+from hpctrain.sweep.tick import _early_stop
 
 SWEEP = """
 name = "s1"
@@ -92,3 +94,28 @@ def test_a_trial_that_reports_runs_whatever_accounting_says_yet(task, expected):
     """sacct can lag, and list an array's last task under the array's own id, still PENDING, while it runs:
     a trial with metric values is running, so that early stopping judges it."""
     assert store.trial_state("pending", task, reporting=True) == expected
+
+
+class RecordedCancels(SlurmClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: list[str] = []
+
+    def scancel(self, job_ids, signal=None, batch_only=False, harmless=None):
+        assert harmless is not None and harmless.match(
+            "scancel: error: Kill job error on job id 7_1: Job/step already completing or completed")
+        self.cancelled += job_ids
+
+
+def test_a_pruned_trial_whose_task_accounting_shows_unfinished_is_cancelled_again(ledger, tmp_path):
+    """A cancel lost on a busy controller must not leave a pruned trial holding its GPUs: each tick cancels
+    again the tasks of pruned trials that accounting still shows unfinished, and no other."""
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.replace("[search]", '[early_stopping]\nrule = "median"\n[search]'))
+    sweep = store.register(ledger, load_sweep_spec(path), path)[0]
+    rows = [{"number": n, "state": state, "task_state": task, "slurm_job_id": "7", "task_index": n}
+            for n, (state, task) in enumerate([("pruned", "RUNNING"), ("pruned", "CANCELLED"), ("pruned", "PENDING"),
+                                               ("completed", "COMPLETED"), ("pruned", None)])]
+    client = RecordedCancels()
+    assert _early_stop(ledger, client, sweep, rows) == {}
+    assert client.cancelled == ["7_0", "7_2"]
