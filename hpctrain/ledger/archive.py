@@ -28,6 +28,7 @@ JOB_TABLES = (
     "events",
     "segments",
     "run_usage",
+    "job_usage",
     "trials",
     "evaluations",
     "tracker_exports",

@@ -5,6 +5,17 @@ Append new migrations; never edit one that has shipped.
 
 from __future__ import annotations
 
+# A settled job's runs (run_usage) summed into its job_usage row, for the jobs that the query {jobs} names. A job
+# whose runs differ in account, partition or whether they journal steps is not ``uniform``: it is read run by run.
+JOB_USAGE_FROM_RUNS = """INSERT OR REPLACE INTO job_usage
+SELECT u.job_id, min(u.site), min(u.account), min(u.partition), j.user, j.sweep_id, max(u.measured),
+       count(DISTINCT coalesce(u.account, '')) = 1 AND count(DISTINCT coalesce(u.partition, '')) = 1
+           AND min(u.measured) = max(u.measured),
+       count(*), min(u.started_at), max(u.ended_at), min(u.lost_from), sum(u.gpu_hours),
+       sum(CASE WHEN u.lost_from IS NULL THEN 0.0 ELSE u.gpus * max(0.0, u.ended_at - u.lost_from) / 3600 END),
+       sum(u.queue_s), sum(u.productive_h), sum(u.recomputed_h), sum(u.startup_h), sum(u.overhead_h), sum(u.hang_h), sum(u.crash_h), sum(u.stop_h), sum(u.end_h), sum(u.other_h), sum(u.spare_h)
+FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({jobs}) GROUP BY u.job_id"""
+
 MIGRATIONS: list[list[str]] = [
     # 1: the core tables.
     [
@@ -345,6 +356,47 @@ MIGRATIONS: list[list[str]] = [
         """CREATE TRIGGER tasks_state_forget_digest AFTER UPDATE OF state ON array_tasks
             WHEN NEW.state IS NOT OLD.state BEGIN
             UPDATE jobs SET sacct_digest = NULL WHERE id = NEW.job_id AND sacct_digest IS NOT NULL; END""",
+    ],
+    # 16: each settled job's runs summed (job_usage): a window's jobs that ran wholly inside it are read as one row
+    # each, not a row per run. Reopening a job drops its sums with its runs.
+    [
+        """CREATE TABLE job_usage (
+            job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
+            site TEXT NOT NULL,
+            account TEXT,
+            partition TEXT,
+            user TEXT,
+            sweep_id TEXT,
+            measured INTEGER NOT NULL,
+            uniform INTEGER NOT NULL,
+            runs INTEGER NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at REAL NOT NULL,
+            lost_from REAL,
+            gpu_hours REAL NOT NULL,
+            lost_gpu_hours REAL NOT NULL,
+            queue_s REAL NOT NULL,
+            productive_h REAL NOT NULL,
+            recomputed_h REAL NOT NULL,
+            startup_h REAL NOT NULL,
+            overhead_h REAL NOT NULL,
+            hang_h REAL NOT NULL,
+            crash_h REAL NOT NULL,
+            stop_h REAL NOT NULL,
+            end_h REAL NOT NULL,
+            other_h REAL NOT NULL,
+            spare_h REAL NOT NULL
+        )""",
+        "CREATE INDEX job_usage_ended ON job_usage(site, ended_at, started_at)",
+        "DROP TRIGGER run_usage_reopened",
+        """CREATE TRIGGER run_usage_reopened AFTER UPDATE OF ended_at ON jobs
+            WHEN NEW.ended_at IS NOT OLD.ended_at AND OLD.usage_settled_at IS NOT NULL
+        BEGIN
+            DELETE FROM run_usage WHERE job_id = NEW.id;
+            DELETE FROM job_usage WHERE job_id = NEW.id;
+            UPDATE jobs SET usage_settled_at = NULL WHERE id = NEW.id;
+        END""",
+        JOB_USAGE_FROM_RUNS.format(jobs="SELECT DISTINCT job_id FROM run_usage"),
     ],
 ]
 

@@ -1,5 +1,5 @@
-"""The run_usage table: each run's GPU-hours whole and by goodput cause, kept once its job has settled (ended, its
-journal read for the last time), and the sums that cost and reports take over it.
+"""The run_usage and job_usage tables: each run's GPU-hours whole and by goodput cause, kept once its job has settled
+(ended, its journal read for the last time), each job's sums of them, and the sums that cost and reports take.
 
 A window [since, now] counts a kept run's share of it: its GPU-hours spread evenly over its run time. Work lost
 to an interruption (the run's time after ``lost_from``, its last checkpoint) is counted within the window.
@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
+
+from hpctrain.ledger.schema import JOB_USAGE_FROM_RUNS
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -50,11 +52,24 @@ _IN_WINDOW = f"SELECT *, {_SHARE} AS share, {_LOST} AS lost FROM run_usage WHERE
 _CAUSE_SUMS = ", ".join(f"sum(share * {c}_h) AS {c}" for c in CAUSES)
 
 # Per job (and partition and measured): a window of runs comes out as one row per job, its user and sweep with it.
+# A job that ran wholly inside the window is its job_usage row; the others (a run across an edge of the window, or
+# runs of several accounts, partitions or kinds) are summed from their runs.
+_JOBS_IN_WINDOW = (
+    "SELECT * FROM job_usage WHERE site = :site AND ended_at >= :since AND started_at <= :now "
+    "AND (:account IS NULL OR account = :account)"
+)
+_INSIDE = "uniform AND started_at >= :since AND ended_at <= :now AND (lost_from IS NULL OR lost_from >= :since)"
 _PER_JOB_SQL = f"""
+WITH w AS MATERIALIZED ({_JOBS_IN_WINDOW})
+SELECT job_id, account, partition, measured, runs, gpu_hours, lost_gpu_hours, queue_s,
+       started_at AS first, {", ".join(f"{c}_h AS {c}" for c in CAUSES)}, user, sweep_id
+FROM w WHERE {_INSIDE}
+UNION ALL
 SELECT g.*, j.user, j.sweep_id FROM (
     SELECT job_id, account, partition, measured, count(*) AS runs, sum(share * gpu_hours) AS gpu_hours,
            sum(lost) AS lost_gpu_hours, sum(queue_s) AS queue_s, min(max(started_at, :since)) AS first, {_CAUSE_SUMS}
-    FROM ({_IN_WINDOW}) GROUP BY job_id, partition, measured) g
+    FROM ({_IN_WINDOW} AND job_id IN (SELECT job_id FROM w WHERE NOT ({_INSIDE})))
+    GROUP BY job_id, partition, measured) g
 JOIN jobs j ON j.id = g.job_id
 """
 _DAYS_SQL = f"""
@@ -122,9 +137,9 @@ class RunUsage:
             )
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]
-                db.execute(
-                    f"UPDATE jobs SET usage_settled_at = ? WHERE id IN ({','.join('?' * len(part))})", [at, *part]
-                )
+                marks = ",".join("?" * len(part))
+                db.execute(f"UPDATE jobs SET usage_settled_at = ? WHERE id IN ({marks})", [at, *part])
+                db.execute(JOB_USAGE_FROM_RUNS.format(jobs=marks), part)
 
     def runs(
         self,

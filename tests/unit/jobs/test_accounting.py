@@ -96,6 +96,7 @@ def test_a_job_whose_end_changes_loses_its_kept_runs(tmp_path):
         settle(ledger, "dev", 8 * 86400.0)
         ledger.jobs.set_state(1, "REQUEUED", ended_at=None)  # as supervision does when it requeues a failed job
         assert ledger.db.execute("SELECT DISTINCT job_id FROM run_usage").fetchall() == [(2,)]
+        assert ledger.db.execute("SELECT job_id FROM job_usage").fetchall() == [(2,)]
         assert ledger.jobs.get(1)["usage_settled_at"] is None and ledger.jobs.get(2)["usage_settled_at"] is not None
 
 
