@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.jobs.goodput import GPU_CAUSES, Goodput, job_goodput
+from hpctrain.ledger.usage import MINUTE, sample
 
 if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite libraries then
     from hpctrain.ledger import Ledger
@@ -278,15 +279,14 @@ def totals(runs: Iterable[Usage], by: str, groups: dict[object, Total] | None = 
 
 
 def _kept_totals(
-    groups: dict[object, Total], per_job: Iterable[dict[str, Any]], by: str, prices: dict[str, float]
+    groups: dict[object, Total], by: str, prices: dict[str, float], sums: Iterable[dict[str, Any]]
 ) -> float | None:
-    """The ledger's per-job sums of kept runs (`RunUsage.per_job`) added to ``groups`` per ``by``; the first
-    moment within the window that any of them ran."""
+    """The ledger's sums of kept runs per ``by`` (`RunUsage.per_group`) added to ``groups``; the first moment
+    within the window that any of them ran."""
     first = None
-    for g in per_job:
-        key = g[_key(by)]
-        groups.setdefault(key, Total(key)).add(
-            (g["job_id"],),
+    for g in sums:
+        groups.setdefault(g["key"], Total(g["key"])).add(
+            map(int, g["jobs"].split(",")),
             g["runs"],
             g["gpu_hours"],
             g["lost_gpu_hours"],
@@ -307,7 +307,7 @@ def cost_totals(
     now, since = now or time.time(), since or 0.0
     settle(ledger, site, now)
     groups: dict[object, Total] = {}
-    _kept_totals(groups, ledger.usage.per_job(site, since, now), by, prices)
+    _kept_totals(groups, by, prices, ledger.usage.per_group(site, since, now, _key(by)))
     live = measure(ledger, ledger.attempts.unsettled_usage(site, since, now), now)
     return totals((windowed(u, since, now, prices) for u in live), by, groups)
 
@@ -350,7 +350,7 @@ def summary(
         for u in measure(ledger, ledger.attempts.unsettled_usage(site, since, now, account=account), now)
     ]
     groups: dict[object, Total] = {}
-    first = _kept_totals(groups, ledger.usage.per_job(site, since, now, account), "account", prices)
+    first = _kept_totals(groups, "account", prices, ledger.usage.per_group(site, since, now, "account", account))
     days: dict[str, dict[str, float]] = {
         r["day"]: {c: r[c] for c in GPU_CAUSES} for r in ledger.usage.by_day(site, since, now, account)
     }
@@ -363,7 +363,7 @@ def summary(
             for cause, hours in u.causes.items():
                 day[cause] += hours
     firsts = ([] if first is None else [first]) + [max(u.started_at, since) for u in live]
-    t0 = since or min(firsts, default=now)
+    t0 = math.floor((since or min(firsts, default=now)) / MINUTE) * MINUTE  # samples at whole minutes
     return Summary(
         sorted(groups.values(), key=lambda t: -t.gpu_hours),
         dict(sorted(days.items())),
@@ -379,16 +379,18 @@ def summary(
 
 
 def _width(t0: float, now: float, points: int) -> float:
-    return (now - t0) / points if now > t0 else 1.0
+    """The time between two samples of a curve from t0 to now: whole minutes, so that minutes are sampled whole."""
+    return max(math.ceil((now - t0) / points / MINUTE), 1) * MINUTE
 
 
 def _curves(
     kept: list[dict[str, Any]], live: list[Usage], since: float, now: float, t0: float, points: int
 ) -> dict[str, tuple[list[float], list[float]]]:
-    """Each account's running total of GPU-hours at t0 + k * width, k = 0..points, from the ledger's sums per sample
-    (`RunUsage.curve`) and the ``live`` runs (cut to the window): at t, the runs ended by t count whole, a run under way counts
-    rate * (t - its start), summed as t * (sum of rates) - (sum of rate * start)."""
+    """Each account's running total of GPU-hours at t0 + k * width (up to `now`, the last sample), from the ledger's
+    sums per sample (`RunUsage.curve`) and the ``live`` runs (cut to the window): at t, the runs ended by t count
+    whole, a run under way counts rate * (t - its start), summed as t * (sum of rates) - (sum of rate * start)."""
     width = _width(t0, now, points)
+    points = max(math.ceil((now - t0) / width), 0)
     steps: dict[str, list[list[float]]] = defaultdict(lambda: [[0.0] * (points + 1) for _ in range(3)])
 
     def add(acct: str | None, k: int, rate: float, rate_at: float, hours: float) -> None:
@@ -403,20 +405,16 @@ def _curves(
     for u in live:
         a, b = max(u.started_at, since), min(u.ended_at if u.ended_at is not None else now, now)
         rate = u.gpu_hours / (b - a) if b > a else 0.0
-        add(u.account, _sample(a, t0, width), rate, rate * (a - t0), 0.0)
-        add(u.account, _sample(b, t0, width), -rate, -rate * (a - t0), u.gpu_hours)
+        add(u.account, sample(a, t0, width), rate, rate * (a - t0), 0.0)
+        add(u.account, sample(b, t0, width), -rate, -rate * (a - t0), u.gpu_hours)
     out = {}
     for acct in sorted(steps):
         rate = rate_at = ended = 0.0
         times, hours = [], []
         for k, (dr, da, de) in enumerate(zip(*steps[acct])):
             rate, rate_at, ended = rate + dr, rate_at + da, ended + de
-            times.append(t0 + k * width)
-            hours.append(ended + rate * k * width - rate_at)
+            t = min(t0 + k * width, now)
+            times.append(t)
+            hours.append(ended + rate * (t - t0) - rate_at)
         out[acct] = (times, hours)
     return out
-
-
-def _sample(x: float, t0: float, width: float) -> int:
-    """The first sample at or after ``x`` (as RunUsage.curve computes it)."""
-    return max(0, math.ceil((x - t0) / width))

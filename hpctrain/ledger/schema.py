@@ -16,6 +16,51 @@ SELECT u.job_id, min(u.site), min(u.account), min(u.partition), j.user, j.sweep_
        sum(u.queue_s), sum(u.productive_h), sum(u.recomputed_h), sum(u.startup_h), sum(u.overhead_h), sum(u.hang_h), sum(u.crash_h), sum(u.stop_h), sum(u.end_h), sum(u.other_h), sum(u.spare_h)
 FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({jobs}) GROUP BY u.job_id"""
 
+
+def _minute(x: str) -> str:
+    """ceil(x / 60) in SQL: the minute whose end closes the span ((minute - 1) * 60, minute * 60] holding x."""
+    return f"(CAST({x} / 60 AS INTEGER) + ({x} / 60 > CAST({x} / 60 AS INTEGER)))"
+
+
+def _rate(run: str) -> str:
+    """A kept run's GPU-hours per second of its run time."""
+    return f"(CASE WHEN {run}.ended_at > {run}.started_at THEN {run}.gpu_hours / ({run}.ended_at - {run}.started_at) ELSE 0.0 END)"
+
+
+def _minutes_change(run: str, sign: str) -> list[str]:
+    """Statements adding (sign '+') or taking away ('-') a run's rate at the minutes of its start and end."""
+    rate, start, end = _rate(run), _minute(f"{run}.started_at"), _minute(f"{run}.ended_at")
+    return [
+        f"""INSERT INTO usage_minutes (site, minute, account, started_rate, started_rate_off)
+        VALUES ({run}.site, {start}, coalesce({run}.account, ''), {sign}{rate}, {sign}{rate} * ({run}.started_at - 60 * {start}))
+        ON CONFLICT DO UPDATE SET started_rate = started_rate + excluded.started_rate,
+            started_rate_off = started_rate_off + excluded.started_rate_off;""",
+        f"""INSERT INTO usage_minutes (site, minute, account, ended_rate, ended_rate_off, ended_hours)
+        VALUES ({run}.site, {end}, coalesce({run}.account, ''), {sign}{rate}, {sign}{rate} * ({run}.started_at - 60 * {end}),
+            {sign}{run}.gpu_hours)
+        ON CONFLICT DO UPDATE SET ended_rate = ended_rate + excluded.ended_rate,
+            ended_rate_off = ended_rate_off + excluded.ended_rate_off, ended_hours = ended_hours + excluded.ended_hours;""",
+    ]
+
+
+def _minutes_from_runs() -> list[str]:
+    """The kept runs' rates summed into usage_minutes (a ledger's run_usage before usage_minutes was made)."""
+    rate, start, end = _rate("u"), _minute("u.started_at"), _minute("u.ended_at")
+    return [
+        f"""INSERT INTO usage_minutes (site, minute, account, started_rate, started_rate_off)
+        SELECT site, m, a, sum(r), sum(r * (started_at - 60 * m)) FROM (
+            SELECT u.site, {start} AS m, coalesce(u.account, '') AS a, {rate} AS r, u.started_at FROM run_usage u)
+        GROUP BY 1, 2, 3""",
+        f"""INSERT INTO usage_minutes (site, minute, account, ended_rate, ended_rate_off, ended_hours)
+        SELECT site, m, a, sum(r), sum(r * (started_at - 60 * m)), sum(gpu_hours) FROM (
+            SELECT u.site, {end} AS m, coalesce(u.account, '') AS a, {rate} AS r, u.started_at, u.gpu_hours
+            FROM run_usage u)
+        WHERE true GROUP BY 1, 2, 3
+        ON CONFLICT DO UPDATE SET ended_rate = excluded.ended_rate, ended_rate_off = excluded.ended_rate_off,
+            ended_hours = excluded.ended_hours""",
+    ]
+
+
 MIGRATIONS: list[list[str]] = [
     # 1: the core tables.
     [
@@ -397,6 +442,22 @@ MIGRATIONS: list[list[str]] = [
             UPDATE jobs SET usage_settled_at = NULL WHERE id = NEW.id;
         END""",
         JOB_USAGE_FROM_RUNS.format(jobs="SELECT DISTINCT job_id FROM run_usage"),
+        # Each minute's kept runs that started or ended in it, their rates (GPU-hours per second) and rate x
+        # (start - the minute's end): a report's running totals at whole minutes sum minutes, not runs.
+        """CREATE TABLE usage_minutes (
+            site TEXT NOT NULL,
+            minute INTEGER NOT NULL,
+            account TEXT NOT NULL,
+            started_rate REAL NOT NULL DEFAULT 0.0,
+            started_rate_off REAL NOT NULL DEFAULT 0.0,
+            ended_rate REAL NOT NULL DEFAULT 0.0,
+            ended_rate_off REAL NOT NULL DEFAULT 0.0,
+            ended_hours REAL NOT NULL DEFAULT 0.0,
+            PRIMARY KEY (site, minute, account)
+        ) WITHOUT ROWID""",
+        *_minutes_from_runs(),
+        f"CREATE TRIGGER usage_minutes_kept AFTER INSERT ON run_usage BEGIN {' '.join(_minutes_change('NEW', '+'))} END",
+        f"CREATE TRIGGER usage_minutes_dropped AFTER DELETE ON run_usage BEGIN {' '.join(_minutes_change('OLD', '-'))} END",
     ],
 ]
 

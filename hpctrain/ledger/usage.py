@@ -8,6 +8,8 @@ Schema v11's trigger drops a job's rows when its end changes (requeued, resubmit
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -72,24 +74,31 @@ SELECT g.*, j.user, j.sweep_id FROM (
     GROUP BY job_id, partition, measured) g
 JOIN jobs j ON j.id = g.job_id
 """
+# Per group of jobs (by one of GROUP_KEYS, and partition and measured), the jobs' ids in a list.
+_PER_GROUP_SQL = f"""
+SELECT {{key}} AS key, partition, measured, group_concat(job_id) AS jobs, sum(runs) AS runs,
+       sum(gpu_hours) AS gpu_hours, sum(lost_gpu_hours) AS lost_gpu_hours, sum(queue_s) AS queue_s,
+       min(first) AS first, {", ".join(f"sum({c}) AS {c}" for c in CAUSES)}
+FROM ({_PER_JOB_SQL}) GROUP BY 1, 2, 3
+"""
+GROUP_KEYS = ("account", "partition", "user", "sweep_id", "job_id")
 _DAYS_SQL = f"""
 SELECT date(started_at, 'unixepoch', 'localtime') AS day, {_CAUSE_SUMS}
 FROM ({_IN_WINDOW}) WHERE measured GROUP BY day ORDER BY day
 """
-# Sample k of a curve is at t0 + k * width; an event at x counts from the first sample at or after it (ceil).
-_SAMPLE = (
-    "max(0, CAST(({x} - :t0) / :width AS INTEGER) + (({x} - :t0) / :width > CAST(({x} - :t0) / :width AS INTEGER)))"
-)
-_CURVE_SQL = f"""
-WITH spans AS (
-    SELECT account, max(started_at, :since) AS a, min(ended_at, :now) AS b, share * gpu_hours AS hours,
-           CASE WHEN ended_at > started_at THEN gpu_hours / (ended_at - started_at) ELSE 0.0 END AS rate
-    FROM ({_IN_WINDOW}))
-SELECT account, k, sum(rate) AS rate, sum(rate_at) AS rate_at, sum(hours) AS hours FROM (
-    SELECT account, {_SAMPLE.format(x="a")} AS k, rate, rate * (a - :t0) AS rate_at, 0.0 AS hours FROM spans
-    UNION ALL
-    SELECT account, {_SAMPLE.format(x="b")} AS k, -rate, -rate * (a - :t0), hours FROM spans)
-GROUP BY account, k
+MINUTE = 60.0  # usage_minutes holds kept runs by the minute ((m - 1) * MINUTE, m * MINUTE] of their start and end
+_MINUTES_SQL = """
+SELECT account, minute, started_rate, started_rate_off, ended_rate, ended_rate_off, ended_hours FROM usage_minutes
+WHERE site = :site AND minute BETWEEN :first AND :last AND (:account IS NULL OR account = :account)
+"""
+# Kept runs the minutes in [first, last] do not count as they count in the window: runs begun by the window's start
+# that end after the first minute's start, and runs that end after the last minute (found through their jobs).
+_OUTSIDE_MINUTES_SQL = """
+SELECT u.account, u.started_at, u.ended_at, u.gpu_hours FROM run_usage u
+WHERE u.job_id IN (SELECT job_id FROM job_usage WHERE site = :site AND ended_at > :low
+                   AND (started_at <= :since OR ended_at > :high))
+  AND u.site = :site AND (:account IS NULL OR u.account = :account)
+  AND ((u.started_at <= :since AND u.ended_at > :low) OR (u.ended_at > :high AND u.started_at <= :now))
 """
 _SETTLEABLE_SQL = """
 SELECT id FROM jobs INDEXED BY jobs_usage_unsettled
@@ -130,14 +139,15 @@ class RunUsage:
     def keep(self, job_ids: Collection[int], runs: list[dict[str, Any]], at: float) -> None:
         """The runs (rows of COLUMNS) of these jobs, which have settled at ``at``."""
         ids = list(job_ids)
+        parts = [(ids[i : i + 500], ",".join("?" * len(ids[i : i + 500]))) for i in range(0, len(ids), 500)]
         with self.ledger.transaction() as db:
+            for part, marks in parts:  # runs kept before are replaced: deleting them takes back their minutes
+                db.execute(f"DELETE FROM run_usage WHERE job_id IN ({marks})", part)
             db.conn.executemany(
-                f"INSERT OR REPLACE INTO run_usage ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
+                f"INSERT INTO run_usage ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})",
                 [[r[c] for c in COLUMNS] for r in runs],
             )
-            for i in range(0, len(ids), 500):
-                part = ids[i : i + 500]
-                marks = ",".join("?" * len(part))
+            for part, marks in parts:
                 db.execute(f"UPDATE jobs SET usage_settled_at = ? WHERE id IN ({marks})", [at, *part])
                 db.execute(JOB_USAGE_FROM_RUNS.format(jobs=marks), part)
 
@@ -158,11 +168,16 @@ class RunUsage:
             for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))
         ]
 
-    def per_job(self, site: str, since: float, now: float, account: str | None = None) -> Iterator[dict[str, Any]]:
-        """Kept runs in [since, now] summed per (job, partition, measured), streamed: the job's account, user and
-        sweep, runs, GPU-hours, lost GPU-hours, queue seconds, GPU-hours per cause (CAUSES), and the ``first``
-        moment within the window any of them ran. The ledger sums the runs: a row per job, not per run."""
-        cursor = self.ledger.db.execute(_PER_JOB_SQL, _args(site, since, now, account))
+    def per_group(
+        self, site: str, since: float, now: float, key: str, account: str | None = None
+    ) -> Iterator[dict[str, Any]]:
+        """Kept runs in [since, now] summed per (``key`` (one of GROUP_KEYS), partition, measured), streamed: the
+        key, the ids of the jobs (``jobs``, comma-separated), runs, GPU-hours, lost GPU-hours, queue seconds,
+        GPU-hours per cause (CAUSES), and the ``first`` moment within the window any of them ran. The ledger sums
+        the runs: a row per group, not per run or job."""
+        if key not in GROUP_KEYS:
+            raise ValueError(f"cannot sum kept runs by {key!r}: one of {', '.join(GROUP_KEYS)}")
+        cursor = self.ledger.db.execute(_PER_GROUP_SQL.format(key=key), _args(site, since, now, account))
         columns = [c[0] for c in cursor.description]
         return (dict(zip(columns, r, strict=True)) for r in cursor)
 
@@ -174,13 +189,45 @@ class RunUsage:
     def curve(
         self, site: str, since: float, now: float, t0: float, width: float, account: str | None = None
     ) -> list[dict[str, Any]]:
-        """The kept runs' GPU-hours in [since, now] as a running total per account sampled at t0 + k * width: per
-        (account, k), the change in the rate of GPU-hours per second, in that rate times (start - t0), and the
-        GPU-hours of the runs that ended, from sample k on (``hpctrain.jobs.accounting`` sums them up)."""
+        """The kept runs' GPU-hours in [since, now] as a running total per account sampled at t0 + k * width (whole
+        minutes, see `sample`): per (account, k), the change in the rate of GPU-hours per second, in that rate
+        times (start - t0), and the GPU-hours of the runs that ended, from sample k on (``hpctrain.jobs.accounting``
+        sums them up). Runs wholly within the window's whole minutes are read as minutes (usage_minutes); those
+        across its edges run by run."""
+        first, last = math.floor(since / MINUTE) + 1, math.floor(now / MINUTE)
+        low, high = (first - 1) * MINUTE, last * MINUTE
+        sums: dict[tuple[str | None, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+
+        def add(acct: str | None, x: float, rate: float, rate_at: float, hours: float) -> None:
+            got = sums[(acct, sample(x, t0, width))]
+            got[0] += rate
+            got[1] += rate_at
+            got[2] += hours
+
+        args = {"site": site, "first": first, "last": last, "account": account}
+        for acct, m, s_rate, s_off, e_rate, e_off, e_hours in self.ledger.db.execute(_MINUTES_SQL, args):
+            at = m * MINUTE
+            add(acct or None, at, s_rate - e_rate, s_off - e_off + (s_rate - e_rate) * (at - t0), e_hours)
+        outside = {"site": site, "since": since, "now": now, "low": low, "high": high, "account": account}
+        for acct, a0, b0, gpu_hours in self.ledger.db.execute(_OUTSIDE_MINUTES_SQL, outside):
+            rate = gpu_hours / (b0 - a0) if b0 > a0 else 0.0
+            if first <= (m := math.ceil(a0 / MINUTE)) <= last:  # counted at its start's minute: taken back
+                add(acct, m * MINUTE, -rate, -rate * (a0 - t0), 0.0)
+            if first <= (m := math.ceil(b0 / MINUTE)) <= last:  # counted at its end's minute: taken back
+                add(acct, m * MINUTE, rate, rate * (a0 - t0), -gpu_hours)
+            if b0 >= since and a0 <= now:  # its share of the window, as `windowed` cuts a run
+                a, b = max(a0, since), min(b0, now)
+                add(acct, a, rate, rate * (a - t0), 0.0)
+                add(acct, b, -rate, -rate * (a - t0), gpu_hours * ((b - a) / (b0 - a0) if b0 > a0 else 1.0))
         return [
-            dict(r)
-            for r in self.ledger.db.query(_CURVE_SQL, {**_args(site, since, now, account), "t0": t0, "width": width})
+            {"account": acct, "k": k, "rate": v[0], "rate_at": v[1], "hours": v[2]} for (acct, k), v in sums.items()
         ]
+
+
+def sample(x: float, t0: float, width: float) -> int:
+    """The first sample of a curve at t0 + k * width at or after ``x``. With t0 and width whole minutes, every
+    moment of a minute ((m - 1) * MINUTE, m * MINUTE] has the same."""
+    return max(0, math.ceil((x - t0) / width))
 
 
 def _args(

@@ -97,14 +97,20 @@ def test_a_job_whose_end_changes_loses_its_kept_runs(tmp_path):
         ledger.jobs.set_state(1, "REQUEUED", ended_at=None)  # as supervision does when it requeues a failed job
         assert ledger.db.execute("SELECT DISTINCT job_id FROM run_usage").fetchall() == [(2,)]
         assert ledger.db.execute("SELECT job_id FROM job_usage").fetchall() == [(2,)]
+        # Its runs' rates are taken back from the minutes of their starts and ends: what is left is job 2's.
+        left = ledger.db.execute("SELECT sum(started_rate), sum(ended_rate), sum(ended_hours) FROM usage_minutes").fetchone()
+        rate, hours = ledger.db.execute("SELECT gpu_hours / (ended_at - started_at), gpu_hours FROM run_usage").fetchone()
+        assert left == pytest.approx((rate, rate, hours))
         assert ledger.jobs.get(1)["usage_settled_at"] is None and ledger.jobs.get(2)["usage_settled_at"] is not None
 
 
 def test_an_account_summary_sums_what_usage_counts(tmp_path):
-    prices, now, points = {"gpu": 2.0, "debug": 1.0}, 4 * H, 8
+    prices, points = {"gpu": 2.0, "debug": 1.0}, 8
     with Ledger(tmp_path / "l.db") as ledger:
         _mixed_history(ledger, settled=True)  # jobs 1 and 2 summed by the ledger, job 3 measured live
-        for since, account in ((None, None), (H, None), (H, "teama"), (2.5 * H, "teamb"), (2.7 * H, None)):
+        # Windows with whole-minute edges and with edges within a minute, one ending before a kept run's end.
+        for since, account, now in ((None, None, 4 * H), (H, None, 4 * H), (H, "teama", 4 * H), (2.5 * H, "teamb", 4 * H),
+                                    (2.7 * H, None, 4 * H), (H + 17, None, 3 * H + 29), (2.1 * H + 30, "teama", 3.1 * H - 5)):
             got = summary(ledger, "dev", prices, since, now, account, points)
             runs = usage(ledger, "dev", prices, since, now, account=account)
             want = totals(runs, "account")
@@ -115,9 +121,11 @@ def test_an_account_summary_sums_what_usage_counts(tmp_path):
                 assert a.causes == pytest.approx(b.causes)
             assert list(got.days) == sorted({datetime.fromtimestamp(u.started_at).strftime("%Y-%m-%d")
                                              for u in runs if u.measured})
-            t0 = since or min(u.started_at for u in runs)
+            t0 = (since or min(u.started_at for u in runs)) // 60 * 60  # sampled at whole minutes, up to now
+            width = -(-(now - t0) // points // 60) * 60
             for acct, (times, hours) in got.curves.items():
-                assert times == pytest.approx([t0 + k * (now - t0) / points for k in range(points + 1)])
+                assert times == [min(t0 + k * width, now) for k in range(len(times))] and times[-1] == now
+                assert len(times) <= points + 1
                 assert hours == pytest.approx([_spread([u for u in runs if u.account == acct], since or 0.0, now, t)
                                                for t in times])
             assert set(got.curves) == {t.key for t in want}
