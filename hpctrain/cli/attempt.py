@@ -14,6 +14,8 @@ import click
 
 # `attempt start` exits with this when the run must not go on; the batch script exits with it too.
 REFUSED = 3
+# ... and with this when the job's work is done already (a run Slurm started on its own): the batch script exits 0.
+DONE = 4
 
 
 def _context() -> tuple[Any, Any, Any]:
@@ -53,14 +55,22 @@ def attempt() -> None:
 @attempt.command()
 def start() -> None:
     """Journal this run's number and starting checkpoint step; print the number. Exits 3 when the job
-    should not run again (Slurm requeued it by itself past the requeue cap)."""
-    from hpctrain.runtime.attempts import fill_end_steps, journal_outcomes, latest_committed_step
+    should not run again (Slurm requeued it by itself past the requeue cap), 4 when its work is done already
+    (Slurm ran it again on its own after a run completed it)."""
+    from hpctrain.runtime.attempts import fill_end_steps, journal_outcomes, latest_committed_step, rerun_of_completed
 
     journal, policy, env = _context()
     task, number = env.task_index, env.run_number
-    history = [o for n, o in journal_outcomes(journal, task).items() if n < number]
+    earlier = {n: o for n, o in journal_outcomes(journal, task).items() if n < number}
+    history = list(earlier.values())
     step = latest_committed_step(policy.checkpoint_dir(task))
     journal.write("attempt_start", attempt=number, step=step, **_log_position())
+    if (why := rerun_of_completed(earlier)) is not None:
+        journal.write(
+            "attempt_end", attempt=number, cause="rerun", step_end=step, exit_code=0, requeued=False, message=why
+        )
+        click.echo(f"hpctrain: not running again: {why}", err=True)
+        sys.exit(DONE)
     # A previous run that ended without its own record was requeued by Slurm (preemption with no grace,
     # node failure): the cap still applies. A run after a recorded stop was requeued by a person: it runs.
     if history and history[-1].cause is None:

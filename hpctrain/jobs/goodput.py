@@ -14,6 +14,7 @@ of the failed start before it) to the next start or the run's end:
   stop        stopped by a notice (preemption, time limit): the stop's checkpoint and requeue, as far as
               Slurm counts them (a preempted run's elapsed time ends where it is preempted)
   end         trained to the end: the last checkpoint and the exit
+  rerun       a whole run Slurm started on its own after the job's work was done (24.11, after a preemption)
   other       what remains of Slurm's elapsed time (clock differences; runs that journaled nothing)
 The causes add up to sacct's elapsed time. A job with spare nodes also pays for their GPUs while they wait:
 ``spare``, GPU time apart from the split above (hpctrain.jobs.accounting). Time in the queue after a requeue
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "other")
+CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "rerun", "other")
 GPU_CAUSES = (*CAUSES, "spare")  # GPU-hours are split by these
 LOST = GPU_CAUSES[1:]
 STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure")
@@ -68,6 +69,9 @@ def run_goodput(
     """Split ``run`` (an attempts row) over ``elapsed_s`` seconds ending at ``end``: its ``segments`` in order,
     and the step the job's next run resumed from (None: none did)."""
     out = Goodput()
+    if run["cause"] == "rerun":
+        out.add("rerun", elapsed_s)
+        return out
     begin = run["started_at"]
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1

@@ -40,7 +40,7 @@ SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.i
             WHERE t.job_id = j.id GROUP BY state)) AS task_states,
        (SELECT count(*) - count(DISTINCT a.task_index) FROM attempts a WHERE a.job_id = j.id) AS restarts,
        (SELECT count(*) FROM attempts a WHERE a.job_id = j.id
-            AND (a.state = 'PREEMPTED' OR a.cause = 'preemption')) AS preemptions
+            AND (a.cause = 'preemption' OR (a.cause IS NULL AND a.state = 'PREEMPTED'))) AS preemptions
 FROM jobs j {index}
 WHERE j.site = ? {where}
 ORDER BY j.id DESC
@@ -148,7 +148,8 @@ class Jobs:
         self, site: str, final: Collection[str], active_only: bool = False, limit: int = 200
     ) -> list[JobSummary]:
         """One row per job, newest first, with array task counts, restarts and preemptions (one query); a run that
-        requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does."""
+        requeued itself on a preemption notice counts as preempted, as one Slurm ended PREEMPTED does (unless it
+        journaled another end: 24.11 records a run that completed after a preemption PREEMPTED too)."""
         # The plans fixed whatever the statistics: the open jobs' index, or the newest rows first, up to the limit.
         index, where, args = "NOT INDEXED", "", [site]
         if active_only:

@@ -39,6 +39,21 @@ class Outcome:
         return self.step_end <= self.step_start
 
 
+def rerun_of_completed(earlier: dict[int, Outcome]) -> str | None:
+    """Why a run starting after the ``earlier`` runs of its task (by number) has nothing to do, or None: the last one
+    completed the job's work after an earlier one was preempted. Slurm 24.11 still requeues such a job once more
+    when it ends (sacct: PREEMPTED, PREEMPTED, COMPLETED): a run of Slurm's own, not of the job."""
+    numbers = sorted(earlier)
+    if len(numbers) < 2 or earlier[numbers[-1]].cause != "completed":
+        return None
+    if not any(earlier[n].cause in (None, "preemption", "requeued") for n in numbers[:-1]):
+        return None
+    return (
+        f"run {numbers[-1]} completed the job after a preemption and Slurm started this run on its own "
+        "(Slurm 24.11 requeues a preempted job once more when it ends)"
+    )
+
+
 def fill_end_steps(outcomes: list[Outcome], current_step: int | None) -> list[Outcome]:
     """A run that could not record its end step ended where the next one started (the last: ``current_step``)."""
     for i, o in enumerate(outcomes):

@@ -51,11 +51,23 @@ class SlurmVersion:
         """Whether Slurm requeues a preempted job that ends by itself during its grace time."""
         return self.at_least(24, 11)
 
+    @property
+    def reruns_after_preemption(self) -> bool:
+        """Whether Slurm runs a job once more after a run completed it, when an earlier run was preempted and outlived
+        its grace time (seen on 24.11.5; not on 22.05 or 26.05)."""
+        return self.at_least(24, 11) and not self.at_least(26, 5)
+
     def preemption_note(self) -> str:
         """How a preempted job comes back on this release."""
-        if self.requeues_preempted_exit:
-            return "a preempted job is requeued by Slurm when it exits (hpctrain leaves it to Slurm)"
-        return "a preempted job that exits during its grace time is not requeued by Slurm (hpctrain requeues it)"
+        if not self.requeues_preempted_exit:
+            return "a preempted job that exits during its grace time is not requeued by Slurm (hpctrain requeues it)"
+        note = "a preempted job is requeued by Slurm when it exits (hpctrain leaves it to Slurm)"
+        if self.reruns_after_preemption:
+            note += (
+                "; a job whose command ignored the notice and was killed after its grace time is run once more by "
+                "Slurm after its next run completes: hpctrain's batch script ends that run at once (cause rerun)"
+            )
+        return note
 
 
 @dataclass(frozen=True)

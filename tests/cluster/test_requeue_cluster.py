@@ -158,3 +158,34 @@ def test_a_cancelled_job_is_not_requeued(dev_cluster, isolated_ledger, tmp_path)
         time.sleep(12)  # past cred_expire a requeued job would be back
         squeue = SlurmClient.for_site(load_site("dev")).run("squeue", "-h", "-j", job["slurm_job_id"])
     assert squeue.strip() == ""
+
+
+def test_a_preempted_command_that_ignores_the_notice_does_its_work_once(dev_cluster, isolated_ledger, tmp_path):
+    """A command that ignores the notice outlives QOS low's grace time, is killed, and runs again from the start.
+    Slurm 24.11 then requeues that second run once more although it completed (sacct: PREEMPTED, PREEMPTED,
+    COMPLETED): the third run ends at once, recorded as Slurm's own rerun, so the work is done once and the job
+    counts one preemption; on the other releases there is no third run. Every run is decided."""
+    done = tmp_path / "done"
+    deaf = f'trap "" USR2 TERM HUP; sleep 45; echo "run $SLURM_RESTART_COUNT" >> {done}'
+    with Ledger(isolated_ledger) as ledger:
+        job = submit(ledger, {"name": "deaf", "command": ["bash", "-c", deaf], "launcher": "none",
+                              "resources": {**SMALL, "gpus_per_node": 4, "tasks_per_node": 1, "preemptible": True}})
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 120, 0.5, "the job to start")
+        client = SlurmClient.for_site(load_site("dev"))
+        node = client.show_job(job["slurm_job_id"])["NodeList"]
+        client.sbatch("#!/bin/bash\nsleep 1\n", args=("-A", "teama", "--qos", "high", "--gres", "gpu:4", "-w", node,
+                                                       "-t", "2", "--mem", "100M", "-o", "/dev/null"))
+        assert finish(ledger, job["id"], timeout=300) == "COMPLETED"
+        assert run_cli("reconcile").returncode == 0
+        attempts = ledger.attempts.of_job(job["id"])
+        status = run_cli("status", "--all").stdout
+        show = run_cli("show", str(job["id"])).stdout
+    assert done.read_text() == "run 1\n"  # the second run did the work, and no other
+    assert all(a["requeued"] is not None for a in attempts), attempts
+    causes = [a["cause"] for a in attempts]
+    assert causes in (["preemption", "completed"], ["preemption", "completed", "rerun"]), attempts
+    if "rerun" in causes:  # 24.11's third run, said in words
+        assert "Slurm started this run on its own" in " ".join(show.split()), show
+    row = next(line for line in status.splitlines() if " deaf " in line)
+    assert [c.strip() for c in row.split("│")][6:8] == [str(len(causes) - 1), "1"], row  # restarts, preempted once

@@ -58,12 +58,14 @@ trap 'forward USR2' USR2
 trap 'forward TERM' TERM
 trap 'forward HUP' HUP
 
-# This run's number, journaled with the checkpoint step it starts from; exit 3: past the requeue cap.
-# The bookkeeping runs with the stop signals ignored: Slurm signals every process of the job.
+# This run's number, journaled with the checkpoint step it starts from; exit 3: past the requeue cap; 4: the job's
+# work is done (a run Slurm started on its own after one completed it). The bookkeeping runs with the stop signals
+# ignored: Slurm signals every process of the job.
 HPCTRAIN_ATTEMPT=$(trap '' TERM USR2 HUP; exec /opt/hpctrain/bin/python -m hpctrain attempt start)
 case $? in
   0) export HPCTRAIN_ATTEMPT ;;
   3) exit 3 ;;
+  4) exit 0 ;;
   *) echo "hpctrain: could not record this run's start; running anyway" >&2 ;;
 esac
 

@@ -27,12 +27,19 @@ def test_each_runs_time_is_split_by_cause_and_adds_up_to_slurms():
     got = job_goodput(RUNS, SEGMENTS, now=2000)
     first, second = got[(-1, 0)], got[(-1, 1)]
     assert first.seconds == {"productive": 35, "recomputed": 15, "startup": 18, "overhead": 10, "hang": 15,
-                             "crash": 5, "stop": 2, "end": 0, "other": 0}
+                             "crash": 5, "stop": 2, "end": 0, "rerun": 0, "other": 0}
     assert first.queue_s == 30
     assert second.seconds == {**dict.fromkeys(CAUSES, 0), "productive": 20, "startup": 5, "overhead": 2, "end": 3,
                               "other": 2}
     assert second.queue_s == 0
     assert [sum(g.seconds.values()) for g in (first, second)] == [100, 32]
+
+
+def test_a_run_slurm_started_after_the_work_was_done_is_all_rerun():
+    """Slurm 24.11's run after a completed one (its batch script ends it at once): all of it is lost to the rerun."""
+    got = job_goodput([*RUNS, run(2, 1170, 1174, 4, "rerun")], SEGMENTS, now=2000)
+    assert got[(-1, 2)].seconds == {**dict.fromkeys(CAUSES, 0), "rerun": 4}
+    assert got[(-1, 1)].queue_s == 10
 
 
 def test_clock_differences_scale_to_slurms_elapsed_and_unjournaled_runs_are_other():

@@ -19,6 +19,7 @@ from hpctrain.runtime.attempts import (
     fill_end_steps,
     journal_outcomes,
     latest_committed_step,
+    rerun_of_completed,
     stalled_streak,
 )
 from hpctrain.slurm.parse import parse_parsable_with_header
@@ -131,6 +132,31 @@ def test_a_run_slurm_requeued_by_itself_is_refused_past_the_cap(job, tmp_path):
     assert refused.returncode == 3 and "not running: requeue cap: 2 consecutive" in refused.stderr
     # After a recorded stop, a start is a person's requeue: it runs.
     assert attempt("start", attempt_no="3").stdout.strip() == "3"
+
+
+def test_a_run_slurm_starts_after_one_completed_the_job_ends_at_once(job, tmp_path):
+    """Slurm 24.11 requeues a job preempted past its grace time once more when its next run completes: that run
+    journals itself as Slurm's rerun and exits 4 (the batch script then exits 0) without running the command."""
+    journal = Journal(tmp_path / "journal")
+    assert attempt("start", attempt_no="0").stdout.strip() == "0"  # killed at the end of its grace time: no end
+    assert attempt("start", attempt_no="1").stdout.strip() == "1"
+    assert attempt("end", "--exit-code", "0", attempt_no="1").returncode == 0
+    rerun = attempt("start", attempt_no="2")
+    assert rerun.returncode == 4 and rerun.stdout == ""
+    assert rerun.stderr == ("hpctrain: not running again: run 1 completed the job after a preemption and Slurm started "
+                            "this run on its own (Slurm 24.11 requeues a preempted job once more when it ends)\n")
+    assert [(n, o.cause) for n, o in journal_outcomes(journal, 2).items()] == [(0, None), (1, "completed"), (2, "rerun")]
+
+
+def test_only_a_completion_after_a_preemption_is_followed_by_slurms_own_rerun():
+    def outcomes(*causes):
+        return dict(enumerate(Outcome(c) for c in causes))
+
+    assert rerun_of_completed(outcomes("preemption", "completed")) is not None
+    assert rerun_of_completed(outcomes(None, "completed")) is not None  # killed without a word, then completed
+    assert rerun_of_completed(outcomes("completed")) is None  # a person's requeue of a job that ran once
+    assert rerun_of_completed(outcomes("error", "completed")) is None
+    assert rerun_of_completed(outcomes("preemption", "error")) is None
 
 
 def test_a_failed_step_restarts_in_place_up_to_the_specs_count(job, tmp_path, monkeypatch):

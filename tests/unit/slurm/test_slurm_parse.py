@@ -37,15 +37,16 @@ def test_gpus_in_gres_forms():
     assert gpus_in_gres("") == 0
 
 
-@pytest.mark.parametrize("text, version, slurm_requeues", [
-    ("slurm 22.05.8", "22.05.8", False), ("24.11.5", "24.11.5", True), ("slurm 26.05.5\n", "26.05.5", True),
-    ("slurm 23.11.0-rc1", "23.11.0", False)])
-def test_slurm_versions_and_what_they_change(text, version, slurm_requeues):
+@pytest.mark.parametrize("text, version, slurm_requeues, reruns", [
+    ("slurm 22.05.8", "22.05.8", False, False), ("24.11.5", "24.11.5", True, True),
+    ("slurm 26.05.5\n", "26.05.5", True, False), ("slurm 23.11.0-rc1", "23.11.0", False, False)])
+def test_slurm_versions_and_what_they_change(text, version, slurm_requeues, reruns):
     from hpctrain.slurm.version import SlurmVersion
 
     v = SlurmVersion.parse(text)
     assert str(v) == version and v.requeues_preempted_exit is slurm_requeues
     assert ("leaves it to Slurm" in v.preemption_note()) is slurm_requeues
+    assert ("run once more by Slurm" in v.preemption_note()) is reruns
 
 
 @pytest.mark.parametrize("conf, delay, source, only_state", [
