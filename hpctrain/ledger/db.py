@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,8 @@ class Ledger:
                 raise LedgerError(
                     f"{self.path}: ledger schema v{current} is newer than this hpctrain (v{SCHEMA_VERSION}): upgrade hpctrain"
                 )
+            if current:  # an upgrade rewrites what the new schema sums up: minutes on a ledger of years
+                print(f"hpctrain: upgrading the ledger {self.path} to schema v{SCHEMA_VERSION}", file=sys.stderr)
             for version in range(current + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[version - 1]:
                     self.db.execute(statement)

@@ -7,16 +7,29 @@ from __future__ import annotations
 
 # A settled job's runs (run_usage) summed into its job_usage row, for the jobs that the query {jobs} names. A job
 # whose runs differ in account, partition or whether they journal steps is not ``uniform``: it is read run by run.
-JOB_USAGE_FROM_RUNS = """INSERT OR REPLACE INTO job_usage (job_id, site, account, partition, user, sweep_id, measured,
+_V16_CAUSES = (
+    "productive",
+    "recomputed",
+    "startup",
+    "overhead",
+    "hang",
+    "crash",
+    "stop",
+    "end",
+    "rerun",
+    "other",
+    "spare",
+)
+JOB_USAGE_FROM_RUNS = f"""INSERT OR REPLACE INTO job_usage (job_id, site, account, partition, user, sweep_id, measured,
     uniform, runs, started_at, ended_at, lost_from, gpu_hours, lost_gpu_hours, queue_s,
-    productive_h, recomputed_h, startup_h, overhead_h, hang_h, crash_h, stop_h, end_h, rerun_h, other_h, spare_h)
+    {", ".join(f"{c}_h" for c in _V16_CAUSES)})
 SELECT u.job_id, min(u.site), min(u.account), min(u.partition), j.user, j.sweep_id, max(u.measured),
        count(DISTINCT coalesce(u.account, '')) = 1 AND count(DISTINCT coalesce(u.partition, '')) = 1
            AND min(u.measured) = max(u.measured),
        count(*), min(u.started_at), max(u.ended_at), min(u.lost_from), sum(u.gpu_hours),
        sum(CASE WHEN u.lost_from IS NULL THEN 0.0 ELSE u.gpus * max(0.0, u.ended_at - u.lost_from) / 3600 END),
-       sum(u.queue_s), sum(u.productive_h), sum(u.recomputed_h), sum(u.startup_h), sum(u.overhead_h), sum(u.hang_h), sum(u.crash_h), sum(u.stop_h), sum(u.end_h), sum(u.rerun_h), sum(u.other_h), sum(u.spare_h)
-FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({jobs}) GROUP BY u.job_id"""
+       sum(u.queue_s), {", ".join(f"sum(u.{c}_h)" for c in _V16_CAUSES)}
+FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({{jobs}}) GROUP BY u.job_id"""
 
 
 def _minute(x: str) -> str:
@@ -409,7 +422,7 @@ MIGRATIONS: list[list[str]] = [
     # started on its own after the job's work was done (rerun).
     [
         "ALTER TABLE run_usage ADD COLUMN rerun_h REAL NOT NULL DEFAULT 0.0",
-        """CREATE TABLE job_usage (
+        f"""CREATE TABLE job_usage (
             job_id INTEGER PRIMARY KEY REFERENCES jobs(id),
             site TEXT NOT NULL,
             account TEXT,
@@ -425,17 +438,7 @@ MIGRATIONS: list[list[str]] = [
             gpu_hours REAL NOT NULL,
             lost_gpu_hours REAL NOT NULL,
             queue_s REAL NOT NULL,
-            productive_h REAL NOT NULL,
-            recomputed_h REAL NOT NULL,
-            startup_h REAL NOT NULL,
-            overhead_h REAL NOT NULL,
-            hang_h REAL NOT NULL,
-            crash_h REAL NOT NULL,
-            stop_h REAL NOT NULL,
-            end_h REAL NOT NULL,
-            rerun_h REAL NOT NULL,
-            other_h REAL NOT NULL,
-            spare_h REAL NOT NULL
+            {", ".join(f"{c}_h REAL NOT NULL" for c in _V16_CAUSES)}
         )""",
         "CREATE INDEX job_usage_ended ON job_usage(site, ended_at, started_at)",
         "DROP TRIGGER run_usage_reopened",

@@ -8,6 +8,7 @@ from hpctrain.jobs.accounting import GROUPS, cost_totals, settle, summary, total
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
+from hpctrain.ledger.schema import MIGRATIONS
 from hpctrain.ledger.usage import CAUSES
 
 H = 3600.0
@@ -163,3 +164,25 @@ def test_cost_totals_sum_in_the_ledger_what_totals_of_usage_sum_per_run(tmp_path
         assert (g.gpu_hours, g.lost_gpu_hours, g.cost, g.queue_s, g.measured_gpu_hours) == pytest.approx(
             (w.gpu_hours, w.lost_gpu_hours, w.cost, w.queue_s, w.measured_gpu_hours))
         assert g.causes == pytest.approx(w.causes)
+
+
+def test_the_upgrade_to_v16_sums_the_runs_kept_before_it(tmp_path):
+    """A ledger whose runs were kept before job_usage and usage_minutes existed gets both from its run_usage."""
+    import sqlite3
+
+    path = tmp_path / "l.db"
+    tables = ("SELECT * FROM job_usage ORDER BY job_id", "SELECT * FROM usage_minutes ORDER BY site, minute, account")
+    with Ledger(path) as ledger:
+        _mixed_history(ledger, settled=True)
+        settle(ledger, "dev", 8 * 86400.0)
+        want = [ledger.db.execute(q).fetchall() for q in tables]
+    v11_trigger = next(s for s in MIGRATIONS[10] if "TRIGGER run_usage_reopened" in s)
+    conn = sqlite3.connect(path)
+    conn.executescript("DROP TRIGGER usage_minutes_kept; DROP TRIGGER usage_minutes_dropped; DROP TABLE usage_minutes; "
+                       f"DROP TRIGGER run_usage_reopened; {v11_trigger}; DROP TABLE job_usage; "
+                       "ALTER TABLE run_usage DROP COLUMN rerun_h; PRAGMA user_version = 15")
+    conn.close()
+    with Ledger(path) as ledger:
+        got = [ledger.db.execute(q).fetchall() for q in tables]
+    assert len(want[0]) == 2 and len(want[1]) == 6  # two jobs; three runs, each starting and ending in a minute of its own
+    assert got == [[pytest.approx(row) for row in rows] for rows in want]
