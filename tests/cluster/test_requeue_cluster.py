@@ -165,8 +165,9 @@ def test_a_preempted_command_that_ignores_the_notice_does_its_work_once(dev_clus
     Slurm 24.11 then requeues that second run once more although it completed (sacct: PREEMPTED, PREEMPTED,
     COMPLETED): the third run ends at once, recorded as Slurm's own rerun, so the work is done once and the job
     counts one preemption; on the other releases there is no third run. Every run is decided."""
-    done = tmp_path / "done"
-    deaf = f'trap "" USR2 TERM HUP; sleep 45; echo "run $SLURM_RESTART_COUNT" >> {done}'
+    done, release = tmp_path / "done", tmp_path / "release"
+    # The work: waiting for the release (made once the second run has started), then the line in `done`.
+    deaf = f'trap "" USR2 TERM HUP; until [ -e {release} ]; do sleep 1; done; echo "run $SLURM_RESTART_COUNT" >> {done}'
     with Ledger(isolated_ledger) as ledger:
         job = submit(ledger, {"name": "deaf", "command": ["bash", "-c", deaf], "launcher": "none",
                               "resources": {**SMALL, "gpus_per_node": 4, "tasks_per_node": 1, "preemptible": True}})
@@ -176,6 +177,9 @@ def test_a_preempted_command_that_ignores_the_notice_does_its_work_once(dev_clus
         node = client.show_job(job["slurm_job_id"])["NodeList"]
         client.sbatch("#!/bin/bash\nsleep 1\n", args=("-A", "teama", "--qos", "high", "--gres", "gpu:4", "-w", node,
                                                        "-t", "2", "--mem", "100M", "-o", "/dev/null"))
+        wait_until(lambda: [r for _, r in journal.records(kinds=["attempt_start"]) if r["attempt"] == 1], 240, 0.5,
+                   "the job's second run")
+        release.touch()
         assert finish(ledger, job["id"], timeout=300) == "COMPLETED"
         assert run_cli("reconcile").returncode == 0
         attempts = ledger.attempts.of_job(job["id"])
