@@ -51,6 +51,8 @@ _LOST = (
     "CASE WHEN lost_from IS NULL THEN 0.0 ELSE gpus * max(0.0, min(ended_at, :now) - max(lost_from, :since)) / 3600 END"
 )
 _IN_WINDOW = f"SELECT *, {_SHARE} AS share, {_LOST} AS lost FROM run_usage WHERE {_WINDOW}"
+# The runs of jobs already chosen, by its primary key: without statistics SQLite would read the window's runs instead.
+_BY_JOB = "INDEXED BY sqlite_autoindex_run_usage_1"
 _CAUSE_SUMS = ", ".join(f"sum(share * {c}_h) AS {c}" for c in CAUSES)
 
 # Per job (and partition and measured): a window of runs comes out as one row per job, its user and sweep with it.
@@ -70,7 +72,7 @@ UNION ALL
 SELECT g.*, j.user, j.sweep_id FROM (
     SELECT job_id, account, partition, measured, count(*) AS runs, sum(share * gpu_hours) AS gpu_hours,
            sum(lost) AS lost_gpu_hours, sum(queue_s) AS queue_s, min(max(started_at, :since)) AS first, {_CAUSE_SUMS}
-    FROM ({_IN_WINDOW} AND job_id IN (SELECT job_id FROM w WHERE NOT ({_INSIDE})))
+    FROM ({_IN_WINDOW.replace("FROM run_usage", f"FROM run_usage {_BY_JOB}")} AND job_id IN (SELECT job_id FROM w WHERE NOT ({_INSIDE})))
     GROUP BY job_id, partition, measured) g
 JOIN jobs j ON j.id = g.job_id
 """
@@ -93,8 +95,8 @@ WHERE site = :site AND minute BETWEEN :first AND :last AND (:account IS NULL OR 
 """
 # Kept runs the minutes in [first, last] do not count as they count in the window: runs begun by the window's start
 # that end after the first minute's start, and runs that end after the last minute (found through their jobs).
-_OUTSIDE_MINUTES_SQL = """
-SELECT u.account, u.started_at, u.ended_at, u.gpu_hours FROM run_usage u
+_OUTSIDE_MINUTES_SQL = f"""
+SELECT u.account, u.started_at, u.ended_at, u.gpu_hours FROM run_usage AS u {_BY_JOB}
 WHERE u.job_id IN (SELECT job_id FROM job_usage WHERE site = :site AND ended_at > :low
                    AND (started_at <= :since OR ended_at > :high))
   AND u.site = :site AND (:account IS NULL OR u.account = :account)
