@@ -10,7 +10,8 @@ without the nodes left out (see ``hpctrain attempt``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from hpctrain.contract import JobEnvironment
@@ -22,6 +23,9 @@ from hpctrain.slurm.client import SlurmClient
 _UNHEALTHY = ("down", "drained", "fail", "failing", "future", "unknown", "inval")
 # A node whose ranks failed first in this many steps of one run is left out of the next.
 FAILURES_TO_EXCLUDE = 2
+# How long a step waits for nodes that only miss the controller's pings (a loaded node) before leaving them out.
+SILENT_WAIT_S = 20.0
+SILENT_POLL_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -90,10 +94,31 @@ def excluded_nodes(journal: Journal | None, env: JobEnvironment) -> dict[str, st
     }
 
 
-def step_nodes(client: SlurmClient, wanted: int, env: JobEnvironment | None = None) -> StepNodes:
-    """`choose` for this run's next job step, from what the controller says now (one `scontrol show job`, one
-    `sinfo`) and this run's journal."""
+def silent_only(state: str) -> bool:
+    """Whether a node is ruled out only for not answering the controller's pings (``mixed*``): a busy node
+    answers again, a dead one goes down."""
+    return state.endswith("*") and not unhealthy(state.rstrip("*"))
+
+
+def step_nodes(
+    client: SlurmClient,
+    wanted: int,
+    env: JobEnvironment | None = None,
+    silent_wait_s: float = SILENT_WAIT_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> StepNodes:
+    """`choose` for this run's next job step, from what the controller says (one `scontrol show job`, `sinfo`)
+    and this run's journal. When too few nodes are left only because some do not answer the controller's pings,
+    `sinfo` is asked again for up to ``silent_wait_s`` seconds before the step gives them up."""
     env = env or JobEnvironment()
     nodes = expand_hostlist(env.node_list)
     held = expand_hostlist(client.show_job(env.slurm_job_id or "").get("NodeList", ""))
-    return choose(nodes, held, client.node_states(nodes), excluded_nodes(Journal.from_env(), env), wanted)
+    excluded = excluded_nodes(Journal.from_env(), env)
+    checks = int(silent_wait_s // SILENT_POLL_S)
+    for check in range(checks + 1):
+        states = client.node_states(nodes)
+        got = choose(nodes, held, states, excluded, wanted)
+        if got.enough or check == checks or not any(silent_only(states.get(n, "")) for n in got.lost()):
+            break
+        sleep(SILENT_POLL_S)
+    return got

@@ -12,7 +12,7 @@ from hpctrain.config import load_site
 from hpctrain.errors import HpctrainError
 from hpctrain.contract import JobEnvironment
 from hpctrain.launch.launcher import launch_env, placement_options, srun_argv
-from hpctrain.launch.nodes import choose, excluded_nodes, unhealthy
+from hpctrain.launch.nodes import choose, excluded_nodes, step_nodes, unhealthy
 from hpctrain.launch.rendezvous import expand_hostlist, master_port, task_env, tasks_on_node
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.watchdog import HUNG_EXIT
@@ -111,6 +111,32 @@ def test_the_rendered_container_launch_line_starts_the_shim_in_the_image(runtime
 def test_sinfo_states_that_rule_a_node_out():
     assert [s for s in ("allocated", "mixed", "idle", "draining", "completing") if unhealthy(s)] == []
     assert all(unhealthy(s) for s in ("down", "down*", "drained", "fail", "failing", "allocated*", "mixed*", "unknown"))
+
+
+class Controller:
+    """`scontrol show job` and `sinfo` as a step's restart asks them: n1 and n2 held, n1's state in turn."""
+
+    def __init__(self, n1_states: list[str]):
+        self.n1_states = n1_states
+
+    def show_job(self, target: str) -> dict[str, str]:
+        return {"NodeList": "n[1-2]"}
+
+    def node_states(self, nodes: list[str]) -> dict[str, str]:
+        state = self.n1_states.pop(0) if len(self.n1_states) > 1 else self.n1_states[0]
+        return {"n1": state, "n2": "allocated"}
+
+
+@pytest.mark.parametrize("n1_states, chosen, waits", [(["mixed*", "mixed*", "mixed"], ["n1", "n2"], 2),
+                                                      (["mixed*"], ["n2"], 3), (["down*", "mixed"], ["n2"], 0)])
+def test_a_node_that_misses_the_controllers_pings_is_asked_after_again(n1_states, chosen, waits, monkeypatch):
+    """A loaded node's slurmd can miss a ping (sinfo: mixed*): the step asks again, every 2 s for up to 6 s here,
+    before it gives the node up; a node down is given up at once."""
+    monkeypatch.delenv("HPCTRAIN_JOURNAL_DIR", raising=False)
+    env = JobEnvironment({"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]"})
+    slept: list[float] = []
+    step = step_nodes(Controller(n1_states), 2, env, silent_wait_s=6.0, sleep=slept.append)
+    assert (step.chosen, slept) == (chosen, [2.0] * waits)
 
 
 def test_the_step_runs_on_the_first_healthy_nodes_and_keeps_the_rest_spare():
