@@ -114,7 +114,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
     else:
         this.cause, requeued_by_slurm = _cause(exit_code, signal_name, env.restart_count)
     # `restart` waited for silent nodes already; `end` may run between SIGTERM and SIGKILL: it asks once.
-    if this.cause == "error" and (nodes := _step_nodes(policy, env, silent_wait_s=0)) is not None and not nodes.enough:
+    if this.cause == "error" and (nodes := _step_nodes(policy, env, wait=False)) is not None and not nodes.enough:
         this.cause, exclude = "node_failure", sorted(nodes.lost())  # a next run keeps off the nodes left out
     this.step_end = latest_committed_step(policy.checkpoint_dir(task))
     go, why = policy.decide([o for n, o in runs.items() if n <= number])
@@ -185,10 +185,10 @@ def restart(exit_code: int) -> None:
     click.echo(f"hpctrain: {why}", err=True)
 
 
-def _step_nodes(policy: Any, env: Any, silent_wait_s: float | None = None) -> Any:
+def _step_nodes(policy: Any, env: Any, wait: bool = True) -> Any:
     """The nodes a step started now would run on (hpctrain.launch.nodes), in a job that restarts its step in the
-    allocation; None elsewhere, and when Slurm does not answer (the step's launch asks again). ``silent_wait_s``:
-    how long to wait for nodes that miss the controller's pings (default: `step_nodes`'s)."""
+    allocation; None elsewhere, and when Slurm does not answer (the step's launch asks again). Without ``wait``,
+    nodes that miss the controller's pings are not waited for."""
     if not (policy.in_place and env.in_slurm):
         return None
     from hpctrain.errors import HpctrainError
@@ -196,7 +196,7 @@ def _step_nodes(policy: Any, env: Any, silent_wait_s: float | None = None) -> An
     from hpctrain.slurm import SlurmClient
 
     try:
-        return step_nodes(SlurmClient(), policy.nodes, env, SILENT_WAIT_S if silent_wait_s is None else silent_wait_s)
+        return step_nodes(SlurmClient(), policy.nodes, env, SILENT_WAIT_S if wait else 0.0)
     except HpctrainError as exc:
         click.echo(f"hpctrain: cannot tell which nodes are left: {exc}", err=True)
         return None

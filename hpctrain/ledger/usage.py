@@ -141,7 +141,7 @@ class RunUsage:
     def keep(self, job_ids: Collection[int], runs: list[dict[str, Any]], at: float) -> None:
         """The runs (rows of COLUMNS) of these jobs, which have settled at ``at``."""
         ids = list(job_ids)
-        parts = [(ids[i : i + 500], ",".join("?" * len(ids[i : i + 500]))) for i in range(0, len(ids), 500)]
+        parts = [(part, ",".join("?" * len(part))) for part in (ids[i : i + 500] for i in range(0, len(ids), 500))]
         with self.ledger.transaction() as db:
             for part, marks in parts:  # runs kept before are replaced: deleting them takes back their minutes
                 db.execute(f"DELETE FROM run_usage WHERE job_id IN ({marks})", part)
