@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-import deepspeed
+from hpctrain.train.deepspeed_loader import deepspeed  # isort: skip (first: see the module)
+
 import torch
 import torch.distributed as dist
 from deepspeed.pipe import LayerSpec, PipelineModule

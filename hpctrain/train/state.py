@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hpctrain.train.deepspeed_loader import deepspeed  # noqa: F401  # isort: skip (first: see the module)
+
 import torch
 from deepspeed.runtime.pipe.engine import PipelineEngine
 from deepspeed.utils import (

@@ -135,9 +135,14 @@ def assemble(pieces):
     return full
 
 
-def torchrun(nproc: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**tests_on_path(), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    cmd = [str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}", *args]
+def torchrun(nproc: int, *args: str, timeout: float = 300, env: dict[str, str] | None = None,
+             fork: bool = True) -> subprocess.CompletedProcess[str]:
+    """``nproc`` ranks of ``args`` (``-m MODULE ARG...``) on this machine, with torchrun's environment: forked from
+    one process that imported the trainer's libraries (helpers.forkrun), or with ``fork=False`` by torchrun itself."""
+    env = {**tests_on_path(), "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", **(env or {})}
+    launcher = [sys.executable, "-m", "helpers.forkrun", str(nproc)] if fork else [
+        str(TORCHRUN), "--standalone", f"--nproc-per-node={nproc}"]
+    cmd = [*launcher, *args]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{first_failure(done.stderr)}"
     return done
@@ -147,11 +152,8 @@ def train_ranks(spec: Path, steps: int, journal: Path, stderr: list[str] | None 
                 job_id: int = 1) -> list[dict]:
     """The step lines of ``nproc`` ranks training ``spec`` to ``steps`` with the reference trainer, journaling
     into ``journal`` as ledger job ``job_id``; their stderr appended to ``stderr``."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": str(job_id)}
-    out = subprocess.run([str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), "-m", "hpctrain.train",
-                          "--spec", str(spec), "--steps", str(steps)], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = torchrun(nproc, "-m", "hpctrain.train", "--spec", str(spec), "--steps", str(steps),
+                   env={"HPCTRAIN_JOURNAL_DIR": str(journal), "HPCTRAIN_JOB_ID": str(job_id)})
     if stderr is not None:
         stderr.append(out.stderr)
     return [json.loads(ln) for ln in out.stdout.splitlines() if ln.startswith("{")]

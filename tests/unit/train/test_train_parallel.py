@@ -99,7 +99,7 @@ hyperparameters = {{ lr = 1e-3 }}
 def test_entry_point_prints_one_json_line_per_step_from_rank_0(tmp_path, monkeypatch):
     spec_path = write_spec(tmp_path / "spec.toml", "dp = 1, tp = 2, pp = 1, micro_batch = 2, grad_accum = 2", 2)
     monkeypatch.setenv("HPCTRAIN_SPEC", str(spec_path))
-    lines = torchrun(2, "-m", "hpctrain.train", "--steps", "3").stdout.splitlines()
+    lines = torchrun(2, "-m", "hpctrain.train", "--steps", "3", fork=False).stdout.splitlines()
     records = [json.loads(line) for line in lines]
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(set(r) == {"step", "loss", "step_time_s", "tokens_per_s"} for r in records)

@@ -1,0 +1,77 @@
+"""Ranks on this machine started as torchrun --standalone starts them, but forked from one process that has already
+imported what every rank imports (torch, DeepSpeed, hpctrain's trainer): `python -m helpers.forkrun NPROC -m MODULE
+ARG...`. A rank's start is almost all imports (about 5 CPU-seconds, the training steps of these tests a fraction of
+one), so a 4-rank run costs about a third of torchrun's CPU. Each rank gets torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RUN_ID) and runs MODULE as ``__main__`` with ARG...;
+as under torchrun, the first rank to fail ends the others (SIGKILL) and the run's exit status is not 0. Tests of torchrun's
+own launch path use torchrun (helpers.train.torchrun with ``fork=False``)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import runpy
+import signal
+import socket
+import sys
+import traceback
+import uuid
+
+PR_SET_PDEATHSIG = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank: int, nproc: int, port: int, run_id: str, module: str, args: list[str]) -> int:
+    """In the forked child: torchrun's environment for ``rank``, then MODULE as __main__; its exit status."""
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a launcher killed (a test's timeout) takes its ranks
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", ROLE_RANK=str(rank),
+                      WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc), ROLE_WORLD_SIZE=str(nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=run_id,
+                      TORCHELASTIC_RESTART_COUNT="0", TORCHELASTIC_MAX_RESTARTS="0")
+    sys.argv = [module, *args]
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    nproc, flag, module, *args = argv
+    assert flag == "-m", "usage: python -m helpers.forkrun NPROC -m MODULE [ARG...]"
+    import torch._dynamo  # noqa: F401  (torch.optim's first optimizer imports it: once here, not in every rank)
+
+    import hpctrain.train.engine  # noqa: F401  (torch, DeepSpeed, the trainer's packages)
+    import hpctrain.train.state  # noqa: F401
+
+    port, run_id, ranks = free_port(), uuid.uuid4().hex, {}
+    for rank in range(int(nproc)):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = rank_main(rank, int(nproc), port, run_id, module, args)
+            sys.exit(code)  # the child's own shutdown: its atexit handlers and non-daemon threads, as a process's
+        ranks[pid] = rank
+    failed = 0
+    while ranks:
+        pid, status = os.wait()
+        rank, code = ranks.pop(pid), os.waitstatus_to_exitcode(status)
+        if code != 0 and not failed:
+            failed = code
+            print(f"helpers.forkrun: rank {rank} failed (exitcode: {code}) local_rank: {rank}", file=sys.stderr)
+            for other in ranks:  # the run failed: its peers would wait in a collective (the trainer takes SIGTERM
+                os.kill(other, signal.SIGKILL)  # for a preemption notice and would try to save)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
