@@ -15,7 +15,8 @@ import pytest
 
 from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims, worker_cluster
 from helpers.paths import ASSETS, REPO
-from helpers.wheels import LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter, metadata
+from helpers.wheels import (LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter,
+                            metadata, venv_with)
 
 os.environ["OMP_NUM_THREADS"] = "1"
 
@@ -164,8 +165,4 @@ def login_install(request, wheel, tmp_path_factory) -> Path:
     python = interpreter(request.param)
     if python is None:
         pytest.skip(f"no Python {request.param} on this machine")
-    venv = tmp_path_factory.mktemp(f"venv{request.param}")
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile", str(wheel)], check=True,
-                   capture_output=True)
-    return venv / "bin"
+    return venv_with(python, tmp_path_factory.mktemp(f"venv{request.param}"), str(wheel))

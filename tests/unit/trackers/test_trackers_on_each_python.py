@@ -12,7 +12,7 @@ import pytest
 from hpctrain.ledger import Ledger
 
 from helpers.trackers import ledger_with_runs
-from helpers.wheels import LOGIN_PYTHONS, hpctrain, interpreter, venv_env
+from helpers.wheels import LOGIN_PYTHONS, hpctrain, interpreter, venv_env, venv_with
 
 pytestmark = pytest.mark.slow
 READ_BACK = """
@@ -36,11 +36,7 @@ def tracker_install(request, wheel, tmp_path_factory):
     python = interpreter(request.param)
     if python is None:
         pytest.skip(f"no Python {request.param} on this machine")
-    venv = tmp_path_factory.mktemp(f"trackers{request.param}")
-    subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile",
-                    f"{wheel}[mlflow,tensorboard]"], check=True, capture_output=True, timeout=900)
-    return venv / "bin"
+    return venv_with(python, tmp_path_factory.mktemp(f"trackers{request.param}"), f"{wheel}[mlflow,tensorboard]")
 
 
 def test_both_exports_reach_the_stores(tracker_install, isolated_ledger, tmp_path):
