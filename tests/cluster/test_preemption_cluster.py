@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec
@@ -85,24 +87,28 @@ def low_qos_grace(request, dev_cluster):
 
 @pytest.fixture(scope="session")
 def straight(tmp_path_factory):
-    """The data both grace variants train on, and the checkpoints of the run never preempted: made once, by the
-    first test that asks (during its run, after its preemptions), not per variant (session-wide: under
-    pytest-xdist, the tests of this file run between others')."""
+    """The data the tests train on, and the checkpoints of the run never preempted: made once per test run, by the
+    first test that asks (during its run, after its preemptions), not per test (under pytest-xdist, once for all
+    workers: the first to ask trains it, under a file lock in the run's shared temporary folder, the others wait)."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, whose popen-gwK/ are workers'
     work = tmp_path_factory.mktemp("straight")
     index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
 
-    def spec(name: str) -> str:
-        return trainer_spec("gpt-preempt", seed=11, index=index, ckpt=work / f"ck-{name}", every_steps=10, steps=STEPS,
-                            resources=RESOURCES)
-
-    done: list[Path] = []
+    def spec(name: str, ckpt_parent: Path = work) -> str:
+        return trainer_spec("gpt-preempt", seed=11, index=index, ckpt=ckpt_parent / f"ck-{name}", every_steps=10,
+                            steps=STEPS, resources=RESOURCES)
 
     def checkpoints() -> Path:
-        if not done:
-            (work / "straight.toml").write_text(spec("straight"))
-            straight_run(work / "straight.toml", STEPS)
-            done.append(work / "ck-straight")
-        return done[0]
+        done = shared / "straight-run"
+        with FileLock(shared / "straight-run.lock"):
+            if not (done / "trained").exists():
+                shutil.rmtree(done, ignore_errors=True)
+                done.mkdir()
+                (done / "straight.toml").write_text(spec("straight", done))
+                straight_run(done / "straight.toml", STEPS)
+                (done / "trained").touch()
+        return done / "ck-straight"
 
     return spec, checkpoints
 
