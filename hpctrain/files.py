@@ -1,11 +1,15 @@
-"""Durable file writes on the shared filesystem, for both sides: atomic JSON, directory fsync."""
+"""Files on the shared filesystem, for both sides: atomic JSON, directory fsync, and the mount that holds a path."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 def fsync_dir(path: Path) -> None:
@@ -30,3 +34,60 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o666, sync_dir: bool =
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(path.parent)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One line of the mount table: where, what type (``fuse.sshfs``, ``nfs4``, ...), from what, and its options
+    (the mount's and the file system's, together)."""
+
+    point: str
+    fstype: str
+    source: str
+    options: frozenset[str]
+
+    def option(self, name: str) -> str | None:
+        """The value of option ``name`` (``""`` for a flag), or None where the mount does not have it."""
+        for opt in self.options:
+            key, _, value = opt.partition("=")
+            if key == name:
+                return value
+        return None
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[Mount]:
+    """The mounts of a ``/proc/<pid>/mountinfo`` text (proc(5): the fields after " - " are the type, the source
+    and the file system's own options)."""
+    mounts = []
+    for line in text.splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields, rest = head.split(), tail.split()
+        if not sep or len(fields) < 6 or len(rest) < 2:
+            continue
+        options = fields[5].split(",") + (rest[2].split(",") if len(rest) > 2 else [])
+        mounts.append(Mount(_unescape(fields[4]), rest[0], _unescape(rest[1]), frozenset(options)))
+    return mounts
+
+
+def mount_of(path: Path, mountinfo: Path = MOUNTINFO) -> Mount | None:
+    """The mount holding ``path`` (its nearest existing folder, links resolved), or None where the mount table
+    cannot be read."""
+    target = Path(path).expanduser().absolute()
+    while not target.exists() and target != target.parent:
+        target = target.parent
+    real = os.path.realpath(target)
+    try:
+        return holding(real, parse_mountinfo(mountinfo.read_text()))
+    except OSError:
+        return None
+
+
+def holding(real_path: str, mounts: list[Mount]) -> Mount | None:
+    """Of ``mounts`` (in mount order), the one holding ``real_path``: the longest mount point above it, the last
+    mounted where two are the same."""
+    inside = [m for m in mounts if real_path == m.point or real_path.startswith(m.point.rstrip("/") + "/")]
+    return max(reversed(inside), key=lambda m: len(m.point), default=None)

@@ -9,7 +9,6 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from pathlib import Path
 from typing import Literal
 
 from hpctrain.config.site import SiteConfig
@@ -20,7 +19,6 @@ from hpctrain.slurm.parse import gpus_in_gres
 from hpctrain.slurm.version import SlurmFeatures
 
 Verdict = Literal["PASS", "WARN", "FAIL", "SKIP"]
-NETWORK_FILESYSTEMS = {"nfs", "nfs4", "lustre", "gpfs", "beegfs", "cifs", "smb3", "ceph", "fuse.sshfs", "9p"}
 
 
 @dataclass
@@ -225,12 +223,7 @@ class Doctor:
             with ledger.transaction():  # takes the write lock: proves the file is writable
                 pass
             version = ledger.schema_version
-        fs = filesystem_type(path)
-        if fs in NETWORK_FILESYSTEMS:
-            return Check(
-                "ledger", "FAIL", f"{path} is on {fs}: SQLite must live on a local disk of the login node (ledger.path)"
-            )
-        return Check("ledger", "PASS", f"{path} (schema v{version}, {fs})")
+        return Check("ledger", "PASS", f"{path} (schema v{version}; {ledger.storage.describe()})")
 
     def _paths(self) -> Iterable[Check]:
         for key, path in self.site.paths:
@@ -240,21 +233,3 @@ class Doctor:
                 yield Check(f"paths.{key}", "WARN", f"{path} is not writable by {self.user}")
             else:
                 yield Check(f"paths.{key}", "PASS", str(path))
-
-
-def filesystem_type(path: Path) -> str:
-    """The type of the mount holding ``path`` (longest matching mount point in /proc/mounts)."""
-    target = os.path.realpath(path if path.exists() else path.parent)
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) >= 3:
-                    mount = fields[1].replace("\\040", " ")
-                    inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                    if inside and len(mount) >= len(best):
-                        best, fstype = mount, fields[2]
-    except OSError:
-        pass
-    return fstype

@@ -1,4 +1,5 @@
-"""The ledger: one local SQLite file (WAL) that every part of hpctrain writes through.
+"""The ledger: one SQLite file that every part of hpctrain writes through (WAL on a local disk, its rollback
+journal on a shared file system: `hpctrain.ledger.storage`).
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
@@ -37,6 +38,7 @@ from hpctrain.ledger.schema import MIGRATIONS, SCHEMA_VERSION
 from hpctrain.ledger.segments import Segments
 from hpctrain.ledger.site_cache import SiteCache
 from hpctrain.ledger.sqlite import sqlite_utils
+from hpctrain.ledger.storage import storage_for
 from hpctrain.ledger.sweeps import Sweeps
 from hpctrain.ledger.usage import RunUsage
 
@@ -53,6 +55,7 @@ class Ledger:
         """A new ledger file gets ``mode`` (owner-only by default: jobs, specs and lineage are private);
         SQLite gives its -wal and -shm files the same."""
         self.path = Path(path).expanduser()
+        self.storage = storage_for(self.path)  # before anything is written: a refused place gets no file
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, mode))  # umask may only narrow it
@@ -63,9 +66,13 @@ class Ledger:
                 raise LedgerError(f"{self.path}: cannot open ledger: file is not a database")
             conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
             self.db = sqlite_utils.Database(conn)
-            self.db.enable_wal()
+            try:
+                self._set_journal_mode()
+            except LedgerError:
+                conn.close()
+                raise
             conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
             conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
             self._migrate()
             if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
@@ -79,6 +86,21 @@ class Ledger:
         self.usage, self.events = RunUsage(self), Events(self)
         self.site_cache, self.ingested = SiteCache(self), Ingested(self)
         self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
+
+    def _set_journal_mode(self) -> None:
+        """The mode `storage` chose. SQLite keeps the old one while another process has the file open: a local
+        ledger then goes on in its rollback journal until the next open; a WAL ledger now on a shared file system
+        must not go on (two hosts would each keep its index)."""
+        want = self.storage.journal_mode
+        have = self.db.execute("PRAGMA journal_mode").fetchone()[0].lower()
+        if have != want:
+            with contextlib.suppress(sqlite3.OperationalError):  # "database is locked": the old mode stays
+                have = self.db.execute(f"PRAGMA journal_mode={want}").fetchone()[0].lower()
+        if have == "wal" and want != "wal":
+            raise LedgerError(
+                f"{self.path}: the ledger is in WAL mode and open in another process; on {self.storage.fstype} it "
+                "must leave WAL: end the other hpctrain commands (and cron ticks) using it, then run this again"
+            )
 
     def close(self) -> None:
         """Close, first refreshing the statistics of tables that grew (SQLite's advice for each connection); not
