@@ -61,6 +61,8 @@ class _Judge:
         self.es: EarlyStopping = spec.early_stopping
         self.sign = 1.0 if spec.direction == "minimize" else -1.0
         self.board: dict[int, list[float]] = defaultdict(list)
+        # Where each running trial has got to: a trial ahead of them is judged where enough of them have reported.
+        self.running_at = {t.number: max(t.intermediate) for t in trials if t.state == "running" and t.intermediate}
         for t in trials:
             for step, value in self._scores(t).items():
                 self.board[step].append(value)
@@ -101,19 +103,35 @@ class _Judge:
             return f"{self.es.metric} is {trial.intermediate[step]} at step {step}: diverged"
         return self._median(trial, step) if self.es.rule == "median" else self._halving(trial)
 
-    def _median(self, trial: TrialRecord, step: int) -> str | None:
-        values = self.board[step]
-        own = self.sign * trial.intermediate[step]
-        if len(values) - 1 < self.es.min_trials:
+    def _median(self, trial: TrialRecord, last: int) -> str | None:
+        step = self._median_step(trial, last)
+        if step is None:
             return None
-        median = _median_without(values, own)
-        best = min(self._scores(trial).values())
+        values, scores = self.board[step], self._scores(trial)
+        median = _median_without(values, scores[step])
+        best = min(v for s, v in scores.items() if s <= step)
         if best <= median:
             return None
         return (
             f"median stopping: best {self.es.metric} {self.sign * best:.4g} by step {step} is worse than "
             f"the median {self.sign * median:.4g} of {len(values) - 1} other trials at that step"
         )
+
+    def _median_step(self, trial: TrialRecord, last: int) -> int | None:
+        """The step ``trial`` is judged at: its newest, where at least min_trials others reported it, as Optuna's
+        MedianPruner does. Where running trials have not reached that step yet (a cron tick sees trials a step
+        apart, and would never see enough of them at the newest step of the one ahead), the newest of its steps
+        since grace that enough of them have reached."""
+        if len(self.board[last]) - 1 >= self.es.min_trials:
+            return last
+        if not any(at < last for n, at in self.running_at.items() if n != trial.number):
+            return None
+        earlier = (
+            s
+            for s in sorted(self._scores(trial), reverse=True)
+            if self.es.grace_steps <= s < last and len(self.board[s]) - 1 >= self.es.min_trials
+        )
+        return next(earlier, None)
 
     def _halving(self, trial: TrialRecord) -> str | None:
         scores = self._rung_scores(trial)

@@ -234,3 +234,16 @@ def test_halving_keeps_the_top_fraction_rounded_up_where_optuna_rounds_down():
     second = {2: 2.0}
     assert optuna_halving_prunes(spec, second, AT_RUNG)
     assert should_stop(spec, curve(99, second), [curve(i, c, "running") for i, c in enumerate(AT_RUNG)]) is None
+
+
+def test_a_trial_a_step_ahead_of_the_running_others_is_judged_where_enough_of_them_are():
+    """A cron tick sees running trials a step apart: the worst one, always a step ahead of one of the two others,
+    had fewer than min_trials others at its newest step at every tick (seen in CI: never pruned in 4 minutes)."""
+    spec = make_spec(rule="median", grace_steps=3, min_trials=2)
+    ahead = curve(2, {s: 5.0 for s in range(1, 228)})
+    others = [curve(0, {s: 0.1 for s in range(1, 227)}), curve(1, {s: 1.7 for s in range(1, 228)})]
+    assert should_stop(spec, ahead, others) == (
+        "median stopping: best loss 5 by step 226 is worse than the median 0.9 of 2 other trials at that step")
+    # Only running trials behind it are waited for: completed ones are judged as Optuna's MedianPruner does.
+    assert should_stop(spec, ahead, [curve(0, others[0].intermediate, "completed"), others[1]]) is None
+    assert should_stop(spec, curve(2, {s: 0.5 for s in range(1, 228)}), others) is None  # better than the median
