@@ -129,7 +129,7 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
             wait_until(lambda: len(records(journal, "requeue")) == k, 120, 0.5, f"preemption {k} to checkpoint and requeue")
 
-        # The run never preempted, the same layout and data, meanwhile under torchrun (once for both variants).
+        # The run never preempted, the same layout and data, meanwhile on this host (once per test run).
         straight_ckpt = straight_checkpoints()
         assert final_state(ledger, low, 300) == "COMPLETED"
 
