@@ -61,8 +61,10 @@ class _Judge:
         self.es: EarlyStopping = spec.early_stopping
         self.sign = 1.0 if spec.direction == "minimize" else -1.0
         self.board: dict[int, list[float]] = defaultdict(list)
-        # Where each running trial has got to: a trial ahead of them is judged where enough of them have reported.
-        self.running_at = {t.number: max(t.intermediate) for t in trials if t.state == "running" and t.intermediate}
+        # The newest step of the running trial furthest behind: one ahead of it is judged where enough have reported.
+        self.slowest_running = min(
+            (max(t.intermediate) for t in trials if t.state == "running" and t.intermediate), default=math.inf
+        )
         for t in trials:
             for step, value in self._scores(t).items():
                 self.board[step].append(value)
@@ -124,7 +126,7 @@ class _Judge:
         since grace that enough of them have reached."""
         if len(self.board[last]) - 1 >= self.es.min_trials:
             return last
-        if not any(at < last for n, at in self.running_at.items() if n != trial.number):
+        if self.slowest_running >= last:  # none behind it (the slowest is not the trial itself: it is at `last`)
             return None
         earlier = (
             s
