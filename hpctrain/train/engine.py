@@ -43,8 +43,9 @@ def init_distributed() -> None:
 
     Also sets up deepspeed.comm; safe to call again, or after torch.distributed was initialised.
     """
-    # DeepSpeed would otherwise JIT-compile a CPU shared-memory comm op (~50 s); gloo does not need it
-    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    # DeepSpeed would otherwise JIT-compile a CPU shared-memory comm op (~50 s); gloo does not need it. Set without
+    # reading deepspeed.ops.__compatible_ops__, whose first read probes every op (setuptools, a compiler: ~0.7 s a rank)
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
 
 
