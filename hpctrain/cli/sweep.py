@@ -1,4 +1,4 @@
-"""`hpctrain sweep start|tick|cron|status|report` (imports only click at module load)."""
+"""`hpctrain sweep start|tick|cron|install-tick|status|report` (imports only click at module load)."""
 
 from __future__ import annotations
 
@@ -69,10 +69,77 @@ def cron(site: str | None, every: int, log: Path) -> None:
     import os
 
     from hpctrain.config import load_site
-    from hpctrain.sweep.cron import crontab_line
+    from hpctrain.sweep.cron import carried, crontab_line
 
-    load_site(site)  # a site that does not load here would fail every tick
-    click.echo(crontab_line(every, Path.cwd(), log, site, os.environ))
+    cfg = load_site(site)  # a site that does not load here would fail every tick
+    click.echo(crontab_line(every, Path.cwd(), log, site, carried(os.environ, cfg._source)))
+
+
+@sweep.command(name="install-tick")
+@click.option(
+    "--crontab", "table", flag_value="crontab", help="this login node's crontab (the default where it has one)"
+)
+@click.option(
+    "--scrontab", "table", flag_value="scrontab", help="Slurm's scrontab: the tick runs as a job on a compute node"
+)
+@site_option
+@click.option("--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks")
+@click.option(
+    "--log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_LOG,
+    show_default=True,
+    help="the file each tick's output is appended to",
+)
+@click.option(
+    "--scron-option",
+    "scron_options",
+    multiple=True,
+    metavar="--NAME[=VALUE]",
+    help="an sbatch option for the tick's job under scrontab (e.g. --scron-option=--partition=cpu); repeatable",
+)
+@click.option("--remove", is_flag=True, help="take the tick's entry out of the table instead")
+@click.option("--dry-run", is_flag=True, help="print the table as it would be written; change nothing")
+def install_tick(
+    table: str | None,
+    site: str | None,
+    every: int,
+    log: Path,
+    scron_options: tuple[str, ...],
+    remove: bool,
+    dry_run: bool,
+) -> None:
+    """Write the entry that ticks every active sweep (the command of `hpctrain sweep cron`) into the user's crontab
+    or scrontab, between marker lines: run again, it replaces its entry; every other line stays. Ticks from both
+    tables, and from several login nodes, take turns on the lock beside the ledger: each trial is submitted once."""
+    import os
+
+    from hpctrain.config import load_site
+    from hpctrain.sweep import install
+    from hpctrain.sweep.cron import carried, crontab_line, scrontab_entry
+
+    chosen = table or install.default_table()
+    if scron_options and chosen != "scrontab":
+        raise click.UsageError("--scron-option is for the tick's job under --scrontab")
+    entry = None
+    if not remove:
+        cfg = load_site(site)  # a site that does not load here would fail every tick
+        env = carried(os.environ, cfg._source)
+        if chosen == "scrontab":
+            entry = scrontab_entry(every, Path.cwd(), log, site, env, scron_options)
+        else:
+            entry = crontab_line(every, Path.cwd(), log, site, env)
+    done = install.change(chosen, entry, dry_run=dry_run)  # type: ignore[arg-type]
+    if dry_run:
+        click.echo(f"# {chosen} as it would be written (nothing changed):")
+        click.echo(done.after, nl=False)
+    elif done.before == done.after:
+        click.echo(f"{chosen}: already {'without' if remove else 'with'} this tick entry; nothing changed")
+    elif remove:
+        click.echo(f"{chosen}: the sweep tick's entry taken out")
+    else:
+        where = "as a Slurm job on a compute node" if chosen == "scrontab" else "on this host"
+        click.echo(f"{chosen}: every active sweep ticks every {every} min {where}; log: {log.expanduser().absolute()}")
 
 
 def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:

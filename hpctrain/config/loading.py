@@ -218,6 +218,11 @@ def expand_vars(text: str) -> str:
     return _VAR.sub(sub, text)
 
 
+def referenced_vars(text: str) -> set[str]:
+    """The names of the variables ``text`` refers to as $VAR, ${VAR} or ${VAR:-default}."""
+    return {m.group(1) or m.group(3) for m in _VAR.finditer(text)}
+
+
 def expand_path(value: Any) -> Path:
     """Expand ~ and environment variables in a path string."""
     text = str(value) if isinstance(value, (str, os.PathLike)) else ""

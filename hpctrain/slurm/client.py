@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +32,13 @@ TASKS_ENDED = re.compile(r"^\S+: (No error|Job has already finished|Job is no lo
 CANCEL_ENDED = re.compile(
     r"^scancel: error: Kill job error on job id \S+: (Job/step already completing or completed|Invalid job id specified)$"
 )
+
+
+def calling_job_variables(environ: Mapping[str, str]) -> list[str]:
+    """The names of the SLURM_* variables Slurm set for the job this process runs in (none outside a job)."""
+    if "SLURM_JOB_ID" not in environ:
+        return []
+    return [name for name in environ if name.startswith("SLURM_") and name != "SLURM_CONF"]
 
 
 class SlurmClient:
@@ -193,8 +200,12 @@ class SlurmClient:
         self, script: str, env: dict[str, str] | None = None, args: tuple[str, ...] = (), unset_env: Iterable[str] = ()
     ) -> str:
         """Submit ``script`` (sent on stdin); returns the job id. ``env`` adds to the submitting environment,
-        names in ``unset_env`` are taken out of it: with --export=ALL Slurm keeps what sbatch inherits."""
-        out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset_env)
+        names in ``unset_env`` are taken out of it: with --export=ALL Slurm keeps what sbatch inherits. Submitted
+        from inside a job (a scrontab tick, a job submitting itself again), none of that job's SLURM_* variables
+        but SLURM_CONF is passed on: the new job would read what Slurm does not set for it (SLURM_RESTART_COUNT,
+        SLURM_ARRAY_JOB_ID, SLURM_MEM_PER_CPU, ...) as its own."""
+        unset = [*unset_env, *calling_job_variables(os.environ)]
+        out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset)
         return out.strip().split(";")[0]
 
     def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> list[dict[str, str]]:

@@ -1,30 +1,74 @@
-"""The cron entry of sweep ticks for this installation of hpctrain (`hpctrain sweep cron` prints it)."""
+"""The sweep tick's entry for this installation of hpctrain: a crontab line (`hpctrain sweep cron` prints it), or a
+scrontab entry, which Slurm runs as a job on a compute node (`hpctrain sweep install-tick` writes either)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from hpctrain.config.loading import referenced_vars
 from hpctrain.contract import LOGIN_ENV
+from hpctrain.errors import ConfigError
 from hpctrain.slurm import CONF_ENV
 
-# What a tick run here has that cron would not give it: cron starts commands with PATH=/usr/bin:/bin and little else.
+# What a tick run here has that cron would not give it: cron starts commands with PATH=/usr/bin:/bin and little else,
+# a scrontab job with what Slurm sets. The variables the site config refers to are carried too (`carried`).
 CARRIED = ("PATH", CONF_ENV, *LOGIN_ENV)
+# The tick's job under scrontab: one CPU for a few minutes (a tick takes seconds; while one runs, Slurm submits no next).
+SCRON_DEFAULTS = ("--job-name=hpctrain-sweep-tick", "--ntasks=1", "--cpus-per-task=1", "--time=10")
+# An sbatch option on a #SCRON line: one word, --name or --name=value (scrontab splits the line at blanks).
+SCRON_OPTION = re.compile(r"--[a-z][a-z-]*(=[^\s]+)?")
 
 
-def crontab_line(every_minutes: int, workdir: Path, log: Path, site: str | None, environ: Mapping[str, str]) -> str:
-    """A crontab line: every ``every_minutes``, in ``workdir``, this interpreter's hpctrain ticks every active sweep
-    with the CARRIED variables of ``environ``, appending to ``log`` one line before (the time) and after (the exit
-    status) each tick's output, as scripts/sweep-tick-cron does. Ticks that overlap take turns on the lock beside
-    the ledger."""
+def schedule(every_minutes: int) -> str:
+    """The five time fields of "every ``every_minutes`` minutes" (scrontab refuses a step of 1)."""
+    return f"{'*' if every_minutes == 1 else f'*/{every_minutes}'} * * * *"
+
+
+def carried(environ: Mapping[str, str], site_file: Path | None) -> dict[str, str]:
+    """The variables of ``environ`` a tick needs: CARRIED, and those the site config refers to ($VAR), which would
+    otherwise resolve to their defaults there (another cluster's slurm.conf, other data folders)."""
+    names = [*CARRIED, *sorted(referenced_vars(site_file.read_text()) if site_file else ())]
+    return {name: environ[name] for name in dict.fromkeys(names) if environ.get(name)}
+
+
+def tick_command(workdir: Path, log: Path, site: str | None, env: Mapping[str, str]) -> str:
+    """The shell command that runs, in ``workdir`` with the variables ``env`` (`carried`), this interpreter's hpctrain
+    tick of every active sweep, appending to ``log`` one line before (the time) and after (the exit status) its
+    output, as scripts/sweep-tick-cron does. Ticks that overlap take turns on the lock beside the ledger."""
     q = shlex.quote
     log = log.expanduser().absolute()
-    env = [f"{name}={q(environ[name])}" for name in CARRIED if environ.get(name)]
+    assignments = [f"{name}={q(value)}" for name, value in env.items()]
     tick = shlex.join([sys.executable, "-m", "hpctrain", "sweep", "tick", *(["--site", site] if site else [])])
-    command = (
+    return (
         f'mkdir -p {q(str(log.parent))} && cd {q(str(workdir))} && {{ echo "== $(date -Is) sweep tick"; '
-        f'{" ".join([*env, tick])}; echo "== exit $?"; }} >>{q(str(log))} 2>&1'
+        f'{" ".join([*assignments, tick])}; echo "== exit $?"; }} >>{q(str(log))} 2>&1'
     )
-    return f"*/{every_minutes} * * * * " + command.replace("%", "\\%")  # cron reads a bare % as a newline
+
+
+def crontab_line(every_minutes: int, workdir: Path, log: Path, site: str | None, env: Mapping[str, str]) -> str:
+    """A crontab line: every ``every_minutes``, the ``tick_command``."""
+    command = tick_command(workdir, log, site, env)
+    return f"{schedule(every_minutes)} " + command.replace("%", "\\%")  # cron reads a bare % as a newline
+
+
+def scrontab_entry(
+    every_minutes: int,
+    workdir: Path,
+    log: Path,
+    site: str | None,
+    env: Mapping[str, str],
+    options: Sequence[str] = (),
+) -> str:
+    """A scrontab entry: a #SCRON line of SCRON_DEFAULTS and ``options`` (sbatch's, e.g. --partition=cpu; later
+    ones win), then every ``every_minutes`` the ``tick_command``, run by Slurm as a job on a compute node."""
+    for option in options:
+        if not SCRON_OPTION.fullmatch(option):
+            raise ConfigError(
+                f"--scron-option {option!r}: give one sbatch option as --name or --name=value, without blanks"
+            )
+    command = tick_command(workdir, log, site, env)
+    return f"#SCRON {' '.join([*SCRON_DEFAULTS, *options])}\n{schedule(every_minutes)} {command}"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,33 +15,10 @@ from hpctrain.slurm.states import TERMINAL
 
 from helpers.cli import HPCTRAIN, run_cli
 from helpers.cluster import DEV_CLUSTER
-from helpers.paths import REPO
+from helpers.sweep import sweep_spec
 from helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-TRIAL = REPO / "scripts" / "examples" / "sweep_trial.py"
-
-
-def sweep_spec(tmp_path: Path, name: str, extra: str, steps: int = 3, step_s: float = 0.1,
-               stop_file: Path | None = None) -> Path:
-    """A sweep of sweep_trial.py; with ``stop_file``, its trials run until that file exists (at most ``steps``)."""
-    path = tmp_path / f"{name}.toml"
-    until = f', "--stop-file", "{stop_file}"' if stop_file else ""
-    path.write_text(f'''
-name = "{name}"
-metric = "loss"
-direction = "minimize"
-{extra}
-
-[job]
-name = "{name}-trial"
-command = ["{sys.executable}", "{TRIAL}", "--steps", "{steps}", "--step-s", "{step_s}"{until}]
-launcher = "none"
-resources = {{ mem = "100M", time = "00:05:00", account = "teama" }}
-''')
-    return path
-
-
 def snapshot(ledger_path: Path) -> dict[str, list]:
     with Ledger(ledger_path) as ledger:
         return {t: [tuple(r.values()) for r in Table(ledger, t).rows()]

@@ -1,0 +1,104 @@
+"""Sweeps ticked from Slurm's scrontab (`hpctrain sweep install-tick --scrontab`: a job on a compute node each
+minute) while a login node's ticks overlap it: every trial is submitted once and runs once, and a trial submitted
+from the tick's job inherits none of that job's Slurm variables. Needs the scrontab command: the lanes have it,
+Debian 12's slurm-client 22.05 (the host's there) has not."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
+from hpctrain.sweep import install
+
+from helpers.cli import HPCTRAIN, run_cli
+from helpers.sweep import sweep_spec
+from helpers.waiting import wait_until
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+GRID = 'method = "grid"\nmax_parallel = 2\n[search]\nx = {{ type = "choice", values = {values} }}\ny = {{ type = "choice", values = [0.0] }}'
+
+
+@pytest.fixture
+def scrontab():
+    """The user's scrontab, given back as it was after the test."""
+    if shutil.which("scrontab") is None:
+        pytest.skip("no scrontab command here (Debian 12's slurm-client 22.05 has none): the Slurm lanes run this test")
+    saved = install.read("scrontab")
+    yield
+    install.write("scrontab", saved)
+
+
+def tick_runs(since: str) -> list[list[str]]:
+    """The scrontab tick job's runs since ``since`` that got a node, in accounting: JobID, State, NodeList."""
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State,NodeList", "--name",
+                          "hpctrain-sweep-tick", "-S", since], capture_output=True, text=True, check=True)
+    return [row for row in (line.split("|") for line in out.stdout.splitlines()) if row[2] != "None assigned"]
+
+
+def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster, isolated_ledger, tmp_path, scrontab):
+    # Trials of 40 s, two at a time: each sweep is still running at the scrontab job's next minute.
+    specs = [sweep_spec(tmp_path, "scron-a", GRID.format(values="[0.0, 0.5, 1.0, 1.5]"), steps=400),
+             sweep_spec(tmp_path, "scron-b", GRID.format(values="[0.0, 1.0, 2.0]"), steps=400)]
+    for spec in specs:
+        assert run_cli("sweep", "start", str(spec), "--no-tick").returncode == 0
+    log = tmp_path / "tick.log"
+    shown = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--every", "1", "--log", str(log),
+                            "--dry-run"], cwd=tmp_path, capture_output=True, text=True)
+    assert shown.returncode == 0 and "#SCRON --job-name=hpctrain-sweep-tick" in shown.stdout, shown.stderr
+    assert "hpctrain" not in install.read("scrontab")  # the dry run wrote nothing
+    done = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--every", "1", "--log", str(log)],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0 and "as a Slurm job on a compute node" in done.stdout, done.stderr
+    assert install.read("scrontab") == shown.stdout.split("\n", 1)[1]
+    since = time.strftime("%Y-%m-%dT%H:%M:%S")
+
+    # The first trials come from the scrontab job's tick; then this login node ticks every few seconds beside it,
+    # overlapping its next ticks, until both sweeps are done and the scrontab job has ticked again.
+    wait_until(lambda: log.exists() and "== exit" in log.read_text(), 150, 1, "the scrontab job's first tick")
+    first = log.read_text()
+    assert "sweep scron-a: 2 submitted" in first and "sweep scron-b: 2 submitted" in first and "== exit 0" in first
+
+    def ticked_to_the_end() -> bool:
+        login = run_cli("sweep", "tick")
+        assert login.returncode == 0, login.stderr
+        time.sleep(3)
+        return log.read_text().count("== exit 0") >= 2 and _states(isolated_ledger) == {"completed"}
+
+    wait_until(ticked_to_the_end, 300, 0, "both sweeps to end and the scrontab job to tick again")
+    ticks = log.read_text()
+    assert ticks.count("== exit 0") == ticks.count(" sweep tick\n"), ticks
+    ran = tick_runs(since)
+    assert len(ran) >= 2 and all(node.startswith("n") for _, _, node in ran), ran
+
+    with Ledger(isolated_ledger) as ledger:
+        trials = Table(ledger, "trials").rows(order_by="sweep_id, number")
+        jobs = {j["id"]: j for s in ("scron-a", "scron-b") for j in ledger.jobs.of_sweep(s)}
+    assert [(t["sweep_id"], t["number"]) for t in trials] == [("scron-a", n) for n in range(4)] + [
+        ("scron-b", n) for n in range(3)]
+    # Each trial in one job (array task) of its own sweep, run once, numbered as a first run (a trial submitted
+    # from the tick's job would otherwise take that job's SLURM_RESTART_COUNT as its own), and so in accounting.
+    assert len({(t["job_id"], t["task_index"]) for t in trials}) == 7
+    with Ledger(isolated_ledger) as ledger:
+        runs = [[a["attempt"] for a in ledger.attempts.of_task(t["job_id"], t["task_index"])] for t in trials]
+    assert runs == [[0]] * 7, runs
+    for job in jobs.values():
+        sacct = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "JobID,State", "-j", job["slurm_job_id"]],
+                               capture_output=True, text=True, check=True).stdout.split()
+        assert sacct and all(row.endswith("|COMPLETED") for row in sacct), sacct
+        assert len(sacct) == len({row.split("|")[0] for row in sacct}), sacct  # no task ran twice
+    # Taken out again, the rest of the table is left as it was.
+    removed = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--remove"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert removed.returncode == 0 and "taken out" in removed.stdout, removed.stderr
+    assert "hpctrain" not in install.read("scrontab")
+
+
+def _states(ledger_path: Path) -> set[str]:
+    with Ledger(ledger_path) as ledger:
+        return {t["state"] for t in Table(ledger, "trials").rows()}

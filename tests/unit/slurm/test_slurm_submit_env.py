@@ -1,0 +1,37 @@
+"""sbatch run from inside a Slurm job (a scrontab tick, a job submitting itself again) passes on none of that job's
+SLURM_* variables but SLURM_CONF: the new job would read them as its own (SLURM_RESTART_COUNT as its requeues)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpctrain.slurm import SlurmClient
+
+JOB = {"SLURM_JOB_ID": "41", "SLURM_RESTART_COUNT": "1", "SLURM_ARRAY_JOB_ID": "40", "SLURM_MEM_PER_CPU": "1024"}
+
+
+def submit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> set[str]:
+    """The names of the variables an sbatch run by SlurmClient.sbatch sees, with ``env`` set."""
+    bin_dir, seen = tmp_path / "bin", tmp_path / "env"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\nenv > {seen}\necho 7\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert SlurmClient(bin_dir=bin_dir).sbatch("#!/bin/sh\n") == "7"
+    return {line.split("=", 1)[0] for line in seen.read_text().splitlines()}
+
+
+def test_inside_a_job_the_jobs_slurm_variables_stay_behind(tmp_path, monkeypatch):
+    conf = tmp_path / "slurm.conf"
+    conf.touch()
+    names = submit(tmp_path, monkeypatch, {**JOB, "SLURM_CONF": str(conf), "SBATCH_ACCOUNT": "a"})
+    assert not names & set(JOB) and {"SLURM_CONF", "SBATCH_ACCOUNT"} <= names
+
+
+def test_outside_a_job_the_environment_goes_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    names = submit(tmp_path, monkeypatch, {"SLURM_TIME_FORMAT": "standard", "SBATCH_ACCOUNT": "a"})
+    assert {"SLURM_TIME_FORMAT", "SBATCH_ACCOUNT"} <= names
