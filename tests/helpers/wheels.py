@@ -47,7 +47,7 @@ def interpreter(version: str) -> str | None:
 
 
 def claimed(extra: str, version: str) -> bool:
-    """Whether the README and setup.cfg say ``extra`` installs on Python ``version`` (hpctrain's own hint too)."""
+    """Whether docs/install.md and setup.cfg say ``extra`` installs on Python ``version`` (hpctrain's own hint too)."""
     from hpctrain.cli import EXTRA_PYTHON
 
     return tuple(map(int, version.split("."))) >= EXTRA_PYTHON.get(extra, (3, 10))
