@@ -1,10 +1,17 @@
-"""Files on the shared filesystem, for both sides: atomic JSON, directory fsync, and the mount that holds a path."""
+"""Files on the shared filesystem, for both sides: atomic JSON, directory fsync, an exclusive lock that holds across
+hosts, and the mount that holds a path."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,41 @@ def write_json_atomic(path: Path, data: Any, mode: int = 0o666, sync_dir: bool =
     os.replace(tmp, path)
     if sync_dir:
         fsync_dir(path.parent)
+
+
+_IN_PROCESS: dict[str, threading.Lock] = {}  # POSIX locks belong to a process: its threads take turns here first
+_IN_PROCESS_GUARD = threading.Lock()
+
+
+@contextmanager
+def exclusive_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """Hold ``path`` (created if missing) exclusively: a POSIX record lock (fcntl), the kind SQLite takes, so it holds
+    across the hosts sharing the file system wherever the ledger may live (hpctrain.ledger.storage). flock, which
+    filelock takes, stays on each host on NFS mounted local_lock=flock. TimeoutError after ``timeout_s``; the lock
+    goes with the process, also when it is killed."""
+    with _IN_PROCESS_GUARD:
+        local = _IN_PROCESS.setdefault(os.path.realpath(path), threading.Lock())
+    deadline = time.monotonic() + timeout_s
+    if not local.acquire(timeout=max(timeout_s, 0.0)):
+        raise TimeoutError(f"{path}: held for over {timeout_s:g}s")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                        raise
+                    if time.monotonic() >= deadline:
+                        raise TimeoutError(f"{path}: held for over {timeout_s:g}s") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+    finally:
+        local.release()
 
 
 @dataclass(frozen=True)

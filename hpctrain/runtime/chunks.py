@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 from hpctrain.contract import JobPaths
-from hpctrain.files import write_json_atomic
+from hpctrain.files import exclusive_lock, write_json_atomic
 
 LOCK_TIMEOUT_S = 30.0
 # A task that said it ends has left Slurm well within this; an older id may no longer be known to Slurm
@@ -117,9 +117,7 @@ def task_ended(paths: JobPaths, param_index: int, slurm_id: str, slurm: Releaser
 def _locked(paths: JobPaths) -> Iterator[ChunkTable]:
     """The table, under the job directory's lock, saved afterwards even when a Slurm call failed midway (the
     tasks counted must stay counted)."""
-    from filelock import FileLock
-
-    with FileLock(paths.chunks_lock, timeout=LOCK_TIMEOUT_S):
+    with exclusive_lock(paths.chunks_lock, LOCK_TIMEOUT_S):
         data = json.loads(paths.chunks_file.read_text(encoding="utf-8"))
         table = ChunkTable(
             data["throttle"],

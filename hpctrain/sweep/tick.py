@@ -17,6 +17,7 @@ from pathlib import Path
 from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.errors import HpctrainError, SlurmError
+from hpctrain.files import exclusive_lock
 from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CANCEL_ENDED, SlurmClient
@@ -45,18 +46,14 @@ class TickResult:
 
 @contextlib.contextmanager
 def tick_lock(ledger_path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """An exclusive lock file beside the ledger: concurrent ticks (overlapping cron runs) take turns."""
-    from filelock import FileLock, Timeout
-
-    lock = FileLock(ledger_path.with_name(ledger_path.name + ".sweep-lock"), timeout=wait_s)
+    """An exclusive lock file beside the ledger: concurrent ticks (overlapping cron runs, on any login node or in a
+    scrontab job) take turns."""
+    path = ledger_path.with_name(ledger_path.name + ".sweep-lock")
     try:
-        lock.acquire()
-    except Timeout:
-        raise HpctrainError(f"{lock.lock_file}: another sweep tick has held the lock for over {wait_s:g}s") from None
-    try:
-        yield
-    finally:
-        lock.release()
+        with exclusive_lock(path, wait_s):
+            yield
+    except TimeoutError:
+        raise HpctrainError(f"{path}: another sweep tick has held the lock for over {wait_s:g}s") from None
 
 
 def tick_all(

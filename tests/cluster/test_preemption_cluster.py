@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.files import exclusive_lock
 from hpctrain.jobs.poll import Poller
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
@@ -101,7 +101,7 @@ def straight(tmp_path_factory):
 
     def checkpoints() -> Path:
         done = shared / "straight-run"
-        with FileLock(shared / "straight-run.lock"):
+        with exclusive_lock(shared / "straight-run.lock", timeout_s=900):
             if not (done / "trained").exists():
                 shutil.rmtree(done, ignore_errors=True)
                 done.mkdir()

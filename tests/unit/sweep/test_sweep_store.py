@@ -1,7 +1,11 @@
 """Sweeps in the ledger: registration is idempotent, trial states follow their tasks, parameters reach the job
 spec (the cluster tests run real ticks)."""
 
+import errno
+import fcntl
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -119,3 +123,38 @@ def test_a_pruned_trial_whose_task_accounting_shows_unfinished_is_cancelled_agai
     client = RecordedCancels()
     assert _early_stop(ledger, client, sweep, rows) == {}
     assert client.cancelled == ["7_0", "7_2"]
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from hpctrain.sweep.tick import tick_lock
+with tick_lock(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_tick_lock_is_a_posix_record_lock_that_goes_with_its_process(tmp_path):
+    """SQLite's kind of lock, which the ledger's storage check makes sure other hosts see (flock stays on each host
+    on NFS mounted local_lock=flock): another process's fcntl lock is refused, its flock is not."""
+    from hpctrain.sweep.tick import tick_lock
+
+    ledger = tmp_path / "ledger.db"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(ledger)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with open(tmp_path / "ledger.db.sweep-lock", "r+b") as fh:
+            with pytest.raises(OSError) as refused:
+                fcntl.lockf(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            assert refused.value.errno in (errno.EACCES, errno.EAGAIN)
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fh, fcntl.LOCK_UN)
+        with pytest.raises(HpctrainError, match="another sweep tick has held the lock for over 0.3s"):
+            with tick_lock(ledger, wait_s=0.3):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with tick_lock(ledger, wait_s=5):  # killed, its lock is gone with it
+        pass
