@@ -8,22 +8,9 @@ import pytest
 
 from hpctrain.ledger import Ledger
 
-WRITERS, WRITES = 8, 1000
+from helpers.writers import WRITES, writer
 
-
-def writer(path: str, n: int) -> str | None:
-    try:
-        with Ledger(path) as ledger:
-            for i in range(WRITES):
-                if i % 10:
-                    ledger.event("load", f"writer {n} write {i}", writer=n)
-                else:  # read-then-write transactions too, the pattern that deadlocks without BEGIN IMMEDIATE
-                    with ledger.transaction():
-                        count = ledger.db.execute("SELECT count(*) FROM events WHERE kind = 'load'").fetchone()[0]
-                        ledger.event("load", f"writer {n} write {i} after {count}", writer=n)
-    except Exception as exc:  # reported to the parent, which fails the test with it
-        return f"writer {n}: {exc!r}"
-    return None
+WRITERS = 8
 
 
 @pytest.mark.slow
