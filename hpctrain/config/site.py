@@ -87,7 +87,8 @@ class Paths(StrictModel):
 
 
 class LedgerConfig(StrictModel):
-    path: ExpandedPath = Path("~/.local/share/hpctrain/ledger.db").expanduser()
+    # the home directory read when the config is loaded: shared by every login node (hpctrain.ledger.storage)
+    path: ExpandedPath = Field(default_factory=lambda: Path("~/.local/share/hpctrain/ledger.db").expanduser())
     mode: FileMode = Field(0o600, description="permissions of a new ledger file (TOML: 0o640 to share with the group)")
 
 

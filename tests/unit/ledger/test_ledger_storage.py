@@ -102,3 +102,20 @@ def test_a_wal_ledger_moved_to_a_shared_file_system_leaves_wal_unless_another_pr
     other.close()
     with Ledger(path) as ledger:
         assert ledger.db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+def test_doctor_passes_the_default_ledger_path_in_a_home_directory_on_nfs_and_names_the_mode(mounted_on, tmp_path,
+                                                                                            monkeypatch):
+    """A site config that keeps ledger.path's default (~/.local/share/hpctrain/ledger.db), home directories on NFS."""
+    from hpctrain.config import load_site
+    from hpctrain.doctor.cluster import Doctor
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("HPCTRAIN_LEDGER")
+    mounted_on("/home")
+    site = load_site("dev")
+    check = Doctor(site)._ledger()
+    path = tmp_path / ".local" / "share" / "hpctrain" / "ledger.db"
+    assert site.ledger.path == path and check.verdict == "PASS"
+    assert check.detail.startswith(f"{path} (schema v") and check.detail.endswith(
+        "; nfs4: rollback journal, synchronous=FULL, safe for several hosts)")
