@@ -11,6 +11,17 @@ import click
 from hpctrain.cli.common import make_console, require, site_option
 
 DEFAULT_LOG = Path("~/.local/state/hpctrain/sweep-tick.log")  # scripts/sweep-tick-cron's too
+# The tick's schedule and log, as `sweep cron` prints them and `sweep install-tick` writes them.
+every_option = click.option(
+    "--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks"
+)
+log_option = click.option(
+    "--log",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=DEFAULT_LOG,
+    show_default=True,
+    help="the file each tick's output is appended to",
+)
 
 
 @click.group()
@@ -54,14 +65,8 @@ def tick_command(sweeps: tuple[str, ...], site: str | None) -> None:
 
 @sweep.command()
 @site_option
-@click.option("--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks")
-@click.option(
-    "--log",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_LOG,
-    show_default=True,
-    help="the file each tick's output is appended to",
-)
+@every_option
+@log_option
 def cron(site: str | None, every: int, log: Path) -> None:
     """Print the crontab line that ticks every active sweep with this installation of hpctrain: its interpreter,
     run in this directory (where sweep specs' relative paths resolve, as for `sweep start`) with this shell's
@@ -83,14 +88,8 @@ def cron(site: str | None, every: int, log: Path) -> None:
     "--scrontab", "table", flag_value="scrontab", help="Slurm's scrontab: the tick runs as a job on a compute node"
 )
 @site_option
-@click.option("--every", default=5, show_default=True, type=click.IntRange(1, 59), help="minutes between ticks")
-@click.option(
-    "--log",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=DEFAULT_LOG,
-    show_default=True,
-    help="the file each tick's output is appended to",
-)
+@every_option
+@log_option
 @click.option(
     "--scron-option",
     "scron_options",
