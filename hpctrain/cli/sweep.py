@@ -71,13 +71,9 @@ def cron(site: str | None, every: int, log: Path) -> None:
     """Print the crontab line that ticks every active sweep with this installation of hpctrain: its interpreter,
     run in this directory (where sweep specs' relative paths resolve, as for `sweep start`) with this shell's
     PATH, Slurm configuration and hpctrain settings. Add it with `crontab -e`."""
-    import os
+    from hpctrain.sweep.cron import crontab_line
 
-    from hpctrain.config import load_site
-    from hpctrain.sweep.cron import carried, crontab_line
-
-    cfg = load_site(site)  # a site that does not load here would fail every tick
-    click.echo(crontab_line(every, Path.cwd(), log, site, carried(os.environ, cfg._source)))
+    click.echo(crontab_line(every, Path.cwd(), log, site, _tick_environment(site)))
 
 
 @sweep.command(name="install-tick")
@@ -111,19 +107,15 @@ def install_tick(
     """Write the entry that ticks every active sweep (the command of `hpctrain sweep cron`) into the user's crontab
     or scrontab, between marker lines: run again, it replaces its entry; every other line stays. Ticks from both
     tables, and from several login nodes, take turns on the lock beside the ledger: each trial is submitted once."""
-    import os
-
-    from hpctrain.config import load_site
     from hpctrain.sweep import install
-    from hpctrain.sweep.cron import carried, crontab_line, scrontab_entry
+    from hpctrain.sweep.cron import crontab_line, scrontab_entry
 
     chosen = table or install.default_table()
     if scron_options and chosen != "scrontab":
         raise click.UsageError("--scron-option is for the tick's job under --scrontab")
     entry = None
     if not remove:
-        cfg = load_site(site)  # a site that does not load here would fail every tick
-        env = carried(os.environ, cfg._source)
+        env = _tick_environment(site)
         if chosen == "scrontab":
             entry = scrontab_entry(every, Path.cwd(), log, site, env, scron_options)
         else:
@@ -139,6 +131,20 @@ def install_tick(
     else:
         where = "as a Slurm job on a compute node" if chosen == "scrontab" else "on this host"
         click.echo(f"{chosen}: every active sweep ticks every {every} min {where}; log: {log.expanduser().absolute()}")
+
+
+def _tick_environment(site: str | None) -> dict[str, str]:
+    """What a tick run from cron or scrontab needs of this shell's environment, once the site config loads here (one
+    that does not would fail every tick)."""
+    import os
+
+    from hpctrain.config import load_site
+    from hpctrain.config.loading import expanded_variables
+    from hpctrain.sweep.cron import carried
+
+    with expanded_variables() as names:
+        load_site(site)
+    return carried(os.environ, names)
 
 
 def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:

@@ -188,6 +188,8 @@ _VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
 # Variables that must not be expanded: the secrets of the job spec being validated. An expanded path is written
 # into the batch script (kept by Slurm), spec.json and the ledger.
 _SECRET_VARS: ContextVar[frozenset[str]] = ContextVar("hpctrain_secret_vars", default=frozenset())
+# The names expanded inside an `expanded_variables` block (None outside one).
+_EXPANDED_VARS: ContextVar[set[str] | None] = ContextVar("hpctrain_expanded_vars", default=None)
 
 
 @contextmanager
@@ -200,6 +202,18 @@ def secret_variables(names: Iterable[str]) -> Iterator[None]:
         _SECRET_VARS.reset(token)
 
 
+@contextmanager
+def expanded_variables() -> Iterator[set[str]]:
+    """The names of the variables expanded (or left to their defaults) while validating inside this block: what a
+    config read elsewhere (a cron job) needs from this environment to mean the same."""
+    names: set[str] = set()
+    token = _EXPANDED_VARS.set(names)
+    try:
+        yield names
+    finally:
+        _EXPANDED_VARS.reset(token)
+
+
 def expand_vars(text: str) -> str:
     """Expand $VAR, ${VAR} and ${VAR:-default}; unknown variables without a default stay as written."""
 
@@ -210,17 +224,14 @@ def expand_vars(text: str) -> str:
                 f"${name} is a secret (env.{name}): a path is written into the batch script, spec.json "
                 "and the ledger, so it cannot hold one"
             )
+        if (expanded := _EXPANDED_VARS.get()) is not None:
+            expanded.add(name)
         value = os.environ.get(name)
         if value:
             return value
         return m.group(2) if m.group(2) is not None else m.group(0)
 
     return _VAR.sub(sub, text)
-
-
-def referenced_vars(text: str) -> set[str]:
-    """The names of the variables ``text`` refers to as $VAR, ${VAR} or ${VAR:-default}."""
-    return {m.group(1) or m.group(3) for m in _VAR.finditer(text)}
 
 
 def expand_path(value: Any) -> Path:

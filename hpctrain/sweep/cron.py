@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from hpctrain.config.loading import referenced_vars
 from hpctrain.contract import LOGIN_ENV
 from hpctrain.errors import ConfigError
 from hpctrain.slurm import CONF_ENV
@@ -28,10 +27,11 @@ def schedule(every_minutes: int) -> str:
     return f"{'*' if every_minutes == 1 else f'*/{every_minutes}'} * * * *"
 
 
-def carried(environ: Mapping[str, str], site_file: Path | None) -> dict[str, str]:
-    """The variables of ``environ`` a tick needs: CARRIED, and those the site config refers to ($VAR), which would
-    otherwise resolve to their defaults there (another cluster's slurm.conf, other data folders)."""
-    names = [*CARRIED, *sorted(referenced_vars(site_file.read_text()) if site_file else ())]
+def carried(environ: Mapping[str, str], site_variables: Iterable[str]) -> dict[str, str]:
+    """The variables of ``environ`` a tick needs: CARRIED, and those the site config's paths expanded
+    (`hpctrain.config.loading.expanded_variables`), which would otherwise resolve to their defaults there (another
+    cluster's slurm.conf, other data folders). Only these: a name in a comment or in other text stays out."""
+    names = [*CARRIED, *sorted(site_variables)]
     return {name: environ[name] for name in dict.fromkeys(names) if environ.get(name)}
 
 

@@ -21,12 +21,10 @@ EMPTY = ("no crontab for",)  # what `crontab -l` and `scrontab -l` say of a tabl
 
 @dataclass(frozen=True)
 class Change:
-    """A table before and after; ``written`` is False for a dry run or when nothing changed."""
+    """A table before and after (written only where they differ, and not for a dry run)."""
 
-    table: Table
     before: str
     after: str
-    written: bool
 
 
 def default_table() -> Table:
@@ -90,7 +88,6 @@ def change(table: Table, entry: str | None, dry_run: bool = False) -> Change:
     """Put ``entry`` in the user's ``table`` (None: take the tick's entry out); with ``dry_run`` only say how."""
     before = read(table)
     after = merged(before, entry)
-    if after == before or dry_run:
-        return Change(table, before, after, written=False)
-    write(table, after)
-    return Change(table, before, after, written=True)
+    if after != before and not dry_run:
+        write(table, after)
+    return Change(before, after)
