@@ -35,6 +35,9 @@ NOTICE_FILE_ENV = "HPCTRAIN_NOTICE_FILE"  # where the batch script writes down e
 ATTEMPT_BASE_ENV = "HPCTRAIN_ATTEMPT_BASE"
 # Set by the batch script: how often this run has restarted its job step in the allocation (retry.in_place).
 STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
+# Set by each rank's task shim (hpctrain.launch.task) for its rank: the node-local file the rank's watchdog writes
+# its current phase's deadline to (hpctrain.runtime.heartbeat).
+HEARTBEAT_ENV = "HPCTRAIN_HEARTBEAT_FILE"
 
 # Set by an evaluation job (`hpctrain.evaluate`) for the user's evaluator command: the checkpoint it evaluates,
 # its step and layout (JSON: dp, tp, pp), and the JSON file of metrics ({name: number}) it must write.
@@ -260,6 +263,10 @@ class JobEnvironment:
     @property
     def notice_file(self) -> Path | None:
         return self._path(NOTICE_FILE_ENV)
+
+    @property
+    def heartbeat_file(self) -> Path | None:
+        return self._path(HEARTBEAT_ENV)
 
     @property
     def signal_lead_s(self) -> float:

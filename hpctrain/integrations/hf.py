@@ -39,6 +39,11 @@ class HpctrainCallback(TrainerCallback):
             control.should_save = control.should_training_stop = self.stopped = True
         return control
 
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.guard.end_watch()  # the final save and evaluation are not a step
+
     def on_log(
         self,
         args: TrainingArguments,

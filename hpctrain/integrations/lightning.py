@@ -61,6 +61,9 @@ class HpctrainCallback(L.Callback):
             # (the flag is not in the checkpoint, so the resumed run validates as a straight one would).
             trainer.fit_loop.epoch_loop._skip_next_val = True
 
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.guard.end_watch()  # what follows fitting (testing, the export) is not a step
+
 
 class HpctrainLogger(Logger):
     """Lightning's logged values into the job's journal (`hpctrain.runtime.log_metrics`), by their ``self.log``

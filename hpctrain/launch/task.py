@@ -4,10 +4,13 @@ Not blamed: a rank the watchdog ends as hung (every rank of a hung step times ou
 shim got a signal (srun ending the step after another rank's failure, a preemption, a cancel).
 
     srun python -m hpctrain.launch.task -- python train.py ...
+    srun python -m hpctrain.launch.task --single -- python train.py ...   (a step of one task: only the watch)
 
 The entry point runs as the shim's child and dies with it; a stop signal the shim gets is passed on (Slurm
-signals every process of a step: the child may see it twice). The shim ends as its child did: the same exit
-code, or killed by the same signal, so srun reports the task as before.
+signals every process of a step: the child may see it twice). In an hpctrain job the shim also watches its
+rank's heartbeat (hpctrain.launch.rankwatch): a rank stopped past its deadline is continued to write its
+stacks, one its watchdog cannot end is killed. The shim ends as its child did: the same exit code, or killed by
+the same signal, so srun reports the task as before (HUNG_EXIT for a rank it killed).
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ import signal
 import subprocess
 import sys
 
-from hpctrain.contract import JobEnvironment, JobPaths
+from hpctrain.contract import HEARTBEAT_ENV, JobEnvironment, JobPaths
 from hpctrain.errors import HpctrainError
+from hpctrain.launch.rankwatch import RankWatch
 from hpctrain.launch.rendezvous import task_env
 from hpctrain.ledger.journal import Journal
+from hpctrain.runtime import heartbeat
 from hpctrain.runtime.parent import die_with_parent
-from hpctrain.runtime.watchdog import HUNG_EXIT
+from hpctrain.runtime.watchdog import HUNG_EXIT, stacks_file
 
 PASSED_ON = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
 
@@ -48,14 +53,24 @@ def report_first_failure(status: int) -> None:
 
 
 def main(argv: list[str]) -> None:
+    single = argv[:1] == ["--single"]
+    argv = argv[single:]
     command = argv[1:] if argv and argv[0] == "--" else argv
     if not command:
         sys.exit("hpctrain: error: hpctrain.launch.task: no command given")
+    beat = None
     try:
-        os.environ.update(task_env(os.environ))
+        if not single:
+            os.environ.update(task_env(os.environ))
+        env = JobEnvironment()
+        if env.job_dir is not None:
+            beat, os.environ[HEARTBEAT_ENV] = heartbeat.create()
         child = subprocess.Popen(command, preexec_fn=die_with_parent)
     except (HpctrainError, OSError) as exc:
         sys.exit(f"hpctrain: error: {command[0]}: {exc}")
+    watch = None
+    if beat is not None:
+        watch = RankWatch(child, beat, stacks_file(env), stacks_file(env, stopped=True), env.rank)
     signalled: list[int] = []
 
     def pass_on(signum: int, _frame: object) -> None:
@@ -65,8 +80,10 @@ def main(argv: list[str]) -> None:
     for sig in PASSED_ON:
         signal.signal(sig, pass_on)
     status = child.wait()
+    if watch and watch.hung:
+        status = HUNG_EXIT
     # A rank that ends after a signal was stopped (srun ending the step, preemption, scancel): not its node's fault.
-    if status not in (0, HUNG_EXIT) and not signalled:
+    if status not in (0, HUNG_EXIT) and not signalled and not single:
         report_first_failure(status)
     if status < 0:
         if -status not in (signal.SIGKILL, signal.SIGSTOP):

@@ -38,7 +38,10 @@ class Requeue(BaseException):
 
 class CallGuard(PreemptionGuard):
     """hpctrain's guard for a submitted call: a notice ends the call at once on rank 0 (submitit's way)
-    until the call asks `should_stop()`; from then on it only answers that question."""
+    until the call asks `should_stop()`; from then on it only answers that question. A call that never asks is
+    never timed: its first question starts the watch."""
+
+    WATCHES_START_UP = False
 
     def __init__(self, rank: int):
         self.rank, self.asked, self.running = rank, False, False

@@ -8,6 +8,12 @@ single flag makes all of them stop at the same step, as Megatron does.
 The batch script also writes each stop signal it gets to ``$HPCTRAIN_NOTICE_FILE``, which rank 0
 looks at: a signal that reaches srun before it has started its tasks can be lost, and one that
 reaches a task before its guard exists would end it.
+
+In a job with `[hang]` timeouts the guard also watches the loop that asks it: from its creation to the
+first `should_stop()` is the start-up (``startup_s``), from one call to the next a step (``step_s``); a rank
+that stays silent longer writes its stacks and ends (hpctrain.runtime.watchdog), and its task shim finds one
+that was stopped. `uninstall()` (or leaving a ``with`` block) ends the watch: what follows the loop (a final
+evaluation, the export) is not a step.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from types import FrameType
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.parallel.collective import all_reduce_int
+from hpctrain.runtime.watchdog import RankWatchdog, job_hang_timeouts
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
 
@@ -62,16 +69,32 @@ def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: flo
 
 
 class PreemptionGuard:
-    def __init__(self, job_now: Callable[[], JobNow | None] = lambda: None, timeout_margin_s: float = 600.0):
+    WATCHES_START_UP = True  # whether the time to the first `should_stop()` is timed (as the start-up)
+
+    def __init__(
+        self, job_now: Callable[[], JobNow | None] = lambda: None, timeout_margin_s: float = 600.0, watch: bool = True
+    ):
         """``job_now`` tells the job's state when asked (`hpctrain.runtime.job_now`; one rank asking is
         enough): a stop within ``timeout_margin_s`` of the time limit is a timeout, one of a job being
-        cancelled a cancel, anything else a preemption."""
+        cancelled a cancel, anything else a preemption. ``watch``: time the loop by the job's `[hang]`
+        (hpctrain's trainer times its own phases)."""
         self.job_now, self.timeout_margin_s = job_now, timeout_margin_s
         self.signal: int | None = None
         self.received_at: float | None = None
         self.notice_file = notice_file()
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         self._read_notice()
+        self.watchdog: RankWatchdog | None = None
+        if watch:
+            self.watchdog = RankWatchdog(job_hang_timeouts())
+            if self.WATCHES_START_UP:
+                self.watchdog.phase("start-up")
+
+    def __enter__(self) -> PreemptionGuard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signal is None:
@@ -92,6 +115,8 @@ class PreemptionGuard:
         (``signal`` then holds the highest signal number any rank got)."""
         self._read_notice()
         self.signal = all_reduce_int(self.signal or 0, "max") or None
+        if self.watchdog:  # the step after this call starts now
+            self.watchdog.phase("step")
         return self.signal is not None
 
     def cause(self) -> str:
@@ -103,6 +128,14 @@ class PreemptionGuard:
         for s in STOP_SIGNALS:
             signal.signal(s, self._handle)
 
+    def end_watch(self) -> None:
+        """The loop is over: what follows is not timed (the signals stay with the guard)."""
+        if self.watchdog:
+            self.watchdog.close()
+            self.watchdog = None
+
     def uninstall(self) -> None:
+        """Give the stop signals back and end the watch."""
         for s, handler in self._previous.items():
             signal.signal(s, handler)
+        self.end_watch()

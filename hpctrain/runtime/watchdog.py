@@ -6,7 +6,13 @@ the allocation (retry.in_place) or ends the run; `hang_report` tells the batch s
 The stacks are written by faulthandler's timer, a C thread: it fires whether the rank sleeps, waits in a
 collective whose peer is gone, or spins in C code holding the GIL. The exit comes EXIT_AFTER_S later
 from a Python thread, so that the other ranks, stuck waiting on this one and timing out together, have
-written their stacks too before srun ends them all.
+written their stacks too before srun ends them all. Each phase's deadline also goes to the rank's heartbeat
+file (hpctrain.runtime.heartbeat), where the task shim finds a rank whose threads cannot run at all (stopped)
+and has it write its stacks on DUMP_SIGNAL, to a file of their own (the phase's timer, continued too, may write
+at the same moment), before ending it.
+
+The reference trainer times its start-up and steps; a user's loop is timed through `PreemptionGuard`, each
+`should_stop()` call ending one step and starting the next.
 """
 
 from __future__ import annotations
@@ -14,14 +20,23 @@ from __future__ import annotations
 import faulthandler
 import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
 from hpctrain.contract import JobEnvironment, JobPaths
+from hpctrain.runtime.heartbeat import Heartbeat
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import HangPolicy
 
 EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on this rank to write theirs
+# A stopped rank's own report, added to its stack file by its task shim: `hang_report` names it the stuck one.
+STOPPED = "stopped (process state T)"
+# Writes a watched rank's stacks at once (Java's thread dump signal; USR1 is NCCL's, USR2 the notice).
+DUMP_SIGNAL = signal.SIGQUIT
 # A hung rank's exit status (timeout(1)'s): every rank of a hung step times out, so none is blamed for its node.
 HUNG_EXIT = 124
 
@@ -32,18 +47,30 @@ def stacks_prefix(env: JobEnvironment) -> str:
     return f"{task}run{env.run_number}.{env.step_restarts}-"
 
 
+def stacks_file(env: JobEnvironment, stopped: bool = False) -> Path | None:
+    """This rank's stack file for this job step (``stopped``: the one written on DUMP_SIGNAL); None outside an
+    hpctrain job."""
+    if env.job_dir is None:
+        return None
+    return JobPaths(env.job_dir).stacks_dir / f"{stacks_prefix(env)}{'stopped-' * stopped}rank{env.rank}.txt"
+
+
 class Watchdog:
     """Arms one timer per phase; `phase()` at each phase's start, `close()` when the rank is done."""
 
     def __init__(self, env: JobEnvironment | None = None) -> None:
         env = env or JobEnvironment()
         self.file: IO[str] | None = None
+        self.dump_file: IO[str] | None = None
         self.current = ""
         self.deadline: float | None = None
-        if env.job_dir is not None:
-            folder = JobPaths(env.job_dir).stacks_dir
-            folder.mkdir(exist_ok=True)
-            self.file = open(folder / f"{stacks_prefix(env)}rank{env.rank}.txt", "a", encoding="utf-8")
+        self.heartbeat = Heartbeat(env.heartbeat_file) if env.heartbeat_file and env.job_dir else None
+        if (path := stacks_file(env)) is not None:
+            path.parent.mkdir(exist_ok=True)
+            self.file = open(path, "a", encoding="utf-8")
+            if self.heartbeat and (dump := stacks_file(env, stopped=True)):
+                self.dump_file = open(dump, "a", encoding="utf-8")
+                faulthandler.register(DUMP_SIGNAL, file=self.dump_file, all_threads=True)
             threading.Thread(target=self._exit_when_hung, name="hpctrain-watchdog", daemon=True).start()
 
     def phase(self, name: str, timeout_s: float) -> None:
@@ -59,13 +86,23 @@ class Watchdog:
         if timeout_s > 0:
             faulthandler.dump_traceback_later(timeout_s, repeat=False, file=self.file, exit=False)
             self.deadline = time.monotonic() + timeout_s
+        if self.heartbeat:
+            self.heartbeat.write(self.deadline or 0, name)
 
     def close(self) -> None:
         if self.file is not None:
             faulthandler.cancel_dump_traceback_later()
+            if self.dump_file:
+                faulthandler.unregister(DUMP_SIGNAL)
+                self.dump_file.close()
+                self.dump_file = None
             self.deadline = None
             self.file.close()
             self.file = None
+        if self.heartbeat:
+            self.heartbeat.write(0, "")
+            self.heartbeat.close()
+            self.heartbeat = None
 
     def _exit_when_hung(self) -> None:
         while self.file is not None:
@@ -75,26 +112,79 @@ class Watchdog:
             time.sleep(0.5)
 
 
+def hang_timeouts(spec: Any) -> HangPolicy:
+    """The spec's [hang] timeouts, the site's where it sets none."""
+    from hpctrain.config.job import HangPolicy
+    from hpctrain.config.site import job_site
+
+    site = job_site()
+    return spec.hang.over(site.hang if site else HangPolicy())
+
+
+def job_hang_timeouts(env: JobEnvironment | None = None) -> HangPolicy:
+    """This job's `hang_timeouts`, from the spec its batch script names; none (0) outside an hpctrain job."""
+    from hpctrain.config.job import HangPolicy, load_job_spec
+
+    env = env or JobEnvironment()
+    if env.job_dir is None or env.spec_file is None:
+        return HangPolicy(startup_s=0, step_s=0)
+    return hang_timeouts(load_job_spec(env.spec_file))
+
+
+class RankWatchdog:
+    """This rank's hang watchdog, each phase armed with its timeout of ``hang`` (none when both are 0)."""
+
+    TIMEOUTS = {"start-up": "startup_s", "step": "step_s"}  # phase -> its HangPolicy field
+
+    def __init__(self, hang: HangPolicy) -> None:
+        self.hang = hang
+        self.watchdog = Watchdog() if self.hang.startup_s or self.hang.step_s else None
+
+    def phase(self, name: str) -> None:
+        """Start phase ``name`` ('start-up' or 'step') under its timeout."""
+        if self.watchdog:
+            self.watchdog.phase(name, getattr(self.hang, self.TIMEOUTS[name]))
+
+    def close(self) -> None:
+        if self.watchdog:
+            self.watchdog.close()
+
+
 _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
+
+
+def _innermost_frame(text: str) -> str | None:
+    """Where the main thread of a faulthandler dump was ('train.py:88 in step'); None without a dump."""
+    main = re.split(r"^(?:Current thread|Thread) ", text, flags=re.M)[-1]  # the main thread comes last
+    frame = next((m for ln in main.splitlines() if (m := _FRAME.match(ln))), None)
+    return f"{Path(frame[1]).name}:{frame[2]} in {frame[3]}" if frame else None
 
 
 def hang_report(env: JobEnvironment) -> str | None:
     """One line on the ranks of this job step that timed out, with where each main thread was (its
-    innermost frame) and the stack files; None when none did."""
+    innermost frame) and the stack files, a rank found stopped first (the stuck one: its peers waited on it);
+    None when none did."""
     if env.job_dir is None:
         return None
-    found = []
+    found: list[tuple[bool, int, str]] = []
+    phase = ""
     folder = JobPaths(env.job_dir).stacks_dir
-    for path in sorted(folder.glob(f"{stacks_prefix(env)}rank*.txt")) if folder.is_dir() else []:
+    for path in folder.glob(f"{stacks_prefix(env)}rank*.txt") if folder.is_dir() else []:
         text = path.read_text(encoding="utf-8", errors="replace")
-        if "most recent call first" not in text:
+        was_stopped = STOPPED in text
+        if "most recent call first" not in text and not was_stopped:
             continue  # armed, never fired
         phase = [ln for ln in text.splitlines() if ln.startswith("phase ")][-1].rsplit(", from", 1)[0]
-        main = re.split(r"^(?:Current thread|Thread) ", text, flags=re.M)[-1]  # the main thread comes last
-        frame = next((m for ln in main.splitlines() if (m := _FRAME.match(ln))), None)
-        where = f"{Path(frame[1]).name}:{frame[2]} in {frame[3]}" if frame else "?"
-        rank = path.stem.rsplit("rank", 1)[1]
-        found.append(f"rank {rank} ({where})")
+        dump = path.with_name(path.name.replace("rank", "stopped-rank", 1))
+        where = (
+            _innermost_frame(dump.read_text(encoding="utf-8", errors="replace"))
+            if was_stopped and dump.exists()
+            else _innermost_frame(text)
+        )
+        rank = int(path.stem.rsplit("rank", 1)[1])
+        found.append(
+            (not was_stopped, rank, f"rank {rank} ({'stopped by a signal, ' * was_stopped}{where or 'no stack'})")
+        )
     if not found:
         return None
-    return f"hung in {phase}: {'; '.join(found)}; stacks in {folder}"
+    return f"hung in {phase}: {'; '.join(line for *_, line in sorted(found))}; stacks in {folder}"

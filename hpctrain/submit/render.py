@@ -150,6 +150,16 @@ def template_name(spec: JobSpec) -> str:
     return "distributed.sh.j2" if distributed else "base.sh.j2"
 
 
+def task_shim(spec: JobSpec, site: SiteConfig, python: Path, wrap: Wrap | None) -> str:
+    """What the single task of a job step timed by `[hang]` runs under (ending with a space; '' when not timed):
+    the task shim, which finds the task stopped past its deadline (hpctrain.launch.rankwatch). A step of several
+    tasks always has it (`hpctrain launch`)."""
+    hang = spec.hang.over(site.hang)
+    if spec.launcher != "srun" or not (hang.startup_s or hang.step_s):
+        return ""
+    return shlex.join([wrap.python if wrap else str(python), "-m", "hpctrain.launch.task", "--single", "--"]) + " "
+
+
 def launch_options(spec: JobSpec, wrap: Wrap | None) -> str:
     """`hpctrain launch` options, ending with a space when there are any. A job that restarts its step in the
     allocation names the step's nodes: the rest are spares, or stand in for a node that failed."""
@@ -190,6 +200,7 @@ def render_script(
         # Each ends with a space when set, so a job without a container renders as before.
         "container_srun": shlex.join(wrap.srun_options) + " " if wrap and wrap.srun_options else "",
         "container_prefix": shlex.join(wrap.prefix) + " " if wrap and wrap.prefix else "",
+        "task_shim": task_shim(spec, site, python, wrap),
         "launch_options": launch_options(spec, wrap),
         "hpctrain": shlex.join([str(python), "-m", "hpctrain"]),
         "python_bin": shlex.quote(str(python.parent)),

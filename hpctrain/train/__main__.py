@@ -16,13 +16,12 @@ import time
 import traceback
 from typing import Any
 
-from hpctrain.config.job import HangPolicy, Model, load_job_spec
-from hpctrain.config.site import job_site
+from hpctrain.config.job import Model, load_job_spec
 from hpctrain.contract import SPEC_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.stragglers import ComputeTimer
-from hpctrain.runtime.watchdog import Watchdog
+from hpctrain.runtime.watchdog import RankWatchdog, hang_timeouts
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -90,31 +89,6 @@ def gpu_metrics() -> dict[str, float]:
     return values
 
 
-def hang_timeouts(spec: Any) -> HangPolicy:
-    """The spec's [hang] timeouts, the site's where it sets none."""
-    site = job_site()
-    return spec.hang.over(site.hang if site else HangPolicy())
-
-
-class RankWatchdog:
-    """This rank's hang watchdog, each phase armed with its timeout of `hang_timeouts` (none when both are 0)."""
-
-    TIMEOUTS = {"start-up": "startup_s", "step": "step_s"}  # phase -> its HangPolicy field
-
-    def __init__(self, spec: Any) -> None:
-        self.hang = hang_timeouts(spec)
-        self.watchdog = Watchdog() if self.hang.startup_s or self.hang.step_s else None
-
-    def phase(self, name: str) -> None:
-        """Start phase ``name`` ('start-up' or 'step') under its timeout."""
-        if self.watchdog:
-            self.watchdog.phase(name, getattr(self.hang, self.TIMEOUTS[name]))
-
-    def close(self) -> None:
-        if self.watchdog:
-            self.watchdog.close()
-
-
 def preemption_guard(rank: int) -> Any:
     """Installed before the data loader forks its workers, so they inherit the handlers instead of dying;
     on ``rank`` 0 it asks Slurm for the job's state when a stop comes."""
@@ -123,7 +97,7 @@ def preemption_guard(rank: int) -> Any:
     from hpctrain.slurm import SlurmClient
 
     probe = (lambda: job_now(SlurmClient())) if rank == 0 else (lambda: None)
-    return PreemptionGuard(job_now=probe, timeout_margin_s=timeout_margin_s())
+    return PreemptionGuard(job_now=probe, timeout_margin_s=timeout_margin_s(), watch=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_job_spec(args.spec)
         if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
             spec = spec.with_params(params)
-        watchdog = RankWatchdog(spec)
+        watchdog = RankWatchdog(hang_timeouts(spec))
         watchdog.phase("start-up")
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines
         with contextlib.redirect_stdout(sys.stderr):

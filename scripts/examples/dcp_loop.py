@@ -8,8 +8,9 @@ one process) and trains a small DDP model on batches that depend only on the ste
 ``--every`` steps, and on the notice at the step every rank agrees on (`should_stop` is collective), the
 ranks save model and optimizer with DCP into a temporary folder that rank 0 then renames to
 ``step-N``: a run killed mid-save leaves no half checkpoint. The next run resumes from the newest
-``step-N``. The final weights go to CKPT_DIR/final.pt. ``--step-s`` and ``--progress`` only slow the
-steps down and record them, to watch a preemption happen.
+``step-N``. The final weights go to CKPT_DIR/final.pt. Under a job spec's `[hang]` the guard also times
+each step: a rank silent past ``step_s`` (stuck, or stopped) has its stacks written and the step restarts.
+``--step-s`` and ``--progress`` only slow the steps down and record them, to watch a preemption happen.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main() -> int:
         if stop:
             print(f"stopped on the notice at step {step}: saved step-{step}", flush=True)
             return 0
+    guard.end_watch()  # with [hang]: what follows the loop is not a step
     if rank == 0:
         weights = model.module.state_dict() if dist.is_initialized() else model.state_dict()
         torch.save(weights, args.ckpt_dir / "final.pt")

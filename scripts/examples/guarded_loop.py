@@ -29,6 +29,7 @@ def main(state_file: Path, steps: int) -> int:
         state["total"] += state["step"]
         if guard.should_stop():
             break
+    guard.end_watch()  # with [hang]: what follows the loop is not a step
     tmp = state_file.with_name(state_file.name + ".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, state_file)  # atomic: a run killed mid-write leaves the previous state

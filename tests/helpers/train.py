@@ -292,18 +292,24 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
             "keys": sorted(captured)}
 
 
-def rank_pid(slurm_job_id: str, rank: int) -> int | None:
-    """The pid of one training rank of a job (every dev cluster node is this host), not its task shim's."""
-    for proc in Path("/proc").iterdir():
+def rank_pid(slurm_job_id: str, rank: int, program: str = "hpctrain.train") -> int | None:
+    """The pid of one rank of a job running ``program`` (every dev cluster node is this host): the process its task
+    shim started, not the shim, nor the rank's data-loader workers."""
+    def read(pid: str, name: str) -> bytes:
         try:
-            environ = (proc / "environ").read_bytes().split(b"\0")
-            cmdline = (proc / "cmdline").read_bytes()
-        except (OSError, ValueError):
-            continue
-        if b"hpctrain.train" in cmdline and b"hpctrain.launch.task" not in cmdline \
+            return Path(f"/proc/{pid}/{name}").read_bytes()
+        except OSError:
+            return b""
+
+    for proc in Path("/proc").iterdir():
+        environ = read(proc.name, "environ").split(b"\0")
+        cmdline = read(proc.name, "cmdline")
+        if program.encode() in cmdline and b"hpctrain.launch.task" not in cmdline \
                 and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
-                and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
+                and f"SLURM_PROCID={rank}".encode() in environ:
+            parent = read(proc.name, "stat").rpartition(b")")[2].split()[1:2]
+            if parent and b"hpctrain.launch.task" in read(parent[0].decode(), "cmdline"):
+                return int(proc.name)
     return None
 
 

@@ -76,7 +76,7 @@ def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(t
 
 def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_path, monkeypatch):
     from hpctrain.config.job import JobSpec
-    from hpctrain.train.__main__ import hang_timeouts
+    from hpctrain.runtime.watchdog import hang_timeouts
 
     def spec(hang: dict) -> JobSpec:
         return JobSpec(name="j", command=["true"], hang=hang)

@@ -1,0 +1,68 @@
+"""A rank whose every thread is frozen (SIGSTOP): its task shim (hpctrain.launch.rankwatch) finds it past its
+deadline from its heartbeat, notes it as stopped and continues it, so that its watchdog writes its stacks and ends
+it; the hang report names it. The rank is a plain loop timed through hpctrain's guard, outside Slurm."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from hpctrain.contract import JobEnvironment
+from hpctrain.runtime.watchdog import HUNG_EXIT, STOPPED, hang_report
+
+from helpers.waiting import wait_until
+
+LOOP = """\
+import os, time
+from hpctrain.runtime import PreemptionGuard
+
+def train_step():
+    time.sleep(0.02)
+
+guard = PreemptionGuard()
+print(os.getpid(), flush=True)
+while not guard.should_stop():
+    train_step()
+"""
+
+
+def job_env(tmp_path, step_s: float) -> dict[str, str]:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"name": "loop", "command": ["python", "loop.py"], "hang": {"step_s": step_s}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "SLURM_"))}
+    return {**env, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+            "SLURM_NTASKS": "1", "SLURM_TASKS_PER_NODE": "1", "HPCTRAIN_JOB_DIR": str(tmp_path),
+            "HPCTRAIN_SPEC": str(spec)}
+
+
+def test_a_stopped_rank_is_continued_to_write_its_stacks_and_named_as_stopped(tmp_path):
+    env = job_env(tmp_path, step_s=1)
+    shim = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", LOOP], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    rank = int(shim.stdout.readline())
+    time.sleep(0.3)  # a few steps
+    os.kill(rank, signal.SIGSTOP)
+    assert shim.wait(60) == HUNG_EXIT
+    stacks = (tmp_path / "stacks" / "run0.0-rank0.txt").read_text()
+    assert STOPPED in stacks and "still running" not in stacks
+    # Its stacks as it was stopped, written on the shim's signal to a file of their own: the phase's timer, continued
+    # with it, may write its own at the same moment.
+    dump = (tmp_path / "stacks" / "run0.0-stopped-rank0.txt").read_text()
+    assert dump.count("most recent call first") == 2  # the main thread and the watchdog's
+    assert hang_report(JobEnvironment(env)) == (
+        f"hung in phase step, timeout 1 s: rank 0 (stopped by a signal, <string>:5 in train_step); "
+        f"stacks in {tmp_path / 'stacks'}")
+    wait_until(lambda: not os.path.exists(f"/proc/{rank}"), 10, 0.1, "the rank to be gone")
+
+
+def test_a_rank_that_keeps_beating_runs_to_its_end(tmp_path):
+    """Steps far shorter than the timeout: the guard's watch never fires, and the shim ends as the loop does; the
+    stack files hold the phases only."""
+    loop = LOOP.replace("while not guard.should_stop():", "for _ in range(40):\n    guard.should_stop()")
+    done = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", loop],
+                          env=job_env(tmp_path, step_s=2), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert hang_report(JobEnvironment(job_env(tmp_path, step_s=2))) is None
+    assert (tmp_path / "stacks" / "run0.0-stopped-rank0.txt").read_text() == ""
