@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from _figures import figure  # noqa: E402
 from _preempt import wait  # noqa: E402
-from preemption_resume import kinds, workspace, write_spec  # noqa: E402
 from helpers.train import rank_pid  # noqa: E402
+from preemption_resume import kinds, workspace, write_spec  # noqa: E402
 
 EXAMPLES = REPO / "scripts" / "examples"
 STEPS = 400
