@@ -14,7 +14,18 @@ from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelW
 
 from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
 from hpctrain.config.shell import check_shell_command
-from hpctrain.config.types import ENV_NAME, BindPath, ExpandedPath, ImageRef, MiB, Seconds, SlurmName, check_not_option
+from hpctrain.config.types import (
+    ENV_NAME,
+    BindPath,
+    ExpandedPath,
+    ImageRef,
+    MiB,
+    MinutesOrAuto,
+    Seconds,
+    SlurmName,
+    StepsOrAuto,
+    check_not_option,
+)
 from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_LOSS, EVAL_OUTPUT_ENV, PARAMS_ENV
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -233,8 +244,12 @@ class EvalPolicy(StrictModel):
 
 class CheckpointPolicy(StrictModel):
     dir: ExpandedPath | None = Field(None, description="default: <site checkpoints>/<job name>")
-    every_steps: int | None = Field(None, ge=1)
-    every_minutes: FiniteFloat | None = Field(None, gt=0)
+    every_steps: StepsOrAuto | None = Field(
+        None, description='"auto": from the saves\' measured cost and the rate of interruptions'
+    )
+    every_minutes: MinutesOrAuto | None = Field(
+        None, description='in steps of the measured step time; "auto" as for every_steps'
+    )
     keep_last: int = Field(3, ge=1)
     keep_best: int = Field(0, ge=0, description="also keep this many best checkpoints by best_metric")
     best_metric: str = Field(
@@ -398,6 +413,8 @@ class JobSpec(StrictModel):
                 ("resources", "spare_nodes"),
                 ("spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'"),
             )
+        if self.checkpoint.every_steps is not None and self.checkpoint.every_minutes is not None:
+            yield ("checkpoint", "every_minutes"), "give every_steps or every_minutes, not both"
         if self.checkpoint.memory_every_steps and not self.retry.in_place:
             yield (
                 ("checkpoint", "memory_every_steps"),

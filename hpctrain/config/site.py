@@ -102,6 +102,15 @@ class CheckpointConfig(StrictModel):
         Path("/dev/shm"),
         description="node-local memory (or disk) for the checkpoint memory tier (checkpoint.memory_every_steps)",
     )
+    mtbi_hours: FiniteFloat = Field(
+        24.0,
+        gt=0,
+        description='mean time between interruptions (preemptions, failures) checkpoint every_steps = "auto" assumes '
+        "for a job until it has its own history",
+    )
+    preemptible_mtbi_hours: FiniteFloat = Field(
+        2.0, gt=0, description="the same for a job in the preemptible QOS (resources.preemptible)"
+    )
 
 
 class Alerts(StrictModel):

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BeforeValidator, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    FiniteFloat,
+    PlainSerializer,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import PydanticCustomError
 
 from hpctrain.config.loading import expand_path
 from hpctrain.config.shell import check_shell_command
@@ -130,3 +140,24 @@ ImageRef = Annotated[str, AfterValidator(check_image)]
 ShellCommand = Annotated[str, AfterValidator(check_shell_command)]  # a setup line of the batch script
 Program = Annotated[str, AfterValidator(check_not_option)]  # a command name or path, run by srun, exec or apptainer
 ProgramPath = Annotated[Path, BeforeValidator(expand_path), AfterValidator(check_not_option)]
+
+
+def _one_error(expected: str) -> WrapValidator:
+    """A union's failure as one error naming what it takes (pydantic reports each member's)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("auto_or", expected) from None
+
+    return WrapValidator(check)
+
+
+# A checkpoint interval: a positive number, or "auto" (hpctrain.checkpoint.interval).
+StepsOrAuto = Annotated[
+    Annotated[int, Field(ge=1)] | Literal["auto"], _one_error('expected a whole number of steps >= 1 or "auto"')
+]
+MinutesOrAuto = Annotated[
+    Annotated[FiniteFloat, Field(gt=0)] | Literal["auto"], _one_error('expected a number of minutes > 0 or "auto"')
+]

@@ -20,6 +20,8 @@ from hpctrain.ledger.journal import Journal
 EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
 # The job's own doing: requeued only with retry.on_error.
 OWN = {"error", "oom"}
+# Ends of a run that lose the work since its newest checkpoint (a time limit is foreseen: its notice saves).
+INTERRUPTIONS = {"preemption", "node_failure", "requeued", "error", "oom", "hang", "failed"}
 
 
 @dataclass
@@ -158,3 +160,21 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None
     return dict(sorted(runs.items()))
+
+
+def interruption_history(journal: Journal, task_index: int) -> tuple[int, float]:
+    """This task's interruptions so far and the seconds its runs had run until then: the earlier runs that ended
+    interrupted, and every failed job step restarted in place (retry.in_place); the current run's time is not in."""
+    starts: dict[int, float] = {}
+    events, exposure = 0, 0.0
+    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "step_restart")):
+        if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
+            continue
+        if rec["kind"] == "attempt_start":
+            starts[rec["attempt"]] = rec["time"]
+        elif rec["kind"] == "step_restart":
+            events += 1
+        elif rec["attempt"] in starts:
+            exposure += max(0.0, rec["time"] - starts[rec["attempt"]])
+            events += rec.get("cause") in INTERRUPTIONS
+    return events, exposure

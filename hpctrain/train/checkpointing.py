@@ -1,9 +1,11 @@
-"""The reference trainer's checkpoints: engine state as hpctrain.checkpoint Shards, resume, periodic saves."""
+"""The reference trainer's checkpoints: engine state as hpctrain.checkpoint Shards, resume, periodic saves (at the
+steps hpctrain.train.saves chooses)."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +19,11 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.site import CheckpointConfig, job_site
 from hpctrain.contract import JobEnvironment
 from hpctrain.data.state import LoaderState
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.attempts import interruption_history
 from hpctrain.train.engine import StepResult
 from hpctrain.train.evaluation import EvalSchedule
+from hpctrain.train.saves import SaveSchedule
 from hpctrain.train.state import load_local_state, local_state, placements
 
 
@@ -39,8 +44,8 @@ def site_checkpoints() -> CheckpointConfig:
 
 
 class TrainCheckpoints:
-    """Saves every ``checkpoint.every_steps`` steps (async by default) and, with ``memory_every_steps``, to
-    the node-local memory tier in between; resumes from the newest valid checkpoint of either tier."""
+    """Saves at the steps of its `SaveSchedule` (async by default) and, with ``memory_every_steps``, to the
+    node-local memory tier in between; resumes from the newest valid checkpoint of either tier."""
 
     def __init__(
         self, spec: JobSpec, engine: Any, directory: Path, loader: Any = None, evaluation: EvalSchedule | None = None
@@ -76,6 +81,16 @@ class TrainCheckpoints:
             )
         self.last_step: int | None = None
         self.tier: str | None = None  # the one resumed from
+        self.schedule = self.save_schedule(engine.global_rank)
+        if evaluation is not None:
+            evaluation.checkpoint_due = self.schedule.due
+
+    def save_schedule(self, rank: int) -> SaveSchedule:
+        """The file-system tier's schedule; "auto" learns from this task's interruptions so far (its journal)."""
+        policy, env, journal = self.spec.checkpoint, JobEnvironment(), Journal.from_env()
+        history = interruption_history(journal, env.task_index) if journal is not None else (0, 0.0)
+        hours = self.site.preemptible_mtbi_hours if self.spec.resources.preemptible else self.site.mtbi_hours
+        return SaveSchedule(policy, history, hours * 3600, journal if rank == 0 else None)
 
     def resume(self) -> int:
         """Restore model, optimizer, RNG and data cursor from the newest valid checkpoint; the step to go on from."""
@@ -84,6 +99,7 @@ class TrainCheckpoints:
         if restored is None:
             restored = self.ck.load_latest(like=tree)
             self.tier = "file system" if restored else None
+        self.schedule.begin(restored.step if restored else 0)
         if restored is None:
             return 0
         load_local_state(self.engine, {k: s.data for k, s in tree.items()})
@@ -150,7 +166,8 @@ class TrainCheckpoints:
         tier = self.memory if memory else self.ck
         assert tier is not None
         # local_state's tensors are fresh copies that nothing else changes: written without another copy
-        tier.save(
+        begun = time.monotonic()
+        future = tier.save(
             step,
             self.memory_tree(tree) if memory else tree,
             cursor=cursor,
@@ -160,6 +177,7 @@ class TrainCheckpoints:
         )
         if not memory:
             self.last_step = step
+            self.schedule.saved(time.monotonic() - begun, future)
 
     def finish(self, step: int, loss: float) -> None:
         """Make ``step`` durable now: complete the save in flight when it is this step's, else save synchronously."""
@@ -169,10 +187,12 @@ class TrainCheckpoints:
 
     def hook(self, engine: Any, result: StepResult) -> None:
         policy = self.spec.checkpoint
-        if policy.every_steps and result.step % policy.every_steps == 0:
+        self.schedule.step_done(result.step_time_s)
+        if self.schedule.due(result.step):
             self.save(result.step, result.loss, policy.async_save)
         elif self.memory is not None and policy.memory_every_steps and result.step % policy.memory_every_steps == 0:
             self.save(result.step, result.loss, policy.async_save, memory=True)
+        self.schedule.choose(result.step)
 
     def close(self) -> None:
         """Wait for the saves in flight; the run is over: free this node's memory tier."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -89,12 +89,12 @@ class EvalSchedule:
 
     def __init__(self, spec: JobSpec, held_out: HeldOutEval, last_step: int, journal) -> None:
         self.every = spec.eval.every_steps
-        self.checkpoint_every = spec.checkpoint.every_steps if spec.checkpoint.dir is not None else None
+        self.checkpoint_due: Callable[[int], bool] = lambda step: False  # the trainer's checkpoints' (SaveSchedule)
         self.held_out, self.last_step, self.journal = held_out, last_step, journal
         self.latest: dict[int, dict[str, float]] = {}  # step -> metrics: the newest evaluation only
 
     def due(self, step: int) -> bool:
-        return step == self.last_step or any(n and step % n == 0 for n in (self.every, self.checkpoint_every))
+        return step == self.last_step or bool(self.every and step % self.every == 0) or self.checkpoint_due(step)
 
     def __call__(self, engine, result) -> None:
         if not self.due(result.step):

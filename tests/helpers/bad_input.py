@@ -169,7 +169,7 @@ BASE_SPEC: dict[str, Any] = {
                  "precision": "bf16"},
     "model": {"layers": 4, "heads": 4, "hidden": 64, "vocab": 256, "seq_len": 64},
     "data": {"index": "/tmp/index.json", "workers": 2, "shuffle_buffer": 100, "max_quarantined_fraction": 0.1},
-    "checkpoint": {"dir": "/tmp/ck", "every_steps": 10, "every_minutes": 5.0, "keep_last": 2, "async": True},
+    "checkpoint": {"dir": "/tmp/ck", "every_steps": 10, "keep_last": 2, "async": True},
     "hyperparameters": {"lr": 3e-4},
     "env": {"GREETING": "hi", "TOKEN": {"secret": True}},
     "retry": {"on_error": False, "max_stalled_attempts": 3},

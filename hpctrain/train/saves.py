@@ -1,0 +1,121 @@
+"""At which steps the reference trainer saves to the file system: every ``checkpoint.every_steps``; every
+``every_minutes`` (in steps of the measured step time); or ``"auto"``, the interval that loses the least time to
+interruptions plus saves (hpctrain.checkpoint.interval) from the measured saves and the interruptions of this
+job, on the site's prior (``checkpoint.mtbi_hours``) until it has its own.
+
+An interval in minutes or "auto" is chosen WARMUP_STEPS steps in (where "auto" saves first, to measure a save)
+and again after each save: at the same step on every rank, from measurements reduced over the ranks (the slowest
+rank's), so that every rank saves at the same steps. Rank 0 journals each choice that changes the interval
+(``checkpoint_interval``: `hpctrain show` lists it with why).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any
+
+from hpctrain.checkpoint.interval import InterruptionRate, Interval, choose_interval
+from hpctrain.config.job import CheckpointPolicy
+from hpctrain.parallel.collective import all_reduce_floats
+
+WARMUP_STEPS = 10
+KEPT = 20  # the newest measurements of each kind that count
+CHANGE = 0.1  # a new interval is journaled when it differs from the last journaled one by more than this share
+
+
+class SaveSchedule:
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        history: tuple[int, float] = (0, 0.0),
+        prior_mtbi_s: float = 24 * 3600.0,
+        journal: Any = None,
+    ) -> None:
+        """``history``: this task's interruptions and the seconds its earlier runs ran (runtime.attempts); the
+        ``journal`` is rank 0's, None elsewhere."""
+        self.every = policy.every_steps if isinstance(policy.every_steps, int) else None
+        self.minutes = policy.every_minutes if isinstance(policy.every_minutes, (int, float)) else None
+        self.auto = "auto" in (policy.every_steps, policy.every_minutes)
+        self.events, self.earlier_s = history
+        self.prior_mtbi_s, self.journal = prior_mtbi_s, journal
+        self.started = time.monotonic()
+        self.step_times: deque[float] = deque(maxlen=KEPT)
+        self.blocked: deque[float] = deque(maxlen=KEPT)
+        self.commits: deque[float] = deque(maxlen=KEPT)
+        self.next_save: int | None = None
+        self.next_choice: int | None = None
+        self.journaled: Interval | None = None
+
+    def begin(self, start_step: int) -> None:
+        """The run trains on from ``start_step``: an interval in minutes or "auto" is chosen WARMUP_STEPS later."""
+        if self.auto or self.minutes is not None:
+            self.next_choice = start_step + WARMUP_STEPS
+            self.next_save = self.next_choice if self.auto else None
+
+    def due(self, step: int) -> bool:
+        """Whether the file-system tier saves at ``step`` (the same answer on every rank)."""
+        if self.every is not None:
+            return step % self.every == 0
+        return step == self.next_save
+
+    def step_done(self, step_time_s: float) -> None:
+        self.step_times.append(step_time_s)
+
+    def saved(self, blocked_s: float, future: Future[Any]) -> None:
+        """A save blocked the step ``blocked_s``; ``future`` completes once this rank's part is written (and, on
+        the committing rank, committed)."""
+        self.blocked.append(blocked_s)
+        begun = time.monotonic() - blocked_s
+        future.add_done_callback(lambda _: self.commits.append(time.monotonic() - begun))
+
+    def choose(self, step: int) -> Interval | None:
+        """At a choosing step (collective): the next interval, and the step of the next save; None elsewhere."""
+        if step != self.next_choice:
+            return None
+        step_s, cost_s, commit_s, exposure_s = all_reduce_floats(
+            [
+                _median(self.step_times),
+                _median(self.blocked),
+                _median(self.commits),
+                self.earlier_s + time.monotonic() - self.started,
+            ],
+            "max",
+        )
+        rate = self.rate(exposure_s)
+        if self.minutes is not None:
+            steps = max(1, round(self.minutes * 60 / step_s)) if step_s > 0 else 1
+            interval = Interval(steps, steps * step_s, cost_s, commit_s, step_s, rate.mtbi_s)
+            why = f"every {steps} steps: {self.minutes:g} minutes at {step_s:.3f} s a step"
+        else:
+            interval = choose_interval(cost_s, commit_s, step_s, rate)
+            why = interval.why(rate)
+        self.next_save = self.next_choice = step + interval.steps
+        self._journal(step, interval, why, rate)
+        return interval
+
+    def rate(self, exposure_s: float) -> InterruptionRate:
+        return InterruptionRate(self.events, exposure_s, prior_s=self.prior_mtbi_s)
+
+    def _journal(self, step: int, interval: Interval, why: str, rate: InterruptionRate) -> None:
+        last = self.journaled
+        if self.journal is None or (last is not None and abs(interval.steps - last.steps) <= CHANGE * last.steps):
+            return
+        self.journaled = interval
+        self.journal.write(
+            "checkpoint_interval",
+            step=step,
+            steps=interval.steps,
+            seconds=round(interval.seconds, 3),
+            cost_s=round(interval.cost_s, 4),
+            commit_s=round(interval.commit_s, 3),
+            step_s=round(interval.step_s, 4),
+            mtbi_s=round(rate.mtbi_s, 1),
+            message=f"checkpoints {why}",
+        )
+
+
+def _median(values: deque[float]) -> float:
+    return statistics.median(values) if values else 0.0

@@ -1,0 +1,103 @@
+"""The reference trainer's save steps (hpctrain.train.saves): fixed, every N minutes in steps of the measured step
+time, or "auto" from measured saves and interruptions; each new interval journaled with why. One process: the
+reductions over ranks are the values themselves."""
+
+from concurrent.futures import Future
+
+import pytest
+
+from hpctrain.checkpoint.interval import InterruptionRate, choose_interval
+from hpctrain.checkpoint.naming import list_dirs
+from hpctrain.config.job import CheckpointPolicy, load_job_spec
+from hpctrain.errors import ConfigError
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.attempts import interruption_history
+from hpctrain.train.saves import WARMUP_STEPS, SaveSchedule
+
+from helpers.train import TINY_MODEL, pack_text_dataset, train_ranks, trainer_spec
+
+
+def done_future() -> Future:
+    future = Future()
+    future.set_result(None)
+    return future
+
+
+def run(schedule: SaveSchedule, start: int, steps: int, step_s: float, blocked_s: float = 0.0) -> list[int]:
+    """Steps ``start + 1 .. start + steps`` of ``step_s`` each: the steps saved at."""
+    schedule.begin(start)
+    saved = []
+    for step in range(start + 1, start + steps + 1):
+        schedule.step_done(step_s)
+        if schedule.due(step):
+            saved.append(step)
+            schedule.saved(blocked_s, done_future())
+        schedule.choose(step)
+    return saved
+
+
+def test_fixed_steps_save_on_their_multiples():
+    assert run(SaveSchedule(CheckpointPolicy(every_steps=7)), 3, 20, 0.1) == [7, 14, 21]
+
+
+def test_minutes_are_steps_of_the_measured_step_time_from_the_warmup_on(tmp_path):
+    journal = Journal(tmp_path)
+    schedule = SaveSchedule(CheckpointPolicy(every_minutes=0.5), journal=journal)  # 30 s: 60 steps of 0.5 s
+    assert run(schedule, 100, 200, 0.5) == [100 + WARMUP_STEPS + 60, 100 + WARMUP_STEPS + 120,
+                                            100 + WARMUP_STEPS + 180]
+    (chosen,) = [r for _, r in journal.records(kinds=["checkpoint_interval"])]  # the same each time: journaled once
+    assert (chosen["step"], chosen["steps"]) == (100 + WARMUP_STEPS, 60)
+    assert chosen["message"] == "checkpoints every 60 steps: 0.5 minutes at 0.500 s a step"
+
+
+def test_auto_saves_at_the_warmup_then_at_dalys_interval_for_the_measured_save(tmp_path):
+    journal = Journal(tmp_path)
+    schedule = SaveSchedule(CheckpointPolicy(every_steps="auto"), history=(3, 3 * 3600.0), prior_mtbi_s=3600,
+                            journal=journal)
+    saved = run(schedule, 0, 400, step_s=0.5, blocked_s=0.2)
+    expected = choose_interval(0.2, 0.0, 0.5, InterruptionRate(3, 3 * 3600.0, prior_s=3600))
+    assert 60 < expected.steps < 200  # about 34 s at one interruption an hour
+    assert saved[:3] == [WARMUP_STEPS, WARMUP_STEPS + expected.steps, WARMUP_STEPS + 2 * expected.steps]
+    first = next(r for _, r in journal.records(kinds=["checkpoint_interval"]))
+    assert first["steps"] == expected.steps and first["mtbi_s"] == pytest.approx(3600, rel=0.01)
+    assert first["message"].startswith(f"checkpoints every {expected.steps} steps (")
+    assert "interruptions one every 1.00 h (3 in 3.0 h seen" in first["message"]
+
+
+def test_interruptions_are_the_runs_that_lost_work_and_the_steps_restarted_in_place(tmp_path):
+    journal = Journal(tmp_path)
+    for attempt, start, end, cause in [(0, 1000.0, 4600.0, "preemption"), (1, 4700.0, 8300.0, "timeout"),
+                                       (2, 8400.0, 9400.0, "node_failure")]:
+        journal.write("attempt_start", attempt=attempt, time=start)
+        journal.write("attempt_end", attempt=attempt, time=end, cause=cause)
+    journal.write("step_restart", attempt=3, time=9600.0)
+    journal.write("attempt_start", attempt=3, time=9500.0, task_index=2)  # another array task's
+    assert interruption_history(journal, -1) == (3, 3600.0 + 3600.0 + 1000.0)
+
+
+def test_a_spec_gives_every_steps_or_every_minutes_not_both(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_text('name = "j"\ncommand = ["true"]\n[checkpoint]\nevery_steps = "auto"\nevery_minutes = 5\n')
+    with pytest.raises(ConfigError, match="checkpoint.every_minutes: give every_steps or every_minutes, not both"):
+        load_job_spec(spec)
+    spec.write_text('name = "j"\ncommand = ["true"]\n[checkpoint]\nevery_minutes = "auto"\n')
+    assert load_job_spec(spec).checkpoint.every_minutes == "auto"
+    spec.write_text('name = "j"\ncommand = ["true"]\n[checkpoint]\nevery_steps = "often"\n')
+    with pytest.raises(ConfigError, match="every_steps"):
+        load_job_spec(spec)
+
+
+def test_the_trainer_saves_where_auto_chose_and_journals_why(tmp_path):
+    """2 ranks, every_steps = "auto": the first save at the warm-up's end, the next one Daly's interval later (with
+    no interruption seen, the site's prior of one a day: far past this run's end), the choice journaled once."""
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=100, shard_bytes=4096).path
+    spec = tmp_path / "auto.toml"
+    spec.write_text(trainer_spec("gpt-auto", seed=3, index=index, ckpt=tmp_path / "ck", every_steps='"auto"',
+                                 resources={"gpus_per_node": 2}, parallel="tp = 2"))
+    steps = train_ranks(spec, WARMUP_STEPS + 5, tmp_path / "journal", nproc=2)
+    assert [s["step"] for s in steps] == list(range(1, WARMUP_STEPS + 6))
+    assert [d.step for d in list_dirs(tmp_path / "ck")] == [WARMUP_STEPS]
+    (chosen,) = [r for _, r in Journal(tmp_path / "journal").records(kinds=["checkpoint_interval"])]
+    assert chosen["step"] == WARMUP_STEPS and chosen["steps"] > 5
+    assert 86400 < chosen["mtbi_s"] < 86400 + 600  # the prior, and this run's seconds without an interruption
+    assert "interruptions one every 24.00 h (0 in 0.0 h seen, prior one in 24 h)" in chosen["message"]
