@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -55,7 +56,8 @@ def measured_async_save(size_mb: int = 256, repeats: int = 5) -> tuple[float, fl
     return statistics.median(blocked), statistics.median(commit)
 
 
-def goodput(hours: float, gaps: list[float], cost_s: float, commit_s: float, interval_of) -> float:
+def goodput(hours: float, gaps: list[float], cost_s: float, commit_s: float,
+            interval_of: Callable[[int, float], float]) -> float:
     """Committed training time over wall time. ``gaps``: the seconds between interruptions (the last runs to the
     end); ``interval_of(events, exposure_s)``: the compute seconds between saves after that history."""
     useful = 0.0
@@ -82,6 +84,18 @@ def interruptions(hours: float, per_hour: float, rng: random.Random) -> list[flo
     return [*gaps, end - t]
 
 
+def policies(cost_s: float, commit_s: float, per_hour: float) -> dict[str, Callable[[int, float], float]]:
+    """Each policy's interval (compute seconds between saves) after a history of interruptions."""
+    best_s = max(daly_interval_s(max(cost_s, 0.01), 3600 / per_hour), commit_s)
+
+    def auto(prior_per_hour: float) -> Callable[[int, float], float]:
+        return lambda events, exposure: choose_interval(
+            cost_s, commit_s, STEP_S, InterruptionRate(events, exposure, prior_s=3600 / prior_per_hour)).seconds
+
+    return {"optimum": lambda e, x: best_s, "auto/4x": auto(per_hour / 4), "auto*4x": auto(per_hour * 4),
+            "x/5": lambda e, x: max(best_s / 5, commit_s), "x5": lambda e, x: best_s * 5}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hours", type=float, default=20000.0)
@@ -96,21 +110,10 @@ def main() -> None:
     for name, (cost, commit_s) in costs.items():
         for per_hour in RATES_PER_HOUR:
             gaps = interruptions(args.hours, per_hour, random.Random(args.seed))
-            best_s = max(daly_interval_s(max(cost, 0.01), 3600 / per_hour), commit_s)
-
-            def auto(prior_per_hour: float):
-                prior = {"prior_events": 1.0, "prior_s": 3600 / prior_per_hour}
-                return lambda events, exposure: choose_interval(
-                    cost, commit_s, STEP_S, InterruptionRate(events, exposure, **prior)).seconds
-
-            row = {
-                "optimum": goodput(args.hours, gaps, cost, commit_s, lambda e, x: best_s),
-                "auto/4x": goodput(args.hours, gaps, cost, commit_s, auto(per_hour / 4)),
-                "auto*4x": goodput(args.hours, gaps, cost, commit_s, auto(per_hour * 4)),
-                "x/5": goodput(args.hours, gaps, cost, commit_s, lambda e, x: max(best_s / 5, commit_s)),
-                "x5": goodput(args.hours, gaps, cost, commit_s, lambda e, x: best_s * 5),
-            }
-            print(f"  {name:58}{per_hour:9g}" + "".join(f"{v:9.4f}" for v in row.values()) + f"  {best_s:.0f} s")
+            chosen = policies(cost, commit_s, per_hour)
+            row = {p: goodput(args.hours, gaps, cost, commit_s, interval) for p, interval in chosen.items()}
+            print(f"  {name:58}{per_hour:9g}" + "".join(f"{v:9.4f}" for v in row.values())
+                  + f"  {chosen['optimum'](0, 0.0):.0f} s")
             worst = max(worst, *(1 - row[a] / row["optimum"] for a in ("auto/4x", "auto*4x")))
     figure("auto's goodput below the optimum's (worst rate, cost and prior)", worst * 100, "%",
            "<= 2 % (issue 43)", worst <= 0.02)
