@@ -69,6 +69,6 @@ class Interval:
 
 def choose_interval(cost_s: float, commit_s: float, step_s: float, rate: InterruptionRate) -> Interval:
     """The interval in steps: Daly's optimum for the measured ``cost_s`` and ``rate``, no shorter than a commit."""
-    seconds = max(daly_interval_s(max(cost_s, MIN_COST_S), rate.mtbi_s), commit_s)
-    steps = max(1, round(seconds / step_s)) if step_s > 0 else 1
+    best = daly_interval_s(max(cost_s, MIN_COST_S), rate.mtbi_s)
+    steps = max(1, round(best / step_s), math.ceil(commit_s / step_s)) if step_s > 0 else 1
     return Interval(steps, steps * step_s, cost_s, commit_s, step_s, rate.mtbi_s)

@@ -118,6 +118,12 @@ class Alerts(StrictModel):
 
     stall_minutes: FiniteFloat = Field(15.0, gt=0, description="no training step for this long")
     data_wait_fraction: FiniteFloat = Field(0.25, gt=0, le=1, description="share of step time spent waiting for data")
+    slow_save_factor: FiniteFloat = Field(
+        5.0, gt=1, description="a checkpoint that took this many times the median of the job's saves before it"
+    )
+    work_at_risk_minutes: FiniteFloat = Field(
+        120.0, gt=0, description="training since the newest committed checkpoint (of a job that checkpoints)"
+    )
 
 
 class Launch(StrictModel):

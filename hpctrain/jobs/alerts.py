@@ -1,8 +1,10 @@
 """Flags on running jobs for `hpctrain status`: stalled (a job that reports steps reported none lately), data-bound (waiting for data),
-stragglers (ranks far slower than their pipeline stage's median)."""
+stragglers (ranks far slower than their pipeline stage's median), slow saves (the checkpoint file system slowed
+down) and work at risk (long since the newest committed checkpoint)."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -12,6 +14,7 @@ from hpctrain.jobs.stragglers import latest
 from hpctrain.ledger import Ledger
 
 RECENT_STEPS = 20
+SAVES_COMPARED = 10  # the newest checkpoint against the median of this many before it
 
 
 def job_alerts(
@@ -38,6 +41,28 @@ def job_alerts(
             found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
         if (slow := latest(ledger, job["id"])) and slow[1]:
             found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
+        found += checkpoint_alerts(ledger, job["id"], limits, now)
         if found:
             out[job["id"]] = found
     return out
+
+
+def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float) -> list[str]:
+    """A slow newest save (``slow_save_factor`` times the median of the ones before), and work at risk: training
+    since the newest committed checkpoint (or this run's start, when later) past ``work_at_risk_minutes``. A job
+    without checkpoints has neither."""
+    saves = ledger.checkpoints.newest(job_id, SAVES_COMPARED + 1)
+    if not saves:
+        return []
+    found = []
+    durations = [s["duration_s"] for s in saves if s["duration_s"] is not None]
+    if len(durations) >= 4 and (usual := statistics.median(durations[1:])) > 0:
+        if durations[0] > limits.slow_save_factor * usual:
+            found.append(
+                f"slow saves: step {saves[0]['step']}'s checkpoint took {durations[0]:.1f} s, "
+                f"{durations[0] / usual:.0f}x the median of the {len(durations) - 1} before ({usual:.1f} s)"
+            )
+    since = max(saves[0]["created_at"], ledger.attempts.last_start(job_id) or 0.0)
+    if now - since > limits.work_at_risk_minutes * 60:
+        found.append(f"work at risk: {(now - since) / 60:.0f} min since the newest committed checkpoint")
+    return found

@@ -32,5 +32,9 @@ class Checkpoints:
     def of_job(self, job_id: int) -> list[CheckpointRow]:
         return self._rows.rows("job_id = ?", [job_id], order_by="task_index, step")
 
+    def newest(self, job_id: int, limit: int) -> list[CheckpointRow]:
+        """The job's ``limit`` newest checkpoints by commit time (any task, any state: each was committed)."""
+        return self._rows.rows("job_id = ?", [job_id], order_by="created_at DESC", limit=limit)
+
     def at(self, path: str) -> CheckpointRow | None:
         return self._rows.first("path = ?", [path])

@@ -177,7 +177,7 @@ class TrainCheckpoints:
         )
         if not memory:
             self.last_step = step
-            self.schedule.saved(time.monotonic() - begun, future)
+            self.schedule.saved(step, time.monotonic() - begun, future)
 
     def finish(self, step: int, loss: float) -> None:
         """Make ``step`` durable now: complete the save in flight when it is this step's, else save synchronously."""

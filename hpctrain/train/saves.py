@@ -7,13 +7,19 @@ An interval in minutes or "auto" is chosen WARMUP_STEPS steps in (where "auto" s
 and again after each save: at the same step on every rank, from measurements reduced over the ranks (the slowest
 rank's), so that every rank saves at the same steps. Rank 0 journals each choice that changes the interval
 (``checkpoint_interval``: `hpctrain show` lists it with why).
+
+Rank 0 commits the saves: a commit that takes SLOW_FACTOR times the median of the ones before is a ``slow_save``
+event (the file system slowed down). "auto" then waits at least that long before the next save instead of
+letting saves pile up: the newest commit counts when it is the longest.
 """
 
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -24,6 +30,8 @@ from hpctrain.parallel.collective import all_reduce_floats
 WARMUP_STEPS = 10
 KEPT = 20  # the newest measurements of each kind that count
 CHANGE = 0.1  # a new interval is journaled when it differs from the last journaled one by more than this share
+SLOW_FACTOR = 5.0
+SLOW_AFTER = 3  # commits measured before one can be slow
 
 
 class SaveSchedule:
@@ -33,6 +41,7 @@ class SaveSchedule:
         history: tuple[int, float] = (0, 0.0),
         prior_mtbi_s: float = 24 * 3600.0,
         journal: Any = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``history``: this task's interruptions and the seconds its earlier runs ran (runtime.attempts); the
         ``journal`` is rank 0's, None elsewhere."""
@@ -40,11 +49,12 @@ class SaveSchedule:
         self.minutes = policy.every_minutes if isinstance(policy.every_minutes, (int, float)) else None
         self.auto = "auto" in (policy.every_steps, policy.every_minutes)
         self.events, self.earlier_s = history
-        self.prior_mtbi_s, self.journal = prior_mtbi_s, journal
-        self.started = time.monotonic()
+        self.prior_mtbi_s, self.journal, self.clock = prior_mtbi_s, journal, clock
+        self.started = clock()
         self.step_times: deque[float] = deque(maxlen=KEPT)
         self.blocked: deque[float] = deque(maxlen=KEPT)
-        self.commits: deque[float] = deque(maxlen=KEPT)
+        self.commits: deque[float] = deque(maxlen=KEPT)  # appended on the checkpointer's thread
+        self.commits_lock = threading.Lock()
         self.next_save: int | None = None
         self.next_choice: int | None = None
         self.journaled: Interval | None = None
@@ -64,12 +74,30 @@ class SaveSchedule:
     def step_done(self, step_time_s: float) -> None:
         self.step_times.append(step_time_s)
 
-    def saved(self, blocked_s: float, future: Future[Any]) -> None:
-        """A save blocked the step ``blocked_s``; ``future`` completes once this rank's part is written (and, on
-        the committing rank, committed)."""
+    def saved(self, step: int, blocked_s: float, future: Future[Any]) -> None:
+        """The save of ``step`` blocked the step ``blocked_s``; ``future`` completes once this rank's part is
+        written (and, on the committing rank, committed)."""
         self.blocked.append(blocked_s)
-        begun = time.monotonic() - blocked_s
-        future.add_done_callback(lambda _: self.commits.append(time.monotonic() - begun))
+        begun = self.clock() - blocked_s
+        future.add_done_callback(lambda _: self._committed(step, self.clock() - begun))
+
+    def _committed(self, step: int, seconds: float) -> None:
+        """On the checkpointer's thread: a commit measured; a slow one journaled."""
+        with self.commits_lock:
+            before = list(self.commits)
+            self.commits.append(seconds)
+        if self.journal is None or len(before) < SLOW_AFTER or seconds <= SLOW_FACTOR * statistics.median(before):
+            return
+        usual = statistics.median(before)
+        self.journal.write(
+            "slow_save",
+            step=step,
+            seconds=round(seconds, 3),
+            usual_s=round(usual, 3),
+            message=f"the checkpoint of step {step} took {seconds:.1f} s to commit, {seconds / usual:.0f}x the "
+            f"median of the {len(before)} before ({usual:.1f} s): the checkpoint file system is slow"
+            + ('; "auto" waits for it' if self.auto else ""),
+        )
 
     def choose(self, step: int) -> Interval | None:
         """At a choosing step (collective): the next interval, and the step of the next save; None elsewhere."""
@@ -80,7 +108,7 @@ class SaveSchedule:
                 _median(self.step_times),
                 _median(self.blocked),
                 _median(self.commits),
-                self.earlier_s + time.monotonic() - self.started,
+                self.earlier_s + self.clock() - self.started,
             ],
             "max",
         )
@@ -117,5 +145,5 @@ class SaveSchedule:
         )
 
 
-def _median(values: deque[float]) -> float:
+def _median(values: deque[float] | list[float]) -> float:
     return statistics.median(values) if values else 0.0

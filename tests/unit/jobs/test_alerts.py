@@ -71,3 +71,25 @@ def test_ranks_far_slower_than_their_stages_median_are_stragglers(isolated_ledge
         found = job_alerts(ledger, Table(ledger, "jobs").rows(), LIMITS, now=now)
     assert found == {1: ["stragglers at step 100: rank 4 on n3 (1.9x its stage's median), "
                          "rank 5 on n3 (1.9x its stage's median)"]}
+
+
+def test_a_save_far_slower_than_the_jobs_usual_and_work_long_at_risk_are_flagged(isolated_ledger):
+    now = time.time()
+    with Ledger(isolated_ledger) as ledger:
+        for name in ("slowed", "steady", "at-risk", "requeued", "no-checkpoints"):
+            Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": "RUNNING"})
+
+        def saves(job_id, durations, last_at):
+            for k, seconds in enumerate(durations):
+                ledger.checkpoints.record({"job_id": job_id, "task_index": -1, "step": 10 * (k + 1),
+                                           "path": f"/ck/{job_id}/{k}", "state": "committed", "duration_s": seconds,
+                                           "created_at": last_at - 60 * (len(durations) - 1 - k)})
+
+        saves(1, [2.0, 2.1, 1.9, 2.0, 2.2, 20.0], now - 30)  # 10x its usual
+        saves(2, [2.0, 2.1, 1.9, 2.0, 2.2, 9.0], now - 30)  # 4.5x: not yet
+        saves(3, [2.0, 2.0], now - 3 * 3600)
+        saves(4, [2.0, 2.0], now - 3 * 3600)
+        ledger.attempts.record(4, -1, 1, started_at=now - 600)  # requeued since: its work at risk began then
+        found = job_alerts(ledger, Table(ledger, "jobs").rows(), LIMITS, now=now)
+    assert found == {1: ["slow saves: step 60's checkpoint took 20.0 s, 10x the median of the 5 before (2.0 s)"],
+                     3: ["work at risk: 180 min since the newest committed checkpoint"]}

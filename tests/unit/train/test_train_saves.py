@@ -31,7 +31,7 @@ def run(schedule: SaveSchedule, start: int, steps: int, step_s: float, blocked_s
         schedule.step_done(step_s)
         if schedule.due(step):
             saved.append(step)
-            schedule.saved(blocked_s, done_future())
+            schedule.saved(step, blocked_s, done_future())
         schedule.choose(step)
     return saved
 
@@ -62,6 +62,43 @@ def test_auto_saves_at_the_warmup_then_at_dalys_interval_for_the_measured_save(t
     assert first["steps"] == expected.steps and first["mtbi_s"] == pytest.approx(3600, rel=0.01)
     assert first["message"].startswith(f"checkpoints every {expected.steps} steps (")
     assert "interruptions one every 1.00 h (3 in 3.0 h seen" in first["message"]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
+    """Commits of 1 s, then of 10 s (the checkpoint file system slowed down): the first slow one is journaled as such,
+    and "auto" lengthens its interval to at least a commit, saying so."""
+    journal, clock = Journal(tmp_path), Clock()
+    schedule = SaveSchedule(CheckpointPolicy(every_steps="auto"), prior_mtbi_s=60, journal=journal, clock=clock)
+    schedule.begin(0)
+    saved, pending = [], []
+    for step in range(1, 301):
+        clock.now += 0.5
+        schedule.step_done(0.5)
+        for future, done_at in [p for p in pending if p[1] <= clock.now]:
+            future.set_result(None)
+            pending.remove((future, done_at))
+        if schedule.due(step):
+            saved.append(step)
+            future = Future()
+            schedule.saved(step, 0.2, future)
+            pending.append((future, clock.now + (1.0 if len(saved) <= 5 else 10.0)))
+        schedule.choose(step)
+    (slow,) = [r for _, r in journal.records(kinds=["slow_save"])][:1]
+    assert slow["step"] == saved[5] and slow["seconds"] == pytest.approx(10.2) and slow["usual_s"] == pytest.approx(1.2)
+    assert slow["message"] == (f"the checkpoint of step {saved[5]} took 10.2 s to commit, 8x the median of the 5 "
+                               'before (1.2 s): the checkpoint file system is slow; "auto" waits for it')
+    gaps = [b - a for a, b in zip(saved, saved[1:])]
+    assert max(gaps[:4]) * 0.5 < 10.2 <= min(gaps[-3:]) * 0.5  # the interval: shorter than a slow commit, then not
+    chosen = [r for _, r in journal.records(kinds=["checkpoint_interval"])]
+    assert "commits in 10.2 s" in chosen[-1]["message"] and chosen[-1]["steps"] >= 21
 
 
 def test_interruptions_are_the_runs_that_lost_work_and_the_steps_restarted_in_place(tmp_path):
