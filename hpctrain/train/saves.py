@@ -16,7 +16,6 @@ letting saves pile up: the newest commit counts when it is the longest.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -53,8 +52,8 @@ class SaveSchedule:
         self.started = clock()
         self.step_times: deque[float] = deque(maxlen=KEPT)
         self.blocked: deque[float] = deque(maxlen=KEPT)
-        self.commits: deque[float] = deque(maxlen=KEPT)  # appended on the checkpointer's thread
-        self.commits_lock = threading.Lock()
+        self.commits: deque[float] = deque(maxlen=KEPT)
+        self.pending: list[tuple[int, float, Future[Any]]] = []  # saves in flight: (step, begun, future)
         self.next_save: int | None = None
         self.next_choice: int | None = None
         self.journaled: Interval | None = None
@@ -73,19 +72,24 @@ class SaveSchedule:
 
     def step_done(self, step_time_s: float) -> None:
         self.step_times.append(step_time_s)
+        self._collect()
 
     def saved(self, step: int, blocked_s: float, future: Future[Any]) -> None:
         """The save of ``step`` blocked the step ``blocked_s``; ``future`` completes once this rank's part is
         written (and, on the committing rank, committed)."""
         self.blocked.append(blocked_s)
-        begun = self.clock() - blocked_s
-        future.add_done_callback(lambda _: self._committed(step, self.clock() - begun))
+        self.pending.append((step, self.clock() - blocked_s, future))
+
+    def _collect(self) -> None:
+        """The saves found done since the last step: each one's time to commit (a step or less late)."""
+        for save in [s for s in self.pending if s[2].done()]:
+            self.pending.remove(save)
+            self._committed(save[0], self.clock() - save[1])
 
     def _committed(self, step: int, seconds: float) -> None:
-        """On the checkpointer's thread: a commit measured; a slow one journaled."""
-        with self.commits_lock:
-            before = list(self.commits)
-            self.commits.append(seconds)
+        """A commit measured; a slow one journaled."""
+        before = list(self.commits)
+        self.commits.append(seconds)
         if self.journal is None or len(before) < SLOW_AFTER or seconds <= SLOW_FACTOR * statistics.median(before):
             return
         usual = statistics.median(before)
@@ -103,11 +107,13 @@ class SaveSchedule:
         """At a choosing step (collective): the next interval, and the step of the next save; None elsewhere."""
         if step != self.next_choice:
             return None
+        self._collect()  # a save just made waited for the one before it
+        newest = self.commits[-1] if self.commits else 0.0
         step_s, cost_s, commit_s, exposure_s = all_reduce_floats(
             [
                 _median(self.step_times),
                 _median(self.blocked),
-                _median(self.commits),
+                max(_median(self.commits), newest),
                 self.earlier_s + self.clock() - self.started,
             ],
             "max",

@@ -2,6 +2,7 @@
 time, or "auto" from measured saves and interruptions; each new interval journaled with why. One process: the
 reductions over ranks are the values themselves."""
 
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -9,12 +10,18 @@ import pytest
 from hpctrain.checkpoint.interval import InterruptionRate, choose_interval
 from hpctrain.checkpoint.naming import list_dirs
 from hpctrain.config.job import CheckpointPolicy, load_job_spec
+from hpctrain.config.site import Alerts
+from hpctrain.jobs.alerts import job_alerts
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.table import Table
 from hpctrain.errors import ConfigError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.attempts import interruption_history
 from hpctrain.train.saves import WARMUP_STEPS, SaveSchedule
 
-from helpers.train import TINY_MODEL, pack_text_dataset, train_ranks, trainer_spec
+from helpers.paths import REPO
+from helpers.train import TINY_MODEL, pack_text_dataset, torchrun, train_ranks, trainer_spec
 
 
 def done_future() -> Future:
@@ -81,10 +88,10 @@ def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
     saved, pending = [], []
     for step in range(1, 301):
         clock.now += 0.5
-        schedule.step_done(0.5)
         for future, done_at in [p for p in pending if p[1] <= clock.now]:
             future.set_result(None)
             pending.remove((future, done_at))
+        schedule.step_done(0.5)
         if schedule.due(step):
             saved.append(step)
             future = Future()
@@ -138,3 +145,35 @@ def test_the_trainer_saves_where_auto_chose_and_journals_why(tmp_path):
     assert chosen["step"] == WARMUP_STEPS and chosen["steps"] > 5
     assert 86400 < chosen["mtbi_s"] < 86400 + 600  # the prior, and this run's seconds without an interruption
     assert "interruptions one every 24.00 h (0 in 0.0 h seen, prior one in 24 h)" in chosen["message"]
+
+
+def test_saves_ten_times_slower_mid_run_raise_the_alert_and_lengthen_autos_interval(tmp_path):
+    """The trainer on 2 ranks, every_steps = "auto" under a site prior of one interruption in 7 s (saves a few steps
+    apart); from step 40 on the checkpoint directory takes 8 s more per save (a commit here: about 1 s). The first
+    slow commit is journaled, "auto" then chooses intervals at least a commit long and says why, and `status` flags
+    the job once its journal is in the ledger."""
+    index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=100, shard_bytes=4096).path
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("[checkpoint]\n",
+                                                                            "[checkpoint]\nmtbi_hours = 0.002\n"))
+    spec = tmp_path / "auto.toml"
+    spec.write_text(trainer_spec("gpt-slow-disk", seed=3, index=index, ckpt=tmp_path / "ck", every_steps='"auto"',
+                                 resources={"gpus_per_node": 2}, parallel="tp = 2"))
+    torchrun(2, "-m", "helpers.slow_saves", "40", "8", "--spec", str(spec), "--steps", "90",
+             env={"HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"), "HPCTRAIN_JOB_ID": "1", "HPCTRAIN_SITE": str(site)})
+    journal = Journal(tmp_path / "journal")
+    saved = [r["step"] for _, r in journal.records(kinds=["checkpoint"]) if r.get("state") == "committed"]
+    assert len([s for s in saved if s < 40]) >= 4, saved  # enough commits to know the usual one
+    (slow, *_) = [r for _, r in journal.records(kinds=["slow_save"])]
+    assert slow["step"] >= 40 and slow["seconds"] >= 8 and slow["seconds"] > 5 * slow["usual_s"]
+    chosen = [r for _, r in journal.records(kinds=["checkpoint_interval"])]
+    early = [c for c in chosen if c["step"] < 40]
+    late = [c for _, c in journal.records(kinds=["checkpoint_interval"]) if c["time"] > slow["time"]]
+    assert early and all(c["commit_s"] < 8 for c in early)
+    assert late and all(c["seconds"] >= c["commit_s"] >= 8 for c in late), late
+    assert f"commits in {late[0]['commit_s']:.1f} s" in late[0]["message"]
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        job = ledger.jobs.get(Table(ledger, "jobs").insert({"name": "gpt-slow-disk", "site": "dev", "state": "RUNNING"}))
+        ingest_journal(ledger, journal)
+        alerts = job_alerts(ledger, [job], Alerts(), now=time.time())
+    assert any(a.startswith("slow saves: step ") for a in alerts.get(job["id"], [])), alerts
