@@ -73,6 +73,11 @@ class JobPaths:
     def params_file(self) -> Path:
         return self.job_dir / "params.jsonl"
 
+    @property
+    def interruptions_file(self) -> Path:
+        """The interruptions of jobs like this one in the ledger at submit, for checkpoints every "auto" steps."""
+        return self.job_dir / "interruptions.json"
+
     @staticmethod
     def output_name(array: bool) -> str:
         """The batch script's log, as sbatch's --output pattern (per array task for an array)."""

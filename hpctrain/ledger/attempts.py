@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 PK = ("job_id", "task_index", "attempt")
+# Ends of a run that lose the work since its newest checkpoint, as journaled (a time limit is foreseen: its notice
+# saves), and the sacct states of runs that journaled none.
+INTERRUPTED = ("preemption", "node_failure", "requeued", "error", "oom", "hang", "failed")
+INTERRUPTED_STATES = ("PREEMPTED", "NODE_FAIL", "FAILED", "OUT_OF_MEMORY")
 
 # The runs of jobs not settled (their usage not kept in run_usage: `jobs_usage_unsettled`), or of given jobs.
 _USAGE_SQL = """
@@ -118,6 +122,21 @@ class Attempts:
                 [site, *no_more_runs, *no_more_runs],
             ).rowcount
         return requeued + stopped
+
+    def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> tuple[int, float]:
+        """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
+        were interrupted, over how many seconds of running."""
+        causes, states = ", ".join("?" * len(INTERRUPTED)), ", ".join("?" * len(INTERRUPTED_STATES))
+        events, seconds = self.ledger.db.execute(
+            f"""SELECT count(*) FILTER (WHERE a.cause IN ({causes})
+                                        OR (a.cause IS NULL AND a.state IN ({states}))),
+                       total(a.ended_at - a.started_at)
+                FROM attempts a JOIN jobs j ON j.id = a.job_id
+                WHERE j.site = ? AND j.partition = ? AND j.qos = ? AND a.alloc_gpus = ? AND a.ended_at >= ?
+                  AND a.started_at IS NOT NULL""",
+            [*INTERRUPTED, *INTERRUPTED_STATES, site, partition, qos, gpus, since],
+        ).fetchone()
+        return events, seconds
 
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]

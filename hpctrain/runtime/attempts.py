@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
+from hpctrain.ledger.attempts import INTERRUPTED
 from hpctrain.ledger.journal import Journal
 
 # Not the job's doing: requeued whenever the spec allows requeue at all.
 EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
 # The job's own doing: requeued only with retry.on_error.
 OWN = {"error", "oom"}
-# Ends of a run that lose the work since its newest checkpoint (a time limit is foreseen: its notice saves).
-INTERRUPTIONS = {"preemption", "node_failure", "requeued", "error", "oom", "hang", "failed"}
 
 
 @dataclass
@@ -176,5 +175,5 @@ def interruption_history(journal: Journal, task_index: int) -> tuple[int, float]
             events += 1
         elif rec["attempt"] in starts:
             exposure += max(0.0, rec["time"] - starts[rec["attempt"]])
-            events += rec.get("cause") in INTERRUPTIONS
+            events += rec.get("cause") in INTERRUPTED
     return events, exposure

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,8 @@ from hpctrain.submit.limits import max_array_size
 from hpctrain.submit.lineage import lineage as build_lineage
 from hpctrain.submit.placement import Placement, choose_placement
 from hpctrain.submit.render import render_script, submission_tag
+
+HISTORY_DAYS = 30  # the ledger's runs of jobs alike that "auto" checkpoint intervals learn from
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
 OnFiles = Callable[[JobPaths], None]
@@ -147,7 +150,7 @@ class Submitter:
                 if sub.group_id is None:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
                     files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
-                    self._prepare_dir(files, spec, params)
+                    self._prepare_dir(files, spec, params, placement)
                     if chunk is not None and len(chunks) > 1 and chunk.throttle:
                         chunk_table.start_table(files, chunk.throttle, spec.dependency.singleton)
                     sub.files = files
@@ -184,10 +187,19 @@ class Submitter:
         except (HpctrainError, OSError) as exc:
             self.ledger.event("chunk_release_failed", str(exc), job_id=job_id)
 
-    def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[str]) -> None:
-        """The job directory: its journal, the spec the job reads, array parameters (`params_lines`)."""
+    def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[str], placement: Placement) -> None:
+        """The job directory: its journal, the spec the job reads, array parameters (`params_lines`), and for
+        checkpoints every "auto" steps the interruptions of jobs like it (same partition, QOS and GPUs) lately."""
         files.journal_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(files.spec_file, spec.redacted())
+        if "auto" in (spec.checkpoint.every_steps, spec.checkpoint.every_minutes):
+            gpus = spec.resources.nodes * spec.resources.gpus_per_node
+            since = time.time() - HISTORY_DAYS * 86400
+            events, seconds = self.ledger.attempts.interruptions(
+                self.site.name, placement.partition, placement.qos, gpus, since
+            )
+            like = f"partition {placement.partition}, QOS {placement.qos}, {gpus} GPUs, {HISTORY_DAYS} days"
+            write_json_atomic(files.interruptions_file, {"events": events, "exposure_s": seconds, "like": like})
         if params:
             tmp = files.job_dir / ".params.jsonl.tmp"
             tmp.write_text("".join(line + "\n" for line in params))

@@ -3,6 +3,7 @@ steps hpctrain.train.saves chooses)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ from hpctrain.checkpoint.memory import load_agreed, memory_dir, remove_earlier_r
 from hpctrain.checkpoint.naming import list_dirs, task_dir
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import CheckpointConfig, job_site
-from hpctrain.contract import JobEnvironment
+from hpctrain.contract import JobEnvironment, JobPaths
 from hpctrain.data.state import LoaderState
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.attempts import interruption_history
@@ -86,11 +87,15 @@ class TrainCheckpoints:
             evaluation.checkpoint_due = self.schedule.due
 
     def save_schedule(self, rank: int) -> SaveSchedule:
-        """The file-system tier's schedule; "auto" learns from this task's interruptions so far (its journal)."""
+        """The file-system tier's schedule; "auto" learns from the interruptions of jobs like this one in the ledger
+        when it was submitted, and of this task so far (its journal)."""
         policy, env, journal = self.spec.checkpoint, JobEnvironment(), Journal.from_env()
-        history = interruption_history(journal, env.task_index) if journal is not None else (0, 0.0)
+        events, seconds = interruption_history(journal, env.task_index) if journal is not None else (0, 0.0)
+        if env.job_dir is not None and (alike := JobPaths(env.job_dir).interruptions_file).is_file():
+            ledger = json.loads(alike.read_text())
+            events, seconds = events + ledger["events"], seconds + ledger["exposure_s"]
         hours = self.site.preemptible_mtbi_hours if self.spec.resources.preemptible else self.site.mtbi_hours
-        return SaveSchedule(policy, history, hours * 3600, journal if rank == 0 else None)
+        return SaveSchedule(policy, (events, seconds), hours * 3600, journal if rank == 0 else None)
 
     def resume(self) -> int:
         """Restore model, optimizer, RNG and data cursor from the newest valid checkpoint; the step to go on from."""

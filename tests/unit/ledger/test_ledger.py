@@ -118,6 +118,25 @@ def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_p
     assert (row["restarts"], row["preemptions"]) == (4, 3)
 
 
+def test_interruptions_of_jobs_alike_count_runs_that_lost_work_over_their_running_time(tmp_path):
+    """What checkpoints every "auto" steps learn from at submit: the runs ended lately of jobs in the same partition
+    and QOS on as many GPUs; preempted, failed or hung ones are interruptions, a time limit or a completion is not."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        alike = ledger.jobs.record({"name": "a", "site": "dev", "partition": "gpu", "qos": "low"})
+        for attempt, state, cause, ran in ((0, "PREEMPTED", None, 3600), (1, "REQUEUED", "preemption", 1800),
+                                           (2, "TIMEOUT", "timeout", 7200), (3, "FAILED", "hang", 600),
+                                           (4, "COMPLETED", "completed", 900), (5, "NODE_FAIL", None, 300)):
+            ledger.attempts.record(alike, -1, attempt, state=state, cause=cause, alloc_gpus=8, started_at=10_000.0,
+                                   ended_at=10_000.0 + ran)
+        ledger.attempts.record(alike, -1, 6, state="PREEMPTED", alloc_gpus=8, started_at=10.0, ended_at=100.0)  # old
+        other_qos = ledger.jobs.record({"name": "b", "site": "dev", "partition": "gpu", "qos": "normal"})
+        ledger.attempts.record(other_qos, -1, 0, state="PREEMPTED", alloc_gpus=8, started_at=10_000.0, ended_at=11_000.0)
+        smaller = ledger.jobs.record({"name": "c", "site": "dev", "partition": "gpu", "qos": "low"})
+        ledger.attempts.record(smaller, -1, 0, state="PREEMPTED", alloc_gpus=4, started_at=10_000.0, ended_at=11_000.0)
+        assert ledger.attempts.interruptions("dev", "gpu", "low", 8, since=5_000.0) == (4, 14400.0)
+        assert ledger.attempts.interruptions("dev", "cpu", "low", 8, since=5_000.0) == (0, 0.0)
+
+
 ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": rows.AttemptRow,
              "checkpoints": rows.CheckpointRow, "metrics": rows.MetricRow, "sweeps": rows.SweepRow,
              "trials": rows.TrialRow, "events": rows.EventRow, "segments": rows.SegmentRow,

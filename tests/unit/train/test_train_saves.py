@@ -2,6 +2,7 @@
 time, or "auto" from measured saves and interruptions; each new interval journaled with why. One process: the
 reductions over ranks are the values themselves."""
 
+import json
 import time
 from concurrent.futures import Future
 
@@ -21,7 +22,7 @@ from hpctrain.runtime.attempts import interruption_history
 from hpctrain.train.saves import WARMUP_STEPS, SaveSchedule
 
 from helpers.paths import REPO
-from helpers.train import TINY_MODEL, pack_text_dataset, torchrun, train_ranks, trainer_spec
+from helpers.train import TINY_MODEL, pack_text_dataset, torchrun, trainer_spec
 
 
 def done_future() -> Future:
@@ -132,19 +133,27 @@ def test_a_spec_gives_every_steps_or_every_minutes_not_both(tmp_path):
 
 
 def test_the_trainer_saves_where_auto_chose_and_journals_why(tmp_path):
-    """2 ranks, every_steps = "auto": the first save at the warm-up's end, the next one Daly's interval later (with
-    no interruption seen, the site's prior of one a day: far past this run's end), the choice journaled once."""
+    """2 ranks, every_steps = "auto": the first save at the warm-up's end, the next one Daly's interval later (the
+    site's prior of one interruption a day, and the 10 in 10 hours the ledger had of jobs alike at submit: one in
+    3 h, far past this run's end), the choice journaled once."""
     index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=100, shard_bytes=4096).path
     spec = tmp_path / "auto.toml"
     spec.write_text(trainer_spec("gpt-auto", seed=3, index=index, ckpt=tmp_path / "ck", every_steps='"auto"',
                                  resources={"gpus_per_node": 2}, parallel="tp = 2"))
-    steps = train_ranks(spec, WARMUP_STEPS + 5, tmp_path / "journal", nproc=2)
-    assert [s["step"] for s in steps] == list(range(1, WARMUP_STEPS + 6))
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "interruptions.json").write_text('{"events": 10, "exposure_s": 36000, "like": "gpu, low, 2 GPUs"}')
+    out = torchrun(2, "-m", "hpctrain.train", "--spec", str(spec), "--steps", str(WARMUP_STEPS + 5),
+                   env={"HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"), "HPCTRAIN_JOB_ID": "1",
+                        "HPCTRAIN_JOB_DIR": str(job_dir)})
+    assert [json.loads(ln)["step"] for ln in out.stdout.splitlines() if ln.startswith("{")] == list(
+        range(1, WARMUP_STEPS + 6))
     assert [d.step for d in list_dirs(tmp_path / "ck")] == [WARMUP_STEPS]
     (chosen,) = [r for _, r in Journal(tmp_path / "journal").records(kinds=["checkpoint_interval"])]
     assert chosen["step"] == WARMUP_STEPS and chosen["steps"] > 5
-    assert 86400 < chosen["mtbi_s"] < 86400 + 600  # the prior, and this run's seconds without an interruption
-    assert "interruptions one every 24.00 h (0 in 0.0 h seen, prior one in 24 h)" in chosen["message"]
+    # (the prior's day and the ledger's 10 hours, and this run's seconds) over (1 + 10) interruptions
+    assert (86400 + 36000) / 11 < chosen["mtbi_s"] < (86400 + 36000 + 600) / 11
+    assert "interruptions one every 3.09 h (10 in 10.0 h seen, prior one in 24 h)" in chosen["message"]
 
 
 def test_saves_ten_times_slower_mid_run_raise_the_alert_and_lengthen_autos_interval(tmp_path):
