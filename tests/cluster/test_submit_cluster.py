@@ -275,6 +275,23 @@ def test_cancel_and_show(dev_cluster, isolated_ledger):
     assert shown["attempts"][0]["state"] == "CANCELLED"
 
 
+def test_checkpoints_every_auto_steps_get_the_interruptions_of_jobs_alike(dev_cluster, isolated_ledger):
+    """At submit, the ledger's runs of the last 30 days in the same partition and QOS on as many GPUs: a preempted
+    run of an earlier job alike counts, over its running time."""
+    spec = {"name": "auto-ckpt", "command": ["true"], "launcher": "none", "checkpoint": {"every_steps": "auto"},
+            "resources": {"gpus_per_node": 1, "mem": "100M", "time": "10"}}
+    first = submit_spec(spec, isolated_ledger)
+    with Ledger(isolated_ledger) as ledger:
+        ledger.attempts.record(first.ledger_ids[0], -1, 7, state="PREEMPTED", alloc_gpus=1,
+                               started_at=time.time() - 7200, ended_at=time.time() - 3600)
+    second = submit_spec(spec, isolated_ledger)
+    saved = json.loads(second.files.interruptions_file.read_text())
+    where = second.placement
+    assert saved["events"] == 1 and 3600 <= saved["exposure_s"] < 3700
+    assert saved["like"] == f"partition {where.partition}, QOS {where.qos}, 1 GPUs, 30 days"
+    assert not first.files.interruptions_file.read_text().startswith('{"events": 1')
+
+
 def test_status_makes_one_sacct_call_per_poll_for_1000_jobs(dev_cluster, isolated_ledger, slurm_calls):
     env, counts = slurm_calls
     real = submit_spec({"name": "real", "command": ["true"], "launcher": "none",
