@@ -3,7 +3,8 @@
 DCP loop on 2 ranks (scripts/examples/dcp_loop.py).
 Each stops at a step boundary on the notice, saves in its own format, is requeued by hpctrain's batch script,
 runs every step exactly once, and ends with the weights of a run never preempted, bit for bit; what the
-frameworks log (training and held-out losses) is in the ledger, each step once. And a rank of the Trainer and of
+frameworks log (training and held-out losses) is in the ledger, each step once; the Trainer also with random masking
+and 2 DataLoader workers, exact through hpctrain's BatchSeeded collator. And a rank of the Trainer and of
 the DCP loop stopped with SIGSTOP under the spec's `[hang]`: found, its stacks kept, its step restarted in place.
 
 On the host's Slurm only: what differs between releases (the notice, who requeues) is the batch script's,
@@ -53,7 +54,11 @@ CASES = {
     "lightning": ("lightning_loop.py", 1, "final.pt", [sys.executable]),
     "dcp-2-ranks": ("dcp_loop.py", 2, "final.pt",
                     [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]),
+    "hf-masked": ("hf_trainer.py", 1, "final/model.safetensors", [sys.executable]),
 }
+# The example's own options of a case: random masking (DataCollatorForLanguageModeling under hpctrain's BatchSeeded),
+# 2 DataLoader workers, 4 batches accumulated a step, a cosine schedule; preempted mid-epoch (16 steps an epoch).
+OPTIONS = {"hf-masked": ["--mlm"]}
 
 
 # What the frameworks log in STEPS steps (every 25, held out every 50), through hpctrain's callback or logger: the
@@ -69,8 +74,8 @@ def straight_run(case: str, tmp_path: Path) -> dict[str, torch.Tensor]:
     """The weights of the run never interrupted, outside Slurm, once the job's ranks are gone: two 2-rank gloo
     groups at once on this host's 2 cores once failed the straight one."""
     script, _, final, straight_launcher = CASES[case]
-    alone = subprocess.run([*straight_launcher, str(EXAMPLES / script), str(tmp_path / "straight"), "--steps", str(STEPS)],
-                           capture_output=True, text=True, cwd=tmp_path)
+    alone = subprocess.run([*straight_launcher, str(EXAMPLES / script), str(tmp_path / "straight"), "--steps", str(STEPS),
+                            *OPTIONS.get(case, [])], capture_output=True, text=True, cwd=tmp_path)
     assert alone.returncode == 0, alone.stderr[-3000:]
     return read_weights(tmp_path / "straight" / final)
 
@@ -79,7 +84,7 @@ def example_spec(case: str, out: Path, progress: Path, **fields) -> JobSpec:
     script, ranks, _, _ = CASES[case]
     return JobSpec.model_validate({
         "name": case, "command": [sys.executable, str(EXAMPLES / script), str(out), "--steps", str(STEPS),
-                                  "--step-s", "0.1", "--progress", str(progress)],
+                                  "--step-s", "0.1", "--progress", str(progress), *OPTIONS.get(case, [])],
         "resources": {"gpus_per_node": 2, "tasks_per_node": ranks, "mem": "2G", "time": "00:15:00",
                       "account": "teama", "preemptible": True}, **fields})
 
