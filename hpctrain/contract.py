@@ -38,6 +38,8 @@ STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
 # Set by each rank's task shim (hpctrain.launch.task) for its rank: the node-local file the rank's watchdog writes
 # its current phase's deadline to (hpctrain.runtime.heartbeat).
 HEARTBEAT_ENV = "HPCTRAIN_HEARTBEAT_FILE"
+# Set by the batch script of a job whose [hang] output_s is set: its log may stay quiet this many seconds.
+HANG_OUTPUT_ENV = "HPCTRAIN_HANG_OUTPUT_S"
 
 # Set by an evaluation job (`hpctrain.evaluate`) for the user's evaluator command: the checkpoint it evaluates,
 # its step and layout (JSON: dp, tp, pp), and the JSON file of metrics ({name: number}) it must write.
@@ -272,6 +274,20 @@ class JobEnvironment:
     @property
     def heartbeat_file(self) -> Path | None:
         return self._path(HEARTBEAT_ENV)
+
+    @property
+    def hang_output_s(self) -> float:
+        """How long the job's log may stay quiet before its step counts as hung (0: no limit)."""
+        try:
+            return float(self.env.get(HANG_OUTPUT_ENV) or 0)
+        except ValueError:
+            return 0.0
+
+    def output(self) -> Path | None:
+        """This job's (or array task's) log, where hpctrain's batch script has it; None outside one."""
+        if self.job_dir is None or not self.in_slurm:
+            return None
+        return JobPaths(self.job_dir).output(str(self.allocation_id), self.task_index)
 
     @property
     def signal_lead_s(self) -> float:

@@ -178,6 +178,12 @@ class HangPolicy(StrictModel):
     step_s: FiniteFloat | None = Field(
         None, ge=0, le=MAX_TIMEOUT_S, description=("one training step, a synchronous checkpoint save included")
     )
+    output_s: FiniteFloat | None = Field(
+        None,
+        ge=0,
+        le=MAX_TIMEOUT_S,
+        description="the job's log gaining nothing: for code that asks no guard (PreemptionGuard, the callbacks)",
+    )
 
     def over(self, defaults: HangPolicy) -> HangPolicy:
         """These timeouts, ``defaults``' where unset, 0 where both are."""

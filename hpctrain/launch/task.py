@@ -65,12 +65,16 @@ def main(argv: list[str]) -> None:
         env = JobEnvironment()
         if env.job_dir is not None:
             beat, os.environ[HEARTBEAT_ENV] = heartbeat.create()
+        quiet_s = env.hang_output_s if env.rank == 0 else 0.0  # the log is the job's: rank 0 watches it
+        if quiet_s:
+            os.environ["PYTHONFAULTHANDLER"] = "1"  # a Python entry point's stacks go to the log on SIGABRT
         child = subprocess.Popen(command, preexec_fn=die_with_parent)
     except (HpctrainError, OSError) as exc:
         sys.exit(f"hpctrain: error: {command[0]}: {exc}")
     watch = None
     if beat is not None:
-        watch = RankWatch(child, beat, stacks_file(env), stacks_file(env, stopped=True), env.rank)
+        dump = stacks_file(env, stopped=True)
+        watch = RankWatch(child, beat, stacks_file(env), dump, env.rank, env.output() if quiet_s else None, quiet_s)
     signalled: list[int] = []
 
     def pass_on(signum: int, _frame: object) -> None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on this rank to write theirs
 # A stopped rank's own report, added to its stack file by its task shim: `hang_report` names it the stuck one.
 STOPPED = "stopped (process state T)"
+# The task shim's report of a job whose log stayed quiet past [hang] output_s (code that asks no guard).
+QUIET = "hung: the job's log gained nothing"
 # Writes a watched rank's stacks at once (Java's thread dump signal; USR1 is NCCL's, USR2 the notice).
 DUMP_SIGNAL = signal.SIGQUIT
 # A hung rank's exit status (timeout(1)'s): every rank of a hung step times out, so none is blamed for its node.
@@ -171,6 +173,8 @@ def hang_report(env: JobEnvironment) -> str | None:
     folder = JobPaths(env.job_dir).stacks_dir
     for path in folder.glob(f"{stacks_prefix(env)}rank*.txt") if folder.is_dir() else []:
         text = path.read_text(encoding="utf-8", errors="replace")
+        if quiet := next((ln for ln in text.splitlines() if QUIET in ln), None):
+            return quiet.removeprefix("hpctrain: ")
         was_stopped = STOPPED in text
         if "most recent call first" not in text and not was_stopped:
             continue  # armed, never fired

@@ -100,6 +100,7 @@ def exports(
     spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths, chunk: ArrayChunk | None
 ) -> list[tuple[str, str]]:
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
+    quiet_s = spec.hang.over(site.hang).output_s
     pairs = [
         (contract.JOB_ID_ENV, job_id),
         (contract.SITE_ENV, site.ref),
@@ -109,6 +110,7 @@ def exports(
         (contract.SCRIPT_ENV, str(files.script(chunk.index if chunk else 0))),
         (contract.SIGNAL_LEAD_ENV, str(site.defaults.signal_lead_s)),
         (contract.SEED_ENV, str(spec.seed)),
+        *([(contract.HANG_OUTPUT_ENV, f"{quiet_s:g}")] if quiet_s else []),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
     ]
@@ -155,7 +157,7 @@ def task_shim(spec: JobSpec, site: SiteConfig, python: Path, wrap: Wrap | None) 
     the task shim, which finds the task stopped past its deadline (hpctrain.launch.rankwatch). A step of several
     tasks always has it (`hpctrain launch`)."""
     hang = spec.hang.over(site.hang)
-    if spec.launcher != "srun" or not (hang.startup_s or hang.step_s):
+    if spec.launcher != "srun" or not (hang.startup_s or hang.step_s or hang.output_s):
         return ""
     return shlex.join([wrap.python if wrap else str(python), "-m", "hpctrain.launch.task", "--single", "--"]) + " "
 

@@ -1,6 +1,7 @@
 """A rank whose every thread is frozen (SIGSTOP): its task shim (hpctrain.launch.rankwatch) finds it past its
 deadline from its heartbeat, notes it as stopped and continues it, so that its watchdog writes its stacks and ends
-it; the hang report names it. The rank is a plain loop timed through hpctrain's guard, outside Slurm."""
+it; the hang report names it. The rank is a plain loop timed through hpctrain's guard, outside Slurm. And code
+that asks no guard, under `[hang] output_s`: ended once the job's log stays quiet, its stacks in the log."""
 
 import json
 import os
@@ -66,3 +67,30 @@ def test_a_rank_that_keeps_beating_runs_to_its_end(tmp_path):
     assert done.returncode == 0, done.stderr
     assert hang_report(JobEnvironment(job_env(tmp_path, step_s=2))) is None
     assert (tmp_path / "stacks" / "run0.0-stopped-rank0.txt").read_text() == ""
+
+
+SILENT = """\
+import sys, time
+for step in range(5):
+    print("step", step, flush=True)
+    time.sleep(0.1)
+def waiting_forever():
+    time.sleep(3600)
+waiting_forever()
+"""
+
+
+def test_code_that_asks_no_guard_is_ended_when_the_jobs_log_goes_quiet(tmp_path):
+    """`[hang] output_s = 1`: rank 0's shim watches the job's log (here the rank's own output, as srun's would be);
+    a second after the last line the rank gets SIGABRT, Python writes its stacks there, and the step is hung."""
+    env = {**job_env(tmp_path, step_s=0), "HPCTRAIN_HANG_OUTPUT_S": "1"}
+    log = tmp_path / "slurm-77.out"
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", SILENT],
+                              env=env, stdout=out, stderr=subprocess.STDOUT, timeout=60)
+    assert done.returncode == HUNG_EXIT
+    text = log.read_text()
+    assert text.startswith("step 0\n") and "step 4\n" in text
+    assert "Fatal Python error: Aborted" in text and 'line 6 in waiting_forever' in text
+    report = hang_report(JobEnvironment(env))
+    assert report.startswith("rank 0 hung: the job's log gained nothing for 1 s ([hang] output_s): its stacks to the log")
