@@ -125,18 +125,21 @@ class Attempts:
 
     def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> tuple[int, float]:
         """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
-        were interrupted, over how many seconds of running."""
+        times they were interrupted (the runs that ended so, and their job steps restarted in place), over how many
+        seconds of running."""
         causes, states = ", ".join("?" * len(INTERRUPTED)), ", ".join("?" * len(INTERRUPTED_STATES))
         events, seconds = self.ledger.db.execute(
             f"""SELECT count(*) FILTER (WHERE a.cause IN ({causes})
-                                        OR (a.cause IS NULL AND a.state IN ({states}))),
+                                        OR (a.cause IS NULL AND a.state IN ({states})))
+                       + total((SELECT count(*) FROM segments s WHERE s.job_id = a.job_id
+                                AND s.task_index = a.task_index AND s.attempt = a.attempt AND s.step_restart > 0)),
                        total(a.ended_at - a.started_at)
                 FROM attempts a JOIN jobs j ON j.id = a.job_id
                 WHERE j.site = ? AND j.partition = ? AND j.qos = ? AND a.alloc_gpus = ? AND a.ended_at >= ?
                   AND a.started_at IS NOT NULL""",
             [*INTERRUPTED, *INTERRUPTED_STATES, site, partition, qos, gpus, since],
         ).fetchone()
-        return events, seconds
+        return int(events), seconds
 
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]
