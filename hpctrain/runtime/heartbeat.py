@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 RECORD = 64  # bytes: one record, rewritten in place at offset 0
+NAME = "hpctrain-heartbeat"  # the memfd's
 
 
 @dataclass(frozen=True)
@@ -25,15 +26,26 @@ class Beat:
 
 def create() -> tuple[int, str]:
     """A new heartbeat file: its descriptor (the reading end) and the path the rank opens it by."""
-    fd = os.memfd_create("hpctrain-heartbeat", os.MFD_CLOEXEC)
+    fd = os.memfd_create(NAME, os.MFD_CLOEXEC)
     return fd, f"/proc/{os.getpid()}/fd/{fd}"
 
 
 class Heartbeat:
     """The writing end, kept open: `write` is one pwrite."""
 
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_WRONLY)
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def open(cls, path: Path) -> Heartbeat | None:
+        """The heartbeat file at ``path`` if it is the shim's (a memfd of that name; a process of another PID
+        namespace may own that /proc path); else None."""
+        try:
+            if not os.readlink(path).startswith(f"/memfd:{NAME}"):
+                return None
+            return cls(os.open(path, os.O_WRONLY))
+        except OSError:
+            return None
 
     def write(self, deadline: float, phase: str) -> None:
         os.pwrite(self.fd, f"{deadline:.3f} {phase}"[: RECORD - 1].ljust(RECORD - 1).encode() + b"\n", 0)

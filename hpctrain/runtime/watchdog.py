@@ -66,7 +66,7 @@ class Watchdog:
         self.dump_file: IO[str] | None = None
         self.current = ""
         self.deadline: float | None = None
-        self.heartbeat = Heartbeat(env.heartbeat_file) if env.heartbeat_file and env.job_dir else None
+        self.heartbeat = Heartbeat.open(env.heartbeat_file) if env.heartbeat_file and env.job_dir else None
         if (path := stacks_file(env)) is not None:
             path.parent.mkdir(exist_ok=True)
             self.file = open(path, "a", encoding="utf-8")
