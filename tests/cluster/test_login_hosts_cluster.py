@@ -27,8 +27,10 @@ from helpers.writers import WRITES
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 WRITER = (sys.executable, "-m", "helpers.writers")
 HOSTS = ("login1", "login2")
+# Runs until the file "go" appears in the shared home: it is still running when the other host first looks, however
+# slow the machine is.
 JOB = """name = "hosts"
-command = ["sleep", "3"]
+command = ["sh", "-c", "until [ -e {home}/go ]; do sleep 0.2; done"]
 launcher = "none"
 [resources]
 mem = "100M"
@@ -59,13 +61,14 @@ def test_a_job_submitted_on_one_login_host_is_seen_and_followed_from_the_other(d
     names = [subprocess.run(on_host(h, "sh", "-c", "hostname; ls /tmp | wc -l"), capture_output=True, text=True,
                             check=True).stdout.split() for h in HOSTS]
     assert names == [["login1", "0"], ["login2", "0"]]  # the hosts are apart: own names, empty /tmp of their own
-    (home / "job.toml").write_text(JOB)
+    (home / "job.toml").write_text(JOB.format(home=home))
     submitted = on("login1", home, "submit", "job.toml", "--json")
     assert submitted.returncode == 0, submitted.stderr
     (job_id,) = json.loads(submitted.stdout)["ledger_ids"]
     seen = on("login2", home, "status", "--json")
     assert seen.returncode == 0, seen.stderr
     assert [r["id"] for r in json.loads(seen.stdout)] == [job_id]
+    (home / "go").touch()
 
     def ended_on_login2() -> bool:
         rows = json.loads(on("login2", home, "status", "--all", "--json").stdout)

@@ -64,14 +64,17 @@ def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster
     first = log.read_text()
     assert "sweep scron-a: 2 submitted" in first and "sweep scron-b: 2 submitted" in first and "== exit 0" in first
 
-    def ticked_to_the_end() -> bool:
+    def ticked_to_the_end() -> str | None:
+        """The log once both sweeps are done and the scrontab job has ticked again, read with no tick under way
+        (the next minute's may begin at any moment: its header is in the log before its exit)."""
         login = run_cli("sweep", "tick")
         assert login.returncode == 0, login.stderr
         time.sleep(3)
-        return log.read_text().count("== exit 0") >= 2 and _states(isolated_ledger) == {"completed"}
+        text = log.read_text()
+        settled = text.count("== exit") == text.count(" sweep tick\n")
+        return text if settled and text.count("== exit 0") >= 2 and _states(isolated_ledger) == {"completed"} else None
 
-    wait_until(ticked_to_the_end, 300, 0, "both sweeps to end and the scrontab job to tick again")
-    ticks = log.read_text()
+    ticks = wait_until(ticked_to_the_end, 300, 0, "both sweeps to end and the scrontab job to tick again")
     assert ticks.count("== exit 0") == ticks.count(" sweep tick\n"), ticks
     ran = tick_runs(since)
     assert len(ran) >= 2 and all(node.startswith("n") for _, _, node in ran), ran

@@ -109,3 +109,16 @@ def test_the_guard_times_a_users_loop_from_one_question_to_the_next(tmp_path, mo
     monkeypatch.delenv("HPCTRAIN_JOB_DIR")
     PreemptionGuard().uninstall()
     assert len(armed) == 2
+
+
+def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_path, monkeypatch):
+    def spec(hang: dict) -> JobSpec:
+        return JobSpec(name="j", command=["true"], hang=hang)
+
+    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
+    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 0, "step_s": 0, "output_s": 0}
+    job_site(tmp_path, monkeypatch, "startup_s = 600\nstep_s = 120\noutput_s = 900")
+    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 600, "step_s": 120, "output_s": 900}
+    assert watchdog.hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30, "output_s": 900}
+    # 0: off
+    assert watchdog.hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120, "output_s": 900}

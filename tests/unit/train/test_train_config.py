@@ -72,20 +72,3 @@ def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(t
                     .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'"))
     monkeypatch.setenv("HPCTRAIN_SITE", str(site))
     assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o640, tmp_path / "shm")
-
-
-def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_path, monkeypatch):
-    from hpctrain.config.job import JobSpec
-    from hpctrain.runtime.watchdog import hang_timeouts
-
-    def spec(hang: dict) -> JobSpec:
-        return JobSpec(name="j", command=["true"], hang=hang)
-
-    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
-    assert hang_timeouts(spec({})).model_dump() == {"startup_s": 0, "step_s": 0}
-    site = tmp_path / "site.toml"
-    site.write_text((REPO / "site_configs" / "dev.toml").read_text() + "\n[hang]\nstartup_s = 600\nstep_s = 120\n")
-    monkeypatch.setenv("HPCTRAIN_SITE", str(site))
-    assert hang_timeouts(spec({})).model_dump() == {"startup_s": 600, "step_s": 120}
-    assert hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30}
-    assert hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120}  # 0: off
