@@ -27,10 +27,11 @@ def job_alerts(
         if job["state"] != "RUNNING":
             continue
         found = []
+        started = ledger.attempts.last_start(job["id"])  # this run's start
         # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
         # it restarts with each run.
         if (last := ledger.metrics.last_time(job["id"])) is not None:
-            since = max(last, ledger.attempts.last_start(job["id"]) or last)
+            since = max(last, started or last)
             if now - since > limits.stall_minutes * 60:
                 found.append(
                     f"stalled: no training step for {(now - since) / 60:.0f} min"
@@ -41,16 +42,16 @@ def job_alerts(
             found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
         if (slow := latest(ledger, job["id"])) and slow[1]:
             found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
-        found += checkpoint_alerts(ledger, job["id"], limits, now)
+        found += checkpoint_alerts(ledger, job["id"], limits, now, started)
         if found:
             out[job["id"]] = found
     return out
 
 
-def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float) -> list[str]:
+def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float, started: float | None) -> list[str]:
     """A slow newest save (``slow_save_factor`` times the median of the ones before), and work at risk: training
-    since the newest committed checkpoint (or this run's start, when later) past ``work_at_risk_minutes``. A job
-    without checkpoints has neither."""
+    since the newest committed checkpoint (or this run's start, ``started``, when later) past
+    ``work_at_risk_minutes``. A job without checkpoints has neither."""
     saves = ledger.checkpoints.newest(job_id, SAVES_COMPARED + 1)
     if not saves:
         return []
@@ -62,7 +63,7 @@ def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float) -
                 f"slow saves: step {saves[0]['step']}'s checkpoint took {durations[0]:.1f} s, "
                 f"{durations[0] / usual:.0f}x the median of the {len(durations) - 1} before ({usual:.1f} s)"
             )
-    since = max(saves[0]["created_at"], ledger.attempts.last_start(job_id) or 0.0)
+    since = max(saves[0]["created_at"], started or 0.0)
     if now - since > limits.work_at_risk_minutes * 60:
         found.append(f"work at risk: {(now - since) / 60:.0f} min since the newest committed checkpoint")
     return found

@@ -1,9 +1,9 @@
 """The task shim's watch over its rank (hpctrain.launch.task), from the rank's heartbeat file
 (hpctrain.runtime.heartbeat). A rank past its phase's deadline whose process is stopped (SIGSTOP or SIGTSTP:
 every thread frozen, its own watchdog's too) is hung: the shim notes it as stopped in the rank's stack file, has
-it write its stacks to their own file (DUMP_SIGNAL, then SIGCONT so that it can) and kills it. A rank still alive KILL_AFTER_S
-after its own watchdog should have ended it is killed too. The shim then ends with HUNG_EXIT, as for a rank its
-watchdog ended.
+it write its stacks to their own file (DUMP_SIGNAL, then SIGCONT so that it can) and kills it. A rank still alive
+KILL_AFTER_S after its own watchdog should have ended it is killed too. The shim then ends with HUNG_EXIT, as for
+a rank its watchdog ended.
 
 The stopped rank is found within POLL_S of its deadline, before the peers waiting on it end theirs
 (EXIT_AFTER_S) and srun ends the step.

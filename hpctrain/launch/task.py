@@ -8,8 +8,8 @@ shim got a signal (srun ending the step after another rank's failure, a preempti
 
 The entry point runs as the shim's child and dies with it; a stop signal the shim gets is passed on (Slurm
 signals every process of a step: the child may see it twice). In an hpctrain job the shim also watches its
-rank's heartbeat (hpctrain.launch.rankwatch): a rank stopped past its deadline is continued to write its
-stacks, one its watchdog cannot end is killed. The shim ends as its child did: the same exit code, or killed by
+rank (hpctrain.launch.rankwatch): one stopped past its heartbeat's deadline writes its stacks and is killed, one
+its watchdog cannot end is killed, and under `[hang] output_s` rank 0's ends when the job's log goes quiet. The shim ends as its child did: the same exit code, or killed by
 the same signal, so srun reports the task as before (HUNG_EXIT for a rank it killed).
 """
 

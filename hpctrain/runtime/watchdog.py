@@ -129,7 +129,7 @@ def job_hang_timeouts(env: JobEnvironment | None = None) -> HangPolicy:
 
     env = env or JobEnvironment()
     if env.job_dir is None or env.spec_file is None:
-        return HangPolicy(startup_s=0, step_s=0)
+        return HangPolicy().over(HangPolicy())
     return hang_timeouts(load_job_spec(env.spec_file))
 
 

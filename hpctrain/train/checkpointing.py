@@ -17,7 +17,7 @@ from hpctrain.checkpoint.memory import KEEP_LAST as MEMORY_KEEP_LAST
 from hpctrain.checkpoint.memory import load_agreed, memory_dir, remove_earlier_runs, remove_this_run
 from hpctrain.checkpoint.naming import list_dirs, task_dir
 from hpctrain.config.job import JobSpec
-from hpctrain.config.site import CheckpointConfig, job_site
+from hpctrain.config.site import Alerts, CheckpointConfig, job_site
 from hpctrain.contract import JobEnvironment, JobPaths
 from hpctrain.data.state import LoaderState
 from hpctrain.ledger.journal import Journal
@@ -38,10 +38,10 @@ def layout_words(layout: dict[str, Any]) -> str:
     return " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp") if k in layout) or "an unrecorded layout"
 
 
-def site_checkpoints() -> CheckpointConfig:
-    """The checkpoint settings of the job's site config (see job_site), else the defaults."""
+def site_checkpoints() -> tuple[CheckpointConfig, Alerts]:
+    """The checkpoint settings and the alert limits of the job's site config (see job_site), else the defaults."""
     site = job_site()
-    return site.checkpoint if site else CheckpointConfig()
+    return (site.checkpoint, site.alerts) if site else (CheckpointConfig(), Alerts())
 
 
 class TrainCheckpoints:
@@ -53,7 +53,8 @@ class TrainCheckpoints:
     ):
         p, c = spec.parallel, spec.checkpoint
         self.spec, self.engine, self.loader, self.evaluation = spec, engine, loader, evaluation
-        self.site = site = site_checkpoints()
+        self.site, self.alerts = site_checkpoints()
+        site = self.site
         layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
         self.ck = Checkpointer(
             directory,
@@ -95,7 +96,9 @@ class TrainCheckpoints:
             ledger = json.loads(alike.read_text())
             events, seconds = events + ledger["events"], seconds + ledger["exposure_s"]
         hours = self.site.preemptible_mtbi_hours if self.spec.resources.preemptible else self.site.mtbi_hours
-        return SaveSchedule(policy, (events, seconds), hours * 3600, journal if rank == 0 else None)
+        return SaveSchedule(
+            policy, (events, seconds), hours * 3600, journal if rank == 0 else None, self.alerts.slow_save_factor
+        )
 
     def resume(self) -> int:
         """Restore model, optimizer, RNG and data cursor from the newest valid checkpoint; the step to go on from."""

@@ -8,8 +8,8 @@ and again after each save: at the same step on every rank, from measurements red
 rank's), so that every rank saves at the same steps. Rank 0 journals each choice that changes the interval
 (``checkpoint_interval``: `hpctrain show` lists it with why).
 
-Rank 0 commits the saves: a commit that takes SLOW_FACTOR times the median of the ones before is a ``slow_save``
-event (the file system slowed down). "auto" then waits at least that long before the next save instead of
+Rank 0 commits the saves: a commit that takes the site's ``[alerts] slow_save_factor`` times the median of the
+ones before is a ``slow_save`` event (the file system slowed down). "auto" then waits at least that long before the next save instead of
 letting saves pile up: the newest commit counts when it is the longest.
 """
 
@@ -24,12 +24,12 @@ from typing import Any
 
 from hpctrain.checkpoint.interval import InterruptionRate, Interval, choose_interval
 from hpctrain.config.job import CheckpointPolicy
+from hpctrain.config.site import Alerts
 from hpctrain.parallel.collective import all_reduce_floats
 
 WARMUP_STEPS = 10
 KEPT = 20  # the newest measurements of each kind that count
 CHANGE = 0.1  # a new interval is journaled when it differs from the last journaled one by more than this share
-SLOW_FACTOR = 5.0
 SLOW_AFTER = 3  # commits measured before one can be slow
 
 
@@ -40,15 +40,16 @@ class SaveSchedule:
         history: tuple[int, float] = (0, 0.0),
         prior_mtbi_s: float = 24 * 3600.0,
         journal: Any = None,
+        slow_factor: float = Alerts().slow_save_factor,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``history``: this task's interruptions and the seconds its earlier runs ran (runtime.attempts); the
-        ``journal`` is rank 0's, None elsewhere."""
+        ``journal`` is rank 0's, None elsewhere; a commit ``slow_factor`` times the usual one is slow."""
         self.every = policy.every_steps if isinstance(policy.every_steps, int) else None
         self.minutes = policy.every_minutes if isinstance(policy.every_minutes, (int, float)) else None
         self.auto = "auto" in (policy.every_steps, policy.every_minutes)
         self.events, self.earlier_s = history
-        self.prior_mtbi_s, self.journal, self.clock = prior_mtbi_s, journal, clock
+        self.prior_mtbi_s, self.journal, self.slow_factor, self.clock = prior_mtbi_s, journal, slow_factor, clock
         self.started = clock()
         self.step_times: deque[float] = deque(maxlen=KEPT)
         self.blocked: deque[float] = deque(maxlen=KEPT)
@@ -90,9 +91,10 @@ class SaveSchedule:
         """A commit measured; a slow one journaled."""
         before = list(self.commits)
         self.commits.append(seconds)
-        if self.journal is None or len(before) < SLOW_AFTER or seconds <= SLOW_FACTOR * statistics.median(before):
+        if self.journal is None or len(before) < SLOW_AFTER:
             return
-        usual = statistics.median(before)
+        if seconds <= self.slow_factor * (usual := statistics.median(before)):
+            return
         self.journal.write(
             "slow_save",
             step=step,

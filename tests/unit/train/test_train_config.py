@@ -66,9 +66,12 @@ def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(t
     from hpctrain.train.checkpointing import site_checkpoints
 
     monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
-    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o600, Path("/dev/shm"))
+    checkpoints, alerts = site_checkpoints()
+    assert (checkpoints.mode, checkpoints.memory_dir, alerts.slow_save_factor) == (0o600, Path("/dev/shm"), 5)
     site = tmp_path / "site.toml"
     site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640")
-                    .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'"))
+                    .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'")
+                    + "\n[alerts]\nslow_save_factor = 8\n")
     monkeypatch.setenv("HPCTRAIN_SITE", str(site))
-    assert (site_checkpoints().mode, site_checkpoints().memory_dir) == (0o640, tmp_path / "shm")
+    checkpoints, alerts = site_checkpoints()
+    assert (checkpoints.mode, checkpoints.memory_dir, alerts.slow_save_factor) == (0o640, tmp_path / "shm", 8)

@@ -80,11 +80,11 @@ class Clock:
         return self.now
 
 
-def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
-    """Commits of 1 s, then of 10 s (the checkpoint file system slowed down): the first slow one is journaled as such,
-    and "auto" lengthens its interval to at least a commit, saying so."""
-    journal, clock = Journal(tmp_path), Clock()
-    schedule = SaveSchedule(CheckpointPolicy(every_steps="auto"), prior_mtbi_s=60, journal=journal, clock=clock)
+def slowing_saves(journal: Journal, slow_factor: float) -> list[int]:
+    """300 steps of 0.5 s under "auto": commits of 1 s, from the sixth save on of 10 s; the steps saved at."""
+    clock = Clock()
+    schedule = SaveSchedule(CheckpointPolicy(every_steps="auto"), prior_mtbi_s=60, journal=journal,
+                            slow_factor=slow_factor, clock=clock)
     schedule.begin(0)
     saved, pending = [], []
     for step in range(1, 301):
@@ -99,6 +99,14 @@ def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
             schedule.saved(step, 0.2, future)
             pending.append((future, clock.now + (1.0 if len(saved) <= 5 else 10.0)))
         schedule.choose(step)
+    return saved
+
+
+def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
+    """Commits of 1 s, then of 10 s (the checkpoint file system slowed down): the first slow one is journaled as such,
+    and "auto" lengthens its interval to at least a commit, saying so. The site's factor decides what is slow."""
+    journal = Journal(tmp_path / "factor-5")
+    saved = slowing_saves(journal, slow_factor=5)
     (slow,) = [r for _, r in journal.records(kinds=["slow_save"])][:1]
     assert slow["step"] == saved[5] and slow["seconds"] == pytest.approx(10.2) and slow["usual_s"] == pytest.approx(1.2)
     assert slow["message"] == (f"the checkpoint of step {saved[5]} took 10.2 s to commit, 8x the median of the 5 "
@@ -107,6 +115,9 @@ def test_a_commit_ten_times_slower_is_an_event_and_auto_waits_for_it(tmp_path):
     assert max(gaps[:4]) * 0.5 < 10.2 <= min(gaps[-3:]) * 0.5  # the interval: shorter than a slow commit, then not
     chosen = [r for _, r in journal.records(kinds=["checkpoint_interval"])]
     assert "commits in 10.2 s" in chosen[-1]["message"] and chosen[-1]["steps"] >= 21
+    lenient = Journal(tmp_path / "factor-10")
+    assert slowing_saves(lenient, slow_factor=10) == saved  # "auto" waits all the same
+    assert list(lenient.records(kinds=["slow_save"])) == []  # 8.5x is not slow to a site that says 10x
 
 
 def test_interruptions_are_the_runs_that_lost_work_and_the_steps_restarted_in_place(tmp_path):
