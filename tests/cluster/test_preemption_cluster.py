@@ -75,7 +75,7 @@ def final_state(ledger: Ledger, job_id: int, timeout: float) -> str:
     ids=["grace20s", "grace0"])
 def low_qos_grace(request, dev_cluster):
     """QOS low's GraceTime: 20 s (the dev cluster's; the notice comes first, SIGTERM after the grace), or 0
-    (notice and SIGTERM together, SIGKILL after KillWait=10 s, Slurm requeues the job itself)."""
+    (notice and SIGTERM together, SIGKILL after KillWait=30 s, Slurm requeues the job itself)."""
     def set_grace(seconds: int) -> None:
         subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={seconds}"],
                        check=True, capture_output=True)
