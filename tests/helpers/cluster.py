@@ -5,9 +5,12 @@ Slurm command hpctrain runs."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -26,6 +29,29 @@ WORKER_PORT_STEP = 30
 HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
         "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
                       "qos": "high", "account": "teama"}}
+
+
+@contextmanager
+def slurm_setting(key: str, value: str) -> Iterator[None]:
+    """The running dev cluster (this worker's) with ``key = value`` in its slurm.conf meanwhile: written, and read
+    again by slurmctld and the slurmds (`scontrol reconfigure`); put back after."""
+    conf = Path(os.environ["SLURM_CONF"])
+    before = conf.read_text()
+    line = re.compile(rf"^{key}=.*$", re.M)
+    assert line.search(before), f"{key} is not set in {conf}"
+
+    def apply(text: str, want: str) -> None:
+        conf.write_text(text)
+        subprocess.run(["scontrol", "reconfigure"], check=True, capture_output=True)
+        wait_until(lambda: re.search(rf"^{key}\s*=\s*{want}\b", subprocess.run(
+            ["scontrol", "show", "config"], capture_output=True, text=True).stdout, re.M), 60, 0.5,
+            f"slurmctld to read {key}={want}")
+
+    apply(line.sub(f"{key}={value}", before), value.split()[0])
+    try:
+        yield
+    finally:
+        apply(before, line.search(before)[0].split("=", 1)[1].split()[0])
 
 
 def dev_port_base(environ: dict[str, str] | None = None) -> int:
