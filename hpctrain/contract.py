@@ -105,6 +105,12 @@ class JobPaths:
         return self.job_dir / f"secrets-{job_id}.env"
 
     @property
+    def session_file(self) -> Path:
+        """An interactive session's address and token, or why it could not start (hpctrain.interactive.serve);
+        readable by the submitting user only."""
+        return self.job_dir / "session.json"
+
+    @property
     def stacks_dir(self) -> Path:
         """Python stacks of ranks found hung (hpctrain.runtime.watchdog), one file per rank and step."""
         return self.job_dir / "stacks"

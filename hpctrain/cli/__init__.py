@@ -1,7 +1,7 @@
 """The `hpctrain` command line: a thin layer over the Python API (the root group; commands in this package).
 
 Only click is imported at start-up. Each command family is a module of this package (`jobs`, `observe`,
-`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`; shared options in
+`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`, `interactive`; shared options in
 `common`), imported only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
 `status` never load torch. Commands parse arguments and print; the packages do the work.
 """
@@ -39,6 +39,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "export": "hpctrain.cli.export:export",
     "ledger": "hpctrain.cli.ledger:ledger",
     "examples": "hpctrain.cli.examples:examples",
+    "notebook": "hpctrain.cli.interactive:notebook",
 }
 
 

@@ -157,6 +157,7 @@ def status(
     """Every active submission on one line (an array's tasks counted by state, why it waits, its restarts): one
     sacct call per poll for all of them (and their journals), cached in the ledger; running jobs that stalled or
     wait on data are flagged."""
+    from hpctrain.interactive.connect import running_session
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.pending import waiting, waits
     from hpctrain.jobs.poll import job_summaries, next_interval, submissions
@@ -180,10 +181,19 @@ def status(
                 reasons_at = time.monotonic()
             pending = {r["id"] for r in rows if waits(r)}
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
+            sessions = {r["id"]: s for r in rows if (s := running_session(ledger.jobs.get(r["id"])))}
             if as_json:
                 click.echo(
                     json.dumps(
-                        [{**r, "alerts": alerts.get(r["id"], []), "waiting": reasons.get(r["id"])} for r in rows]
+                        [
+                            {
+                                **r,
+                                "alerts": alerts.get(r["id"], []),
+                                "waiting": reasons.get(r["id"]),
+                                "session": sessions.get(r["id"]),
+                            }
+                            for r in rows
+                        ]
                     )
                 )
             elif not rows:
@@ -198,6 +208,9 @@ def status(
                     console.print(f"  [bold red]job {job_id}[/]: {'; '.join(found)}")
                 for job_id, why in reasons.items():
                     console.print(f"  job {job_id} waits: {why}")
+                for job_id, s in sessions.items():
+                    idle = "not answering" if s["idle_s"] is None else f"idle {s['idle_s'] / 60:.0f} min"
+                    console.print(f"  job {job_id} session: {s['url']} ({idle}; ends after {s['idle_minutes']:g})")
             if not watch or (count is not None and polls >= count):
                 return
             wait = next_interval(wait, interval, max_interval, changed > 0)

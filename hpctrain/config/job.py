@@ -359,6 +359,15 @@ class Container(StrictModel):
     workdir: ExpandedPath | None = Field(None, description="inside the container (default: the job's workdir)")
 
 
+class Interactive(StrictModel):
+    """An interactive session (`hpctrain notebook`): JupyterLab on the compute node, ended when idle."""
+
+    idle_minutes: FiniteFloat = Field(
+        60, gt=0, le=7 * 24 * 60, description="end the session after this long with no kernel activity"
+    )
+    port: int = Field(0, ge=0, le=65535, description="the server's port on the node (0: a free one)")
+
+
 class JobSpec(StrictModel):
     name: str = Field(pattern=JOB_NAME)
     command: Annotated[list[str], AfterValidator(_argv)] = Field(
@@ -391,6 +400,7 @@ class JobSpec(StrictModel):
     hang: HangPolicy = Field(default_factory=HangPolicy)
     array: ArraySpec | None = None
     dependency: Dependency = Field(default_factory=Dependency)
+    interactive: Interactive | None = Field(None, description="a session a user works in (`hpctrain notebook`)")
 
     @model_validator(mode="wrap")
     @classmethod
@@ -426,6 +436,8 @@ class JobSpec(StrictModel):
                 ("checkpoint", "memory_every_steps"),
                 ("the memory tier serves restarts inside the allocation only: set retry.in_place too"),
             )
+        if self.interactive is not None and (self.array is not None or self.resources.nodes > 1):
+            yield ("interactive",), "a session runs on one node and is no array: set resources.nodes = 1, no [array]"
         yield from self._layout_problems()
         yield from self._eval_problems()
 

@@ -19,7 +19,7 @@ def _cancel(ledger: Ledger, client: SlurmClient, rows: Sequence[Mapping[str, Any
     return [r["slurm_job_id"] for r in live]
 
 
-def cancel_jobs(ledger: Ledger, client: SlurmClient, job: dict[str, Any]) -> list[str]:
+def cancel_jobs(ledger: Ledger, client: SlurmClient, job: Mapping[str, Any]) -> list[str]:
     """Cancel every unfinished job of ``job``'s submission; returns the Slurm ids cancelled."""
     return _cancel(ledger, client, ledger.jobs.in_group(job["group_id"]))
 

@@ -15,6 +15,7 @@ of the failed start before it) to the next start or the run's end:
               Slurm counts them (a preempted run's elapsed time ends where it is preempted)
   end         trained to the end: the last checkpoint and the exit
   rerun       a whole run Slurm started on its own after the job's work was done (24.11, after a preemption)
+  interactive a whole run of an interactive session (`hpctrain notebook`): a person's time at the GPUs
   other       what remains of Slurm's elapsed time (clock differences; runs that journaled nothing)
 The causes add up to sacct's elapsed time. A job with spare nodes also pays for their GPUs while they wait:
 ``spare``, GPU time apart from the split above (hpctrain.jobs.accounting). Time in the queue after a requeue
@@ -28,7 +29,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "rerun", "other")
+CAUSES = (
+    "productive",
+    "recomputed",
+    "startup",
+    "overhead",
+    "hang",
+    "crash",
+    "stop",
+    "end",
+    "rerun",
+    "interactive",
+    "other",
+)
 GPU_CAUSES = (*CAUSES, "spare")  # GPU-hours are split by these
 LOST = GPU_CAUSES[1:]
 STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure")
@@ -69,8 +82,8 @@ def run_goodput(
     """Split ``run`` (an attempts row) over ``elapsed_s`` seconds ending at ``end``: its ``segments`` in order,
     and the step the job's next run resumed from (None: none did)."""
     out = Goodput()
-    if run["cause"] == "rerun":
-        out.add("rerun", elapsed_s)
+    if run["cause"] == "rerun" or run.get("interactive"):
+        out.add("rerun" if run["cause"] == "rerun" else "interactive", elapsed_s)
         return out
     begin = run["started_at"]
     for i, seg in enumerate(segments):

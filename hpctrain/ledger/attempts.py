@@ -26,6 +26,7 @@ _USAGE_SQL = """
 SELECT a.job_id, a.task_index, a.attempt, a.alloc_gpus AS gpus, a.started_at, a.ended_at, a.elapsed_s, a.gpu_s,
        a.idle_gpu_s, a.cause,
        j.name, j.account, j.user, j.sweep_id, j.partition, j.site,
+       json_extract(j.spec_json, '$.interactive') IS NOT NULL AS interactive,
        (SELECT max(c.created_at) FROM checkpoints c WHERE c.job_id = a.job_id AND c.task_index = a.task_index
         AND c.state IN ('committed', 'deleted') AND c.created_at BETWEEN a.started_at AND coalesce(a.ended_at, :now))
        AS last_checkpoint_at

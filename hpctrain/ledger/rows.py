@@ -170,6 +170,7 @@ class RunFacts(TypedDict):
     sweep_id: str | None
     partition: str | None
     site: str
+    interactive: int  # 1 for a session's run (`hpctrain notebook`)
     last_checkpoint_at: float | None
 
 

@@ -20,16 +20,25 @@ _V16_CAUSES = (
     "other",
     "spare",
 )
-JOB_USAGE_FROM_RUNS = f"""INSERT OR REPLACE INTO job_usage (job_id, site, account, partition, user, sweep_id, measured,
+
+
+def job_usage_from_runs(causes: tuple[str, ...]) -> str:
+    """The statement that sums a settled job's runs into job_usage, with a column per cause in ``causes``."""
+    return f"""INSERT OR REPLACE INTO job_usage (job_id, site, account, partition, user, sweep_id, measured,
     uniform, runs, started_at, ended_at, lost_from, gpu_hours, lost_gpu_hours, queue_s,
-    {", ".join(f"{c}_h" for c in _V16_CAUSES)})
+    {", ".join(f"{c}_h" for c in causes)})
 SELECT u.job_id, min(u.site), min(u.account), min(u.partition), j.user, j.sweep_id, max(u.measured),
        count(DISTINCT coalesce(u.account, '')) = 1 AND count(DISTINCT coalesce(u.partition, '')) = 1
            AND min(u.measured) = max(u.measured),
        count(*), min(u.started_at), max(u.ended_at), min(u.lost_from), sum(u.gpu_hours),
        sum(CASE WHEN u.lost_from IS NULL THEN 0.0 ELSE u.gpus * max(0.0, u.ended_at - u.lost_from) / 3600 END),
-       sum(u.queue_s), {", ".join(f"sum(u.{c}_h)" for c in _V16_CAUSES)}
+       sum(u.queue_s), {", ".join(f"sum(u.{c}_h)" for c in causes)}
 FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({{jobs}}) GROUP BY u.job_id"""
+
+
+# The causes as of migration 17 (interactive sessions added): the statement the ledger runs today.
+_V17_CAUSES = (*_V16_CAUSES[:-2], "interactive", *_V16_CAUSES[-2:])
+JOB_USAGE_FROM_RUNS = job_usage_from_runs(_V17_CAUSES)
 
 
 def _minute(x: str) -> str:
@@ -449,7 +458,7 @@ MIGRATIONS: list[list[str]] = [
             DELETE FROM job_usage WHERE job_id = NEW.id;
             UPDATE jobs SET usage_settled_at = NULL WHERE id = NEW.id;
         END""",
-        JOB_USAGE_FROM_RUNS.format(jobs="SELECT DISTINCT job_id FROM run_usage"),
+        job_usage_from_runs(_V16_CAUSES).format(jobs="SELECT DISTINCT job_id FROM run_usage"),
         # Each minute's kept runs that started or ended in it, their rates (GPU-hours per second) and rate x
         # (start - the minute's end): a report's running totals at whole minutes sum minutes, not runs.
         """CREATE TABLE usage_minutes (
@@ -466,6 +475,11 @@ MIGRATIONS: list[list[str]] = [
         *_minutes_from_runs(),
         f"CREATE TRIGGER usage_minutes_kept AFTER INSERT ON run_usage BEGIN {' '.join(_minutes_change('NEW', '+'))} END",
         f"CREATE TRIGGER usage_minutes_dropped AFTER DELETE ON run_usage BEGIN {' '.join(_minutes_change('OLD', '-'))} END",
+    ],
+    # 17: GPU time of interactive sessions (`hpctrain notebook`), a cause of its own.
+    [
+        "ALTER TABLE run_usage ADD COLUMN interactive_h REAL NOT NULL DEFAULT 0.0",
+        "ALTER TABLE job_usage ADD COLUMN interactive_h REAL NOT NULL DEFAULT 0.0",
     ],
 ]
 

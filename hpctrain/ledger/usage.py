@@ -19,7 +19,20 @@ if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 # The causes GPU-hours are kept by, a column each (<cause>_h): hpctrain.jobs.goodput.GPU_CAUSES, held equal by a test.
-CAUSES = ("productive", "recomputed", "startup", "overhead", "hang", "crash", "stop", "end", "rerun", "other", "spare")
+CAUSES = (
+    "productive",
+    "recomputed",
+    "startup",
+    "overhead",
+    "hang",
+    "crash",
+    "stop",
+    "end",
+    "rerun",
+    "interactive",
+    "other",
+    "spare",
+)
 COLUMNS = (
     "job_id",
     "task_index",

@@ -180,7 +180,8 @@ def test_the_upgrade_to_v16_sums_the_runs_kept_before_it(tmp_path):
     conn = sqlite3.connect(path)
     conn.executescript("DROP TRIGGER usage_minutes_kept; DROP TRIGGER usage_minutes_dropped; DROP TABLE usage_minutes; "
                        f"DROP TRIGGER run_usage_reopened; {v11_trigger}; DROP TABLE job_usage; "
-                       "ALTER TABLE run_usage DROP COLUMN rerun_h; PRAGMA user_version = 15")
+                       "ALTER TABLE run_usage DROP COLUMN rerun_h; ALTER TABLE run_usage DROP COLUMN interactive_h; "
+                       "PRAGMA user_version = 15")
     conn.close()
     with Ledger(path) as ledger:
         got = [ledger.db.execute(q).fetchall() for q in tables]

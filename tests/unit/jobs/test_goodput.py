@@ -27,12 +27,18 @@ def test_each_runs_time_is_split_by_cause_and_adds_up_to_slurms():
     got = job_goodput(RUNS, SEGMENTS, now=2000)
     first, second = got[(-1, 0)], got[(-1, 1)]
     assert first.seconds == {"productive": 35, "recomputed": 15, "startup": 18, "overhead": 10, "hang": 15,
-                             "crash": 5, "stop": 2, "end": 0, "rerun": 0, "other": 0}
+                             "crash": 5, "stop": 2, "end": 0, "rerun": 0, "interactive": 0, "other": 0}
     assert first.queue_s == 30
     assert second.seconds == {**dict.fromkeys(CAUSES, 0), "productive": 20, "startup": 5, "overhead": 2, "end": 3,
                               "other": 2}
     assert second.queue_s == 0
     assert [sum(g.seconds.values()) for g in (first, second)] == [100, 32]
+
+
+def test_a_sessions_run_is_interactive_time_whole():
+    """A run of `hpctrain notebook` is a person's time at the GPUs: none of it training, none of it lost."""
+    (good,) = job_goodput([{**RUNS[1], "cause": "cancelled", "interactive": 1}], [], now=2000).values()
+    assert good.seconds == {**dict.fromkeys(CAUSES, 0), "interactive": 32}
 
 
 def test_a_run_slurm_started_after_the_work_was_done_is_all_rerun():

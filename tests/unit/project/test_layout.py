@@ -110,10 +110,16 @@ def test_the_package_root_holds_the_shared_leaves_only():
     ("config", "submit"), ("sweep", "report"), ("data", "train"), ("checkpoint", "train"),
     ("ledger", "registry"), ("checkpoint", "registry"), ("evaluate", "registry"), ("registry", "cli"),
     ("ledger", "trackers"), ("registry", "trackers"), ("trackers", "cli"),
+    ("ledger", "interactive"), ("submit", "interactive"), ("jobs", "interactive"), ("interactive", "cli"),
 ])
 def test_layers_do_not_reach_up(lower, upper):
     """The leaves stay leaves: the ledger knows no Slurm or lifecycle, Slurm access knows no ledger, ..."""
     assert upper not in package_graph()[lower]
+
+
+def test_the_kernels_notice_extension_needs_no_hpctrain():
+    """A session's kernels load interactive/notice.py into the user's namespace's process: nothing else of hpctrain."""
+    assert imported(modules()["interactive.notice"]) == set()
 
 
 def test_the_exported_model_definition_needs_no_hpctrain():

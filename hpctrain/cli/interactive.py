@@ -1,0 +1,100 @@
+"""`hpctrain notebook`: an interactive JupyterLab session in an allocation, started and waited for."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+
+import click
+
+from hpctrain.cli.common import open_site, site_option
+
+
+@click.command()
+@click.option("--gpus", type=click.IntRange(min=0), help="GPUs on the session's node (default: the spec's, else 0)")
+@click.option(
+    "--time", "time_limit", metavar="T", help="time limit, e.g. 2:00:00 (default: the spec's, else the site's)"
+)
+@click.option("--partition", metavar="P", help="default: the spec's, else the site's choice")
+@click.option("--preemptible/--no-preemptible", default=None, help="run in the site's preemptible QOS")
+@click.option("--image", metavar="IMG", help="run in this container image (the site's container runtime)")
+@click.option(
+    "--idle-minutes",
+    type=click.FloatRange(min=0, min_open=True),
+    help="end after this long with no kernel activity (default 60)",
+)
+@click.option("--port", type=click.IntRange(0, 65535), help="the server's port on the node (default: a free one)")
+@click.option(
+    "--spec",
+    "spec_path",
+    type=click.Path(dir_okay=False),
+    help="a job spec: its environment, setup, container, workdir and data paths",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="seconds to wait for the session to answer (queue time included); then it is cancelled",
+)
+@click.option("--open", "open_browser", is_flag=True, help="open the lab in this host's browser, where there is one")
+@site_option
+def notebook(
+    gpus: int | None,
+    time_limit: str | None,
+    partition: str | None,
+    preemptible: bool | None,
+    image: str | None,
+    idle_minutes: float | None,
+    port: int | None,
+    spec_path: str | None,
+    timeout_s: float,
+    open_browser: bool,
+    site: str | None,
+) -> None:
+    """Start JupyterLab on a compute node and print how to reach it. The session ends itself after --idle-minutes
+    without kernel activity, at its time limit, or with `hpctrain cancel ID`."""
+    from hpctrain.config import load_job_spec
+    from hpctrain.interactive import session_spec, start
+
+    base = load_job_spec(spec_path) if spec_path else None
+    spec = session_spec(
+        base,
+        gpus=gpus,
+        time=time_limit,
+        partition=partition,
+        preemptible=preemptible,
+        image=image,
+        idle_minutes=idle_minutes,
+        port=port,
+    )
+    cfg, ledger, client = open_site(site)
+
+    def submitted(job_id: int, slurm_job_id: str) -> None:
+        click.echo(
+            f"submitted {spec.name}: ledger id {job_id}, slurm job {slurm_job_id}; "
+            f"waiting for JupyterLab (at most {timeout_s:.0f} s)"
+        )
+
+    with ledger:
+        got = start(cfg, ledger, client, spec, timeout_s, spec_path or "<notebook>", submitted)
+    s, p = got.session, got.placement
+    click.echo(
+        f"notebook: ledger id {got.job_id}, slurm job {got.slurm_job_id} on {s.node} "
+        f"({p.partition}/{p.qos} as {p.account})"
+    )
+    if spec.resources.preemptible:
+        click.echo("  preemptible: it may be stopped at any time; a notice shows in your kernels first, save then")
+    click.echo(f"  tunnel: {s.tunnel(socket.getfqdn(), getpass.getuser())}")
+    click.echo(f"  then:   {s.url('localhost')}")
+    click.echo(f"  on the cluster's network: {s.url()}")
+    click.echo(
+        f"  ends after {s.idle_minutes:g} min without kernel activity or at its time limit; "
+        f"`hpctrain cancel {got.job_id}` ends it now"
+    )
+    if open_browser:
+        import webbrowser
+
+        if not webbrowser.open(s.url()):
+            click.echo("hpctrain: warning: no browser here: use the tunnel line above", err=True)

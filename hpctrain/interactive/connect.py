@@ -1,0 +1,121 @@
+"""The login side of an interactive session: its address and token as the compute node wrote them, waiting until
+JupyterLab answers, the SSH tunnel line, and how long the session has been idle (Jupyter's own count)."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.contract import JobPaths
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.slurm.states import TERMINAL
+
+ANSWER_TIMEOUT_S = 2.0
+
+
+class SessionFailed(HpctrainError):
+    """The session's server could not start; the message says why and what to change."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """A running session's server: where it listens on its node, and its token."""
+
+    node: str
+    address: str
+    port: int
+    token: str
+    idle_minutes: float
+
+    @classmethod
+    def read(cls, job_dir: Path | str) -> Session | None:
+        """The session of a job directory; None until its server has written it. Raises SessionFailed with the
+        server's reason when it could not start."""
+        try:
+            found = json.loads(JobPaths(Path(job_dir)).session_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if "error" in found:
+            raise SessionFailed(found["error"])
+        return cls(found["node"], found["address"], int(found["port"]), found["token"], float(found["idle_minutes"]))
+
+    def url(self, host: str | None = None) -> str:
+        """The lab's URL with its token: on the node, or through a tunnel at ``host`` ('localhost')."""
+        return f"http://{host or self.address}:{self.port}/lab?token={self.token}"
+
+    def tunnel(self, login_host: str, user: str) -> str:
+        """The command that forwards this machine's port to the node's server, through the login node."""
+        return f"ssh -N -L {self.port}:{self.address}:{self.port} {user}@{login_host}"
+
+    def api(self, path: str) -> Any:
+        """GET a Jupyter server API path (token in a header, never in a log); raises OSError when it does not
+        answer."""
+        request = urllib.request.Request(
+            f"http://{self.address}:{self.port}/api/{path}", headers={"Authorization": f"token {self.token}"}
+        )
+        with urllib.request.urlopen(request, timeout=ANSWER_TIMEOUT_S) as response:
+            return json.load(response)
+
+    def idle_s(self) -> float | None:
+        """Seconds since the server's last activity (kernels, API calls), as Jupyter counts them; None when it
+        does not answer. The status call itself is not counted as activity."""
+        from datetime import datetime
+
+        try:
+            status = self.api("status")
+        except (OSError, ValueError):
+            return None
+        last = datetime.fromisoformat(status["last_activity"].replace("Z", "+00:00"))
+        return max(time.time() - last.timestamp(), 0.0)
+
+
+def wait_ready(ledger: Ledger, client: SlurmClient, site: str, job_id: int, timeout_s: float) -> Session:
+    """Wait until job ``job_id``'s server answers; its session. Raises SessionFailed when the server could not
+    start, HpctrainError when the job ended first or ``timeout_s`` passed (the caller cancels the job)."""
+    from hpctrain.jobs.poll import Poller
+
+    poller, job = Poller(ledger, client, site), ledger.jobs.known(job_id)
+    if job["job_dir"] is None:
+        raise HpctrainError(f"job {job_id} was never submitted ({job['state']})")
+    job_dir, end, polled = job["job_dir"], time.monotonic() + timeout_s, 0.0
+    while True:
+        session = Session.read(job_dir)
+        if session is not None and session.idle_s() is not None:
+            return session
+        if time.monotonic() - polled > 3:
+            poller.refresh()
+            polled = time.monotonic()
+            state = ledger.jobs.known(job_id)["state"]
+            if state in TERMINAL:
+                Session.read(job_dir)  # the server's reason, when it wrote one
+                raise HpctrainError(
+                    f"the session's job {job['slurm_job_id']} ended {state} before JupyterLab answered: "
+                    f"see `hpctrain logs {job_id}`"
+                )
+        if time.monotonic() > end:
+            raise HpctrainError(
+                f"JupyterLab did not answer within {timeout_s:.0f} s (job {job['slurm_job_id']}, "
+                f"state {ledger.jobs.known(job_id)['state']}): try again with a longer --timeout"
+            )
+        time.sleep(0.5)
+
+
+def running_session(job: dict[str, Any]) -> dict[str, Any] | None:
+    """A running job's session as `status` shows it (its URL on the node, idle seconds as Jupyter counts them, the
+    idle limit); None for a job that is no session or whose server has not written its address."""
+    if job["state"] != "RUNNING" or not job["job_dir"] or not json.loads(job["spec_json"] or "{}").get("interactive"):
+        return None
+    try:
+        session = Session.read(job["job_dir"])
+    except SessionFailed:
+        return None
+    if session is None:
+        return None
+    return {"url": session.url(), "idle_s": session.idle_s(), "idle_minutes": session.idle_minutes}

@@ -1,0 +1,120 @@
+"""`hpctrain notebook` on the dev cluster, as a user runs it: JupyterLab reached from the login side with the
+session's token (a kernel imports torch and reads the job spec's data path), the lab's shell in headless Chromium,
+`status` showing the session, and Jupyter's culling ending the idle session: its GPUs free, its time in the ledger
+under its own cause. Bad input says what to change in one line and leaves no job running."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+
+import pytest
+
+from hpctrain.interactive import Session
+from hpctrain.ledger import Ledger
+from hpctrain.slurm.states import TERMINAL
+
+from helpers.cli import run_cli
+from helpers.jupyter import api, run_cell
+from helpers.report import chromium, colour_mask, pixels
+from helpers.waiting import wait_until
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+        "host's Slurm only (CI time, about 4 min): a session is a one-task srun job like any other, which every "
+        "lane runs; nothing here differs between releases")),
+]
+IDLE_MINUTES = 1
+LAB_PANEL, LAB_BLUE = (238, 238, 238), (25, 118, 210)  # JupyterLab's light theme: side panels, the launcher's blue
+
+
+def started(*args: str) -> tuple[int, str]:
+    """`hpctrain notebook ARGS`: the session's ledger id and what it printed."""
+    done = run_cli("notebook", *args, "--timeout", "400", timeout=500)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    return int(re.search(r"ledger id (\d+)", done.stdout)[1]), done.stdout
+
+
+def test_a_session_is_reached_used_shown_and_ends_when_idle(isolated_ledger, tmp_path):
+    index = tmp_path / "index.json"
+    index.write_text('{"shards": ["train-000.tar"]}')
+    spec = tmp_path / "train.toml"
+    spec.write_text(f'name = "gpt"\ncommand = ["python", "-m", "hpctrain.train"]\n[data]\nindex = "{index}"\n'
+                    '[env]\nEXPERIMENT = "lab-1"\n[resources]\ngpus_per_node = 1\nmem = "2G"\ntime = "00:20:00"\n')
+    job_id, printed = started("--spec", str(spec), "--idle-minutes", str(IDLE_MINUTES))
+    with Ledger(isolated_ledger) as ledger:
+        job = ledger.jobs.get(job_id)
+    session = Session.read(job["job_dir"])
+    assert f"ssh -N -L {session.port}:{session.address}:{session.port} " in printed
+    assert f"http://localhost:{session.port}/lab?token={session.token}" in printed
+
+    # The kernel runs in the job: the spec's environment, its data, torch.
+    kernel = api(session, "kernels", "POST", {"name": "python3"})
+    import torch
+
+    code = ("import json, os, torch\nspec = json.load(open(os.environ['HPCTRAIN_SPEC']))\n"
+            "print(torch.__version__, os.environ['EXPERIMENT'], os.environ['SLURM_JOB_ID'])\n"
+            "print(open(spec['data']['index']).read())")
+    assert run_cell(session, kernel["id"], code).splitlines() == [
+        f"{torch.__version__} lab-1 {job['slurm_job_id']}", index.read_text()]
+
+    # `status` lists it with where it listens and its idle time.
+    listed = {r["id"]: r for r in json.loads(run_cli("status", "--json").stdout)}
+    assert listed[job_id]["state"] == "RUNNING"
+    assert listed[job_id]["session"]["url"] == session.url() and listed[job_id]["session"]["idle_s"] >= 0
+
+    # The lab's page, as a browser on the login side shows it: its shell, panels and launcher drawn.
+    shot = tmp_path / "lab.png"
+    chromium("--virtual-time-budget=30000", "--window-size=1200,800", f"--screenshot={shot}", session.url())
+    image = pixels(shot.read_bytes())
+    assert colour_mask(image, LAB_PANEL, 2).sum() > 20_000 and colour_mask(image, LAB_BLUE, 8).sum() > 500
+    busy_until = time.time()
+
+    # Nothing more happens: Jupyter culls the kernel and the server ends; the GPU is free again.
+    def ended():
+        run_cli("status")
+        with Ledger(isolated_ledger) as ledger:
+            return ledger.jobs.get(job_id)["state"] in TERMINAL and ledger.jobs.get(job_id)
+    done = wait_until(ended, IDLE_MINUTES * 60 + 240, 3, "the idle session to end")
+    assert done["state"] == "COMPLETED"
+    assert done["ended_at"] - busy_until <= IDLE_MINUTES * 60 + 60
+    assert subprocess.run(["squeue", "-h", "-j", job["slurm_job_id"]], capture_output=True, text=True).stdout == ""
+    assert run_cli("reconcile").returncode == 0
+    cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
+    assert cost["gpu_hours"] > 0
+    assert cost["cause_gpu_hours"]["interactive"] == pytest.approx(cost["gpu_hours"])
+
+
+def test_a_port_in_use_on_the_node_is_one_line_and_no_job_is_left(isolated_ledger):
+    with socket.socket() as taken:  # the dev cluster's nodes are this host
+        taken.bind((socket.gethostbyname(socket.gethostname()), 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = run_cli("notebook", "--port", str(port), "--timeout", "300", timeout=400)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert re.fullmatch(rf"hpctrain: error: port {port} is in use on \S+ \(.*\): give another --port, or none for a "
+                        r"free one\n", done.stderr), done.stderr
+    wait_until(lambda: settled(isolated_ledger), 120, 2, "the session's job to end")
+
+
+def settled(ledger_path) -> bool:
+    """Every job of the ledger has ended, after one `status` poll."""
+    run_cli("status")
+    with Ledger(ledger_path) as ledger:
+        return all(job["state"] in TERMINAL for job in ledger.jobs.of_site("dev"))
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--partition", "nosuch"], "nosuch"),
+    (["--partition", "debug", "--time", "3:00:00"], "time"),
+])
+def test_bad_resources_are_one_line_and_nothing_runs(args, says, isolated_ledger):
+    done = run_cli("notebook", *args, "--timeout", "60")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr
+    assert settled(isolated_ledger)

@@ -1,0 +1,70 @@
+"""A Jupyter server reached as a browser would: its REST API and a kernel's websocket, with the session's token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+import uuid
+from typing import Any
+
+from hpctrain.interactive import Session
+
+
+def api(session: Session, path: str, method: str = "GET", body: dict | None = None) -> Any:
+    request = urllib.request.Request(
+        f"http://{session.address}:{session.port}/api/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"token {session.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+def run_cell(session: Session, kernel_id: str, code: str, timeout_s: float = 120, then_s: float = 0) -> str:
+    """Execute ``code`` in a kernel over its websocket; the text it printed (stdout, stderr, its result, an error's
+    name and value), and what came on the kernel's channel ``then_s`` seconds after it finished."""
+    return asyncio.run(_run_cell(session, kernel_id, code, timeout_s, then_s))
+
+
+async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: float, then_s: float) -> str:
+    from tornado.websocket import websocket_connect
+
+    url = f"ws://{session.address}:{session.port}/api/kernels/{kernel_id}/channels?token={session.token}"
+    ws = await websocket_connect(url)
+    msg_id = uuid.uuid4().hex
+    header = {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
+              "version": "5.3", "date": ""}
+    content = {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False}
+    await ws.write_message(json.dumps(
+        {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell"}))
+    out: list[str] = []
+    loop = asyncio.get_running_loop()
+    deadline, done_at = loop.time() + timeout_s, None
+    while loop.time() < (deadline if done_at is None else done_at + then_s):
+        left = (deadline if done_at is None else done_at + then_s) - loop.time()
+        try:
+            raw = await asyncio.wait_for(ws.read_message(), max(left, 0.01))
+        except asyncio.TimeoutError:
+            break
+        if raw is None:
+            break
+        msg = json.loads(raw)
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind, body = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(body["text"])
+        elif kind in ("execute_result", "display_data"):
+            out.append(body["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            out.append(f"{body['ename']}: {body['evalue']}\n")
+        elif kind == "status" and body["execution_state"] == "idle" and done_at is None:
+            done_at = loop.time()
+            if not then_s:
+                break
+    ws.close()
+    if done_at is None:
+        raise TimeoutError(f"the cell did not finish in {timeout_s} s: {''.join(out)!r}")
+    return "".join(out)
