@@ -14,11 +14,15 @@ import time
 
 import pytest
 
+from hpctrain.config import load_site
+from hpctrain.config.job import JobSpec
 from hpctrain.interactive import Session
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.states import TERMINAL
+from hpctrain.submit import Submitter
 
 from helpers.cli import run_cli
+from helpers.cluster import HIGH
 from helpers.jupyter import api, run_cell
 from helpers.report import chromium, colour_mask, pixels
 from helpers.waiting import wait_until
@@ -89,6 +93,29 @@ def test_a_session_is_reached_used_shown_and_ends_when_idle(isolated_ledger, tmp
     cost = {r["job"]: r for r in json.loads(run_cli("cost", "--by", "job", "--json").stdout)}[job_id]
     assert cost["gpu_hours"] > 0
     assert cost["cause_gpu_hours"]["interactive"] == pytest.approx(cost["gpu_hours"])
+
+
+def test_a_preempted_session_shows_the_notice_in_its_kernel_before_the_grace_ends(isolated_ledger):
+    """QOS low's GraceTime is 20 s: the notice comes first (Slurm's --signal to the batch shell, passed on to the
+    server, which passes it to its kernels), SIGTERM after the grace. The session is not requeued."""
+    job_id, printed = started("--preemptible", "--gpus", "1", "--time", "00:20:00")
+    assert "preemptible: it may be stopped at any time" in printed
+    with Ledger(isolated_ledger) as ledger:
+        job = ledger.jobs.get(job_id)
+        assert job["qos"] == "low"
+        session = Session.read(job["job_dir"])
+        kernel = api(session, "kernels", "POST", {"name": "python3"})
+        run_cell(session, kernel["id"], "import time")  # the kernel is up before the preemption
+        Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+        submitted_at = time.time()
+        shown = run_cell(session, kernel["id"], "for _ in range(600): time.sleep(0.1)", timeout_s=120,
+                         until="save your work now")
+        assert time.time() - submitted_at < 20 + 30  # the grace, and Slurm's own pace in preempting
+        assert "this session got a stop notice" in shown
+    wait_until(lambda: settled(isolated_ledger), 180, 2, "the preempted session to end")
+    with Ledger(isolated_ledger) as ledger:
+        assert ledger.jobs.get(job_id)["state"] in ("PREEMPTED", "CANCELLED")
+        assert len(ledger.attempts.of_job(job_id)) == 1  # never requeued
 
 
 def test_a_port_in_use_on_the_node_is_one_line_and_no_job_is_left(isolated_ledger):

@@ -22,13 +22,16 @@ def api(session: Session, path: str, method: str = "GET", body: dict | None = No
         return json.load(response)
 
 
-def run_cell(session: Session, kernel_id: str, code: str, timeout_s: float = 120, then_s: float = 0) -> str:
+def run_cell(session: Session, kernel_id: str, code: str, timeout_s: float = 120, then_s: float = 0,
+             until: str | None = None) -> str:
     """Execute ``code`` in a kernel over its websocket; the text it printed (stdout, stderr, its result, an error's
-    name and value), and what came on the kernel's channel ``then_s`` seconds after it finished."""
-    return asyncio.run(_run_cell(session, kernel_id, code, timeout_s, then_s))
+    name and value), and what came on the kernel's channel ``then_s`` seconds after it finished. With ``until``: as
+    soon as that text has been printed, the cell still running."""
+    return asyncio.run(_run_cell(session, kernel_id, code, timeout_s, then_s, until))
 
 
-async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: float, then_s: float) -> str:
+async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: float, then_s: float,
+                    until: str | None) -> str:
     from tornado.websocket import websocket_connect
 
     url = f"ws://{session.address}:{session.port}/api/kernels/{kernel_id}/channels?token={session.token}"
@@ -56,6 +59,9 @@ async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: floa
         kind, body = msg["msg_type"], msg["content"]
         if kind == "stream":
             out.append(body["text"])
+            if until is not None and until in "".join(out):
+                done_at = loop.time()
+                break
         elif kind in ("execute_result", "display_data"):
             out.append(body["data"].get("text/plain", "") + "\n")
         elif kind == "error":
