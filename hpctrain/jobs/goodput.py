@@ -29,20 +29,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-CAUSES = (
-    "productive",
-    "recomputed",
-    "startup",
-    "overhead",
-    "hang",
-    "crash",
-    "stop",
-    "end",
-    "rerun",
-    "interactive",
-    "other",
-)
-GPU_CAUSES = (*CAUSES, "spare")  # GPU-hours are split by these
+from hpctrain.ledger.schema import CAUSES as GPU_CAUSES  # GPU-hours are split by these, a ledger column each
+
+CAUSES = tuple(c for c in GPU_CAUSES if c != "spare")  # a run's time is split by these
 LOST = GPU_CAUSES[1:]
 STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure")
 

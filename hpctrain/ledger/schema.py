@@ -36,9 +36,10 @@ SELECT u.job_id, min(u.site), min(u.account), min(u.partition), j.user, j.sweep_
 FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({{jobs}}) GROUP BY u.job_id"""
 
 
-# The causes as of migration 17 (interactive sessions added): the statement the ledger runs today.
-_V17_CAUSES = (*_V16_CAUSES[:-2], "interactive", *_V16_CAUSES[-2:])
-JOB_USAGE_FROM_RUNS = job_usage_from_runs(_V17_CAUSES)
+# The causes GPU-hours are kept by today, a column <cause>_h each (migration 17 added interactive sessions'):
+# hpctrain.jobs.goodput splits a run's time by them.
+CAUSES = (*_V16_CAUSES[:-2], "interactive", *_V16_CAUSES[-2:])
+JOB_USAGE_FROM_RUNS = job_usage_from_runs(CAUSES)
 
 
 def _minute(x: str) -> str:

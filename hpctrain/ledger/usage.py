@@ -13,26 +13,11 @@ from collections import defaultdict
 from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.ledger.schema import JOB_USAGE_FROM_RUNS
+from hpctrain.ledger.schema import CAUSES, JOB_USAGE_FROM_RUNS
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
-# The causes GPU-hours are kept by, a column each (<cause>_h): hpctrain.jobs.goodput.GPU_CAUSES, held equal by a test.
-CAUSES = (
-    "productive",
-    "recomputed",
-    "startup",
-    "overhead",
-    "hang",
-    "crash",
-    "stop",
-    "end",
-    "rerun",
-    "interactive",
-    "other",
-    "spare",
-)
 COLUMNS = (
     "job_id",
     "task_index",
