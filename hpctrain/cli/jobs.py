@@ -157,7 +157,7 @@ def status(
     """Every active submission on one line (an array's tasks counted by state, why it waits, its restarts): one
     sacct call per poll for all of them (and their journals), cached in the ledger; running jobs that stalled or
     wait on data are flagged."""
-    from hpctrain.interactive.connect import running_session
+    from hpctrain.interactive.connect import running_sessions
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.pending import waiting, waits
     from hpctrain.jobs.poll import job_summaries, next_interval, submissions
@@ -181,7 +181,7 @@ def status(
                 reasons_at = time.monotonic()
             pending = {r["id"] for r in rows if waits(r)}
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
-            sessions = {r["id"]: s for r in rows if (s := running_session(ledger.jobs.get(r["id"])))}
+            sessions = running_sessions(ledger, [r["id"] for r in rows if r["state"] == "RUNNING"])
             if as_json:
                 click.echo(
                     json.dumps(

@@ -107,15 +107,15 @@ def wait_ready(ledger: Ledger, client: SlurmClient, site: str, job_id: int, time
         time.sleep(0.5)
 
 
-def running_session(job: dict[str, Any]) -> dict[str, Any] | None:
-    """A running job's session as `status` shows it (its URL on the node, idle seconds as Jupyter counts them, the
-    idle limit); None for a job that is no session or whose server has not written its address."""
-    if job["state"] != "RUNNING" or not job["job_dir"] or not json.loads(job["spec_json"] or "{}").get("interactive"):
-        return None
-    try:
-        session = Session.read(job["job_dir"])
-    except SessionFailed:
-        return None
-    if session is None:
-        return None
-    return {"url": session.url(), "idle_s": session.idle_s(), "idle_minutes": session.idle_minutes}
+def running_sessions(ledger: Ledger, job_ids: list[int]) -> dict[int, dict[str, Any]]:
+    """The sessions among running jobs ``job_ids`` as `status` shows them: the URL on the node, idle seconds as
+    Jupyter counts them, the idle limit (none for a server that has not written its address yet)."""
+    out = {}
+    for job_id, job_dir in ledger.jobs.session_dirs(job_ids).items():
+        try:
+            session = Session.read(job_dir)
+        except SessionFailed:
+            continue
+        if session is not None:
+            out[job_id] = {"url": session.url(), "idle_s": session.idle_s(), "idle_minutes": session.idle_minutes}
+    return out

@@ -6,6 +6,7 @@ States are Slurm's (plus SUBMITTING, SUBMIT_FAILED, REQUEUED); which are final i
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -170,6 +171,15 @@ class Jobs:
 
     def of_sweep(self, sweep_id: str) -> list[JobRow]:
         return self._rows.rows("sweep_id = ?", [sweep_id])
+
+    def session_dirs(self, job_ids: Collection[int]) -> dict[int, str]:
+        """The job directories of the interactive sessions (`hpctrain notebook`) among ``job_ids``."""
+        rows = self.ledger.db.query(
+            "SELECT id, job_dir FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND job_dir IS NOT NULL "
+            "AND json_extract(spec_json, '$.interactive') IS NOT NULL",
+            [json.dumps(sorted(set(job_ids)))],
+        )
+        return {r["id"]: r["job_dir"] for r in rows}
 
     def has_account(self, site: str, account: str) -> bool:
         return (

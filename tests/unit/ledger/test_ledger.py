@@ -29,6 +29,17 @@ def test_reopen_keeps_rows_and_does_not_remigrate(tmp_path):
         assert ledger.schema_version == SCHEMA_VERSION
 
 
+def test_session_dirs_are_those_of_jobs_whose_spec_is_a_session(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        ids = [ledger.jobs.record({"name": n, "site": "dev", "spec_json": spec}) for n, spec in (
+            ("batch", {"interactive": None}), ("lab", {"interactive": {"idle_minutes": 5}}), ("old", None),
+            ("unsent", {"interactive": {}}))]
+        for job_id in ids[:3]:
+            ledger.jobs.set_script(job_id, "/jobs/job.sh", f"/jobs/{job_id}", "0" * 64)
+        assert ledger.jobs.session_dirs(ids) == {ids[1]: f"/jobs/{ids[1]}"}
+        assert ledger.jobs.session_dirs(ids[:1]) == {}
+
+
 def test_old_database_is_migrated(tmp_path):
     path = tmp_path / "l.db"
     sqlite3.connect(path).close()  # version 0: an empty file
