@@ -23,11 +23,11 @@ MARGIN = 0.05  # of the data's x range, that matplotlib leaves on either side of
 IMG = re.compile(r'<img alt="([^"]+)" src="data:image/png;base64,([^"]+)">')
 
 
-def chromium(*args: str) -> subprocess.CompletedProcess[str]:
+def chromium(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """Headless Chromium with ``args``."""
     assert CHROMIUM, "chromium not installed (scripts/install installs it)"
     return subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def screenshot(page: Path, out: Path) -> np.ndarray:
