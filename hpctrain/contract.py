@@ -247,6 +247,11 @@ class JobEnvironment:
         return self.env.get("SLURMD_NODENAME") or socket.gethostname()
 
     @property
+    def slurm_step(self) -> str | None:
+        """This job step as Slurm names it, ``<job>.<step>``."""
+        return f"{self.slurm_job_id}.{self.env['SLURM_STEP_ID']}" if "SLURM_STEP_ID" in self.env else None
+
+    @property
     def step_id(self) -> str:
         """An id of this job step's run that every rank computes alike (Slurm's ids; '' outside Slurm)."""
         if not self.in_slurm:

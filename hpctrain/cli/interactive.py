@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import getpass
+import os
+import shlex
 import socket
+import sys
+from typing import TYPE_CHECKING
 
 import click
 
 from hpctrain.cli.common import open_site, site_option
+
+if TYPE_CHECKING:
+    from hpctrain.interactive import Started
+    from hpctrain.slurm.client import SlurmClient
 
 
 @click.command()
@@ -39,6 +47,12 @@ from hpctrain.cli.common import open_site, site_option
     help="seconds to wait for the session to answer (queue time included); then it is cancelled",
 )
 @click.option("--open", "open_browser", is_flag=True, help="open the lab in this host's browser, where there is one")
+@click.option(
+    "--shell",
+    is_flag=True,
+    help="a shell in the allocation (srun --pty) instead of JupyterLab; the "
+    "allocation is held for more shells until --idle-minutes pass without one",
+)
 @site_option
 def notebook(
     gpus: int | None,
@@ -51,12 +65,17 @@ def notebook(
     spec_path: str | None,
     timeout_s: float,
     open_browser: bool,
+    shell: bool,
     site: str | None,
 ) -> None:
-    """Start JupyterLab on a compute node and print how to reach it. The session ends itself after --idle-minutes
-    without kernel activity, at its time limit, or with `hpctrain cancel ID`."""
+    """Start JupyterLab on a compute node and print how to reach it (or, with --shell, a shell there). The session
+    ends itself after --idle-minutes without kernel activity (without a shell), at its time limit, or with
+    `hpctrain cancel ID`."""
     from hpctrain.config import load_job_spec
     from hpctrain.interactive import session_spec, start
+
+    if shell and (port is not None or open_browser):
+        raise click.UsageError("--port and --open are JupyterLab's: a --shell session has no server")
 
     base = load_job_spec(spec_path) if spec_path else None
     spec = session_spec(
@@ -68,18 +87,22 @@ def notebook(
         image=image,
         idle_minutes=idle_minutes,
         port=port,
+        shell=shell or None,
     )
     cfg, ledger, client = open_site(site)
 
     def submitted(job_id: int, slurm_job_id: str) -> None:
         click.echo(
             f"submitted {spec.name}: ledger id {job_id}, slurm job {slurm_job_id}; "
-            f"waiting for JupyterLab (at most {timeout_s:.0f} s)"
+            f"waiting for {'the allocation' if shell else 'JupyterLab'} (at most {timeout_s:.0f} s)"
         )
 
     with ledger:
         got = start(cfg, ledger, client, spec, timeout_s, spec_path or "<notebook>", submitted)
     s, p = got.session, got.placement
+    if s.shell:
+        run_shell(client, got)
+        return
     click.echo(
         f"notebook: ledger id {got.job_id}, slurm job {got.slurm_job_id} on {s.node} "
         f"({p.partition}/{p.qos} as {p.account})"
@@ -98,3 +121,16 @@ def notebook(
 
         if not webbrowser.open(s.url()):
             click.echo("hpctrain: warning: no browser here: use the tunnel line above", err=True)
+
+
+def run_shell(client: SlurmClient, got: Started) -> None:
+    """Say how to start a shell in the session's allocation; start one there when this is a terminal."""
+    argv = got.session.shell_command(got.slurm_job_id, os.environ.get("SHELL") or "/bin/bash")
+    click.echo(f"shell: ledger id {got.job_id}, slurm job {got.slurm_job_id}: {shlex.join(argv)}")
+    click.echo(
+        f"  held for more shells until {got.session.idle_minutes:g} min pass without one; "
+        f"`hpctrain cancel {got.job_id}` ends it now"
+    )
+    if sys.stdin.isatty():
+        sys.stdout.flush()
+        os.execvpe(client.executable(argv[0]), argv, client.env())

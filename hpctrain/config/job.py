@@ -366,6 +366,9 @@ class Interactive(StrictModel):
         60, gt=0, le=7 * 24 * 60, description="end the session after this long with no kernel activity"
     )
     port: int = Field(0, ge=0, le=65535, description="the server's port on the node (0: a free one)")
+    shell: bool = Field(
+        False, description="hold the allocation for shells (`srun --jobid J --overlap --pty`) instead of JupyterLab"
+    )
 
 
 class JobSpec(StrictModel):

@@ -26,13 +26,15 @@ class SessionFailed(HpctrainError):
 
 @dataclass(frozen=True)
 class Session:
-    """A running session's server: where it listens on its node, and its token."""
+    """A running session: JupyterLab's server (where it listens on its node, its token), or an allocation held for
+    shells (``shell``: no server)."""
 
     node: str
     address: str
     port: int
     token: str
     idle_minutes: float
+    shell: bool = False
 
     @classmethod
     def read(cls, job_dir: Path | str) -> Session | None:
@@ -44,7 +46,17 @@ class Session:
             return None
         if "error" in found:
             raise SessionFailed(found["error"])
+        if found.get("shell"):
+            return cls(found["node"], "", 0, "", float(found["idle_minutes"]), shell=True)
         return cls(found["node"], found["address"], int(found["port"]), found["token"], float(found["idle_minutes"]))
+
+    def ready(self) -> bool:
+        """Whether the user can start working: the server answers (a shell session is ready once held)."""
+        return self.shell or self.idle_s() is not None
+
+    def shell_command(self, slurm_job_id: str, shell: str) -> list[str]:
+        """The command that starts a shell in the session's allocation, beside what runs there."""
+        return ["srun", "--jobid", slurm_job_id, "--overlap", "--pty", "--", shell, "-l"]
 
     def url(self, host: str | None = None) -> str:
         """The lab's URL with its token: on the node, or through a tunnel at ``host`` ('localhost')."""
@@ -77,7 +89,7 @@ class Session:
 
 
 def wait_ready(ledger: Ledger, client: SlurmClient, site: str, job_id: int, timeout_s: float) -> Session:
-    """Wait until job ``job_id``'s server answers; its session. Raises SessionFailed when the server could not
+    """Wait until job ``job_id``'s session is ready (its server answers); the session. Raises SessionFailed when the server could not
     start, HpctrainError when the job ended first or ``timeout_s`` passed (the caller cancels the job)."""
     from hpctrain.jobs.poll import Poller
 
@@ -87,7 +99,7 @@ def wait_ready(ledger: Ledger, client: SlurmClient, site: str, job_id: int, time
     job_dir, end, polled = job["job_dir"], time.monotonic() + timeout_s, 0.0
     while True:
         session = Session.read(job_dir)
-        if session is not None and session.idle_s() is not None:
+        if session is not None and session.ready():
             return session
         if time.monotonic() - polled > 3:
             poller.refresh()
@@ -116,6 +128,6 @@ def running_sessions(ledger: Ledger, job_ids: list[int]) -> dict[int, dict[str, 
             session = Session.read(job_dir)
         except SessionFailed:
             continue
-        if session is not None:
+        if session is not None and not session.shell:
             out[job_id] = {"url": session.url(), "idle_s": session.idle_s(), "idle_minutes": session.idle_minutes}
     return out

@@ -130,13 +130,45 @@ def serve(env: JobEnvironment, session: Interactive) -> int:
     return 0
 
 
+def hold(env: JobEnvironment, session: Interactive) -> int:
+    """A shell session: hold the allocation while shells run in it (job steps other than this one and the batch
+    script's), and end once none has run for the idle time, or at a stop signal."""
+    from hpctrain.slurm.client import SlurmClient
+
+    paths, node, client = JobPaths(env.job_dir or Path.cwd()), env.node or socket.gethostname(), SlurmClient()
+    job, own = env.slurm_job_id or "", env.slurm_step
+    write_json_atomic(
+        paths.session_file, {"node": node, "shell": True, "idle_minutes": session.idle_minutes}, mode=0o600
+    )
+    print(f"hpctrain notebook: holding the allocation on {node} for shells", file=sys.stderr, flush=True)
+    stopped, last = False, time.monotonic()
+
+    def stop(*_: Any) -> None:
+        nonlocal stopped
+        stopped = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(
+        NOTICE_SIGNAL,
+        lambda *_: print(f"hpctrain notebook: stop notice at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True),
+    )
+    while not stopped and time.monotonic() - last < session.idle_minutes * 60:
+        time.sleep(CHECK_S)
+        if any(step not in (own, f"{job}.batch", f"{job}.extern") for step in client.steps(job)):
+            last = time.monotonic()
+    return 0
+
+
 def main() -> int:
     env = JobEnvironment()
     from hpctrain.config import load_job_spec
 
     spec = load_job_spec(env.spec_file) if env.spec_file else None
+    session = spec.interactive if spec and spec.interactive else Interactive()
+    if session.shell:
+        return hold(env, session)
     try:
-        return serve(env, spec.interactive if spec and spec.interactive else Interactive())
+        return serve(env, session)
     except SessionError as exc:
         if env.job_dir is not None:
             write_json_atomic(JobPaths(env.job_dir).session_file, {"error": str(exc)}, mode=0o600)

@@ -22,12 +22,14 @@ def session_spec(
     image: str | None = None,
     idle_minutes: float | None = None,
     port: int | None = None,
+    shell: bool | None = None,
 ) -> JobSpec:
     """One node, one task (the server; kernels see all the node's GPUs of the allocation), never requeued (a
     kernel's state does not survive a requeue), no array, no evaluations or in-place restarts of the base spec's.
     Flags given override the base spec's resources; values are checked as a spec file's would be."""
     data: dict[str, Any] = base.model_dump(mode="json", by_alias=True, exclude_unset=True) if base else {}
-    name = f"{base.name}-notebook" if base else "notebook"
+    kind = "shell" if shell else "notebook"
+    name = f"{base.name}-{kind}" if base else kind
     resources = {**data.get("resources", {}), "nodes": 1, "spare_nodes": 0, "tasks_per_node": 1}
     for key, value in (("gpus_per_node", gpus), ("time", time), ("partition", partition), ("preemptible", preemptible)):
         if value is not None:
@@ -37,6 +39,8 @@ def session_spec(
         interactive["idle_minutes"] = idle_minutes
     if port is not None:
         interactive["port"] = port
+    if shell is not None:
+        interactive["shell"] = shell
     for key in ("array", "eval", "retry", "hang", "dependency", "parallel", "checkpoint"):
         data.pop(key, None)
     data.update(

@@ -35,7 +35,7 @@ def check_jupyter(site: SiteConfig, spec: JobSpec) -> None:
     """Refuse before submitting when the Python the job would run (no container: the site's launch.python, else
     this one) lacks JupyterLab. An image, or a Python this host cannot run, is checked on the node."""
     python = Path(site.launch.python or sys.executable)
-    if spec.container is not None or not python.is_file():
+    if spec.container is not None or not python.is_file() or (spec.interactive and spec.interactive.shell):
         return
     probe = subprocess.run(
         [str(python), "-c", f"import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in {NEEDS}))"],

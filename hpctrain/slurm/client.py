@@ -222,6 +222,10 @@ class SlurmClient:
         out = self.run("squeue", *state_only, "-h", "-r", "-t", "all", "-o", "%i|%T", "-j", ",".join(job_ids))
         return [dict(zip(("JobID", "State"), line.split("|"))) for line in out.splitlines() if "|" in line]
 
+    def steps(self, job_id: str) -> list[str]:
+        """The running steps of a job, as ``<job>.<step>`` (one `squeue` call)."""
+        return self.run("squeue", "-h", "-s", "-o", "%i", "-j", job_id).split()
+
     def pending_reasons(self, job_ids: list[str]) -> dict[str, str]:
         """Why each pending job (or array task, ``<array>_<task>``) of ``job_ids`` waits, as the controller
         says it (one `squeue` call; sacct does not say it on every release)."""

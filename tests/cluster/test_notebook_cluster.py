@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -21,7 +24,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
-from helpers.cli import run_cli
+from helpers.cli import HPCTRAIN, run_cli
 from helpers.cluster import HIGH
 from helpers.jupyter import api, run_cell
 from helpers.report import chromium, colour_mask, pixels
@@ -129,6 +132,39 @@ def test_a_preempted_session_shows_the_notice_in_its_kernel_before_the_grace_end
     with Ledger(isolated_ledger) as ledger:
         assert ledger.jobs.get(job_id)["state"] in ("PREEMPTED", "CANCELLED")
         assert len(ledger.attempts.of_job(job_id)) == 1  # never requeued
+
+
+def test_a_shell_session_runs_a_shell_in_the_allocation_and_ends_when_none_is_left(isolated_ledger):
+    """`--shell` from a terminal: the command becomes a shell on the node (srun --overlap --pty), in the job; once
+    it has exited and none other starts for the idle time, the allocation ends."""
+    pid, tty = pty.fork()
+    if pid == 0:  # the user's terminal
+        os.execvpe(sys.executable, [*HPCTRAIN, "notebook", "--shell", "--gpus", "1", "--idle-minutes",
+                                    str(IDLE_MINUTES), "--timeout", "400"], {**os.environ, "SHELL": "/bin/bash"})
+    os.write(tty, b"echo IN-JOB=$SLURM_JOB_ID GPUS=$CUDA_VISIBLE_DEVICES; exit\n")
+    seen = b""
+    deadline = time.monotonic() + 500
+    while time.monotonic() < deadline:
+        try:
+            chunk = os.read(tty, 4096) if select.select([tty], [], [], 5)[0] else b""
+        except OSError:  # the terminal's other end closed: the shell and the command are done
+            break
+        seen += chunk
+    _, status = os.waitpid(pid, 0)
+    shown = seen.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 0, shown
+    slurm_id = re.search(r"slurm job (\d+)", shown)[1]
+    assert f"srun --jobid {slurm_id} --overlap --pty -- /bin/bash -l" in shown
+    assert re.search(rf"IN-JOB={slurm_id} GPUS=\S+", shown), shown
+    exited = time.time()
+
+    def ended():
+        run_cli("status")
+        with Ledger(isolated_ledger) as ledger:
+            (job,) = ledger.jobs.of_site("dev")
+            return job["state"] in TERMINAL and job
+    job = wait_until(ended, IDLE_MINUTES * 60 + 240, 3, "the held allocation to end")
+    assert job["state"] == "COMPLETED" and job["ended_at"] - exited <= IDLE_MINUTES * 60 + 60
 
 
 def test_a_port_in_use_on_the_node_is_one_line_and_no_job_is_left(isolated_ledger):

@@ -50,6 +50,14 @@ def test_from_flags_one_node_one_task_never_requeued():
     assert (spec.interactive.idle_minutes, spec.interactive.port) == (15, 8890)
 
 
+def test_a_shell_session_needs_no_jupyterlab(tmp_path):
+    spec = session_spec(shell=True, idle_minutes=5)
+    assert spec.name == "shell" and spec.interactive.shell and spec.command[-1] == "hpctrain.interactive.serve"
+    site = load_site("dev").model_copy(update={"launch": load_site("dev").launch.model_copy(
+        update={"python": Path("/usr/bin/python3")})})
+    check_jupyter(site, spec)  # a shell is a shell
+
+
 def test_from_a_job_spec_keeps_its_environment_and_data(tmp_path):
     base = load_job_spec(spec_file(tmp_path, BATCH))
     spec = session_spec(base, gpus=1)
@@ -91,7 +99,7 @@ def test_a_python_without_jupyterlab_is_refused_before_submitting(tmp_path):
 
 @pytest.mark.parametrize("args", [
     ["--idle-minutes", "0"], ["--port", "70000"], ["--gpus", "-1"], ["--time", "soon"], ["--spec", "/no/such.toml"],
-    ["--partition", "-x"]])
+    ["--partition", "-x"], ["--shell", "--port", "8888"], ["--shell", "--open"]])
 def test_bad_flags_one_line_and_nothing_submitted(args, isolated_ledger):
     result = invoke("notebook", *args)
     assert_rejected(result.exit_code, result.stderr)
