@@ -74,6 +74,7 @@ def test_a_session_is_reached_used_shown_and_ends_when_idle(isolated_ledger, tmp
 
     # The kernel runs in the job: the spec's environment, its data, torch.
     kernel = api(session, "kernels", "POST", {"name": "python3"})
+    assert [k["id"] for k in api(session, "kernels")] == [kernel["id"]]
     import torch
 
     code = ("import json, os, torch\nspec = json.load(open(os.environ['HPCTRAIN_SPEC']))\n"

@@ -26,13 +26,13 @@ pytestmark = pytest.mark.timeout(300)
 IDLE_MINUTES = 0.25
 
 
-def serve(job_dir: Path, **flags) -> subprocess.Popen:
+def serve(job_dir: Path, *python: str, **flags) -> subprocess.Popen:
     """`python -m hpctrain.interactive.serve` with a job's environment: its directory and spec."""
     job_dir.mkdir(exist_ok=True)
     (job_dir / "spec.json").write_text(session_spec(**flags).model_dump_json())
     env = {**os.environ, "HPCTRAIN_JOB_DIR": str(job_dir), "HPCTRAIN_SPEC": str(job_dir / "spec.json")}
-    return subprocess.Popen([sys.executable, "-m", "hpctrain.interactive.serve"], cwd=job_dir, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen([sys.executable, *(python or ("-m", "hpctrain.interactive.serve"))], cwd=job_dir,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_a_session_answers_runs_code_shows_a_notice_and_ends_when_idle(tmp_path):
@@ -75,3 +75,17 @@ def test_a_port_in_use_is_one_line_and_the_reason_in_the_session_file(tmp_path):
     with pytest.raises(SessionFailed, match="give another --port, or none for a free one"):
         Session.read(tmp_path / "job")
     assert json.loads((tmp_path / "job" / "session.json").read_text()).keys() == {"error"}
+
+
+def test_a_python_without_jupyterlab_says_what_to_install(tmp_path):
+    """As in an image without it: the reason in the session file (the login side prints it) and one line."""
+    without = ("-c", "import sys; sys.modules['jupyterlab'] = None\n"
+               "from hpctrain.interactive.serve import main; sys.exit(main())")
+    server = serve(tmp_path / "job", *without)
+    out, _ = server.communicate(timeout=120)
+    assert server.returncode == 2 and "Traceback" not in out
+    assert out.strip().splitlines()[-1] == (
+        f"hpctrain notebook: JupyterLab is not installed for {sys.executable} (jupyterlab is missing): "
+        "pip install 'hpctrain[notebook]' there, or use an image that has it")
+    with pytest.raises(SessionFailed, match=r"pip install 'hpctrain\[notebook\]'"):
+        Session.read(tmp_path / "job")
