@@ -26,7 +26,7 @@ from hpctrain.submit import Submitter
 
 from helpers.cli import HPCTRAIN, run_cli
 from helpers.cluster import HIGH
-from helpers.jupyter import api, run_cell
+from helpers.jupyter import api, listening, run_cell
 from helpers.report import chromium, colour_mask, pixels
 from helpers.waiting import wait_until
 
@@ -39,17 +39,6 @@ pytestmark = [
 ]
 IDLE_MINUTES = 1
 LAB_PANEL, LAB_BLUE = (238, 238, 238), (25, 118, 210)  # JupyterLab's light theme: side panels, the launcher's blue
-
-
-def listening(session: Session) -> bool:
-    """Whether the session's server still accepts connections (refused once it has stopped)."""
-    try:
-        socket.create_connection((session.address, session.port), timeout=10).close()
-    except ConnectionRefusedError:
-        return False
-    except OSError:  # slow to answer: not known to have stopped
-        pass
-    return True
 
 
 def started(*args: str) -> tuple[int, str]:

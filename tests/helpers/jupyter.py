@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import urllib.request
 import uuid
 from typing import Any
 
 from hpctrain.interactive import Session
+
+
+def listening(session: Session) -> bool:
+    """Whether the server still accepts connections (refused once it has stopped)."""
+    try:
+        socket.create_connection((session.address, session.port), timeout=10).close()
+    except ConnectionRefusedError:
+        return False
+    except OSError:  # slow to answer: not known to have stopped
+        pass
+    return True
 
 
 def api(session: Session, path: str, method: str = "GET", body: dict | None = None) -> Any:
