@@ -133,6 +133,7 @@ def serve(env: JobEnvironment, session: Interactive) -> int:
 def hold(env: JobEnvironment, session: Interactive) -> int:
     """A shell session: hold the allocation while shells run in it (job steps other than this one and the batch
     script's), and end once none has run for the idle time, or at a stop signal."""
+    from hpctrain.errors import SlurmError
     from hpctrain.slurm.client import SlurmClient
 
     paths, node, client = JobPaths(env.job_dir or Path.cwd()), env.node or socket.gethostname(), SlurmClient()
@@ -154,7 +155,11 @@ def hold(env: JobEnvironment, session: Interactive) -> int:
     )
     while not stopped and time.monotonic() - last < session.idle_minutes * 60:
         time.sleep(CHECK_S)
-        if any(step not in (own, f"{job}.batch", f"{job}.extern") for step in client.steps(job)):
+        try:
+            steps = client.steps(job)
+        except SlurmError:  # the controller busy or restarting: not known to be idle
+            steps = ["?"]
+        if any(step not in (own, f"{job}.batch", f"{job}.extern") for step in steps):
             last = time.monotonic()
     return 0
 

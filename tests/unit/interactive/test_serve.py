@@ -90,3 +90,25 @@ def test_a_python_without_jupyterlab_says_what_to_install(tmp_path):
         "pip install 'hpctrain[notebook]' there, or use an image that has it")
     with pytest.raises(SessionFailed, match=r"pip install 'hpctrain\[notebook\]'"):
         Session.read(tmp_path / "job")
+
+
+def test_a_held_allocation_outlasts_a_controller_that_does_not_answer(tmp_path, monkeypatch):
+    """A shell session ends once no shell ran for its idle time, never because squeue failed meanwhile."""
+    from hpctrain.contract import JobEnvironment
+    from hpctrain.errors import SlurmError
+    from hpctrain.interactive import serve as served
+    from hpctrain.slurm.client import SlurmClient
+
+    answers_at = time.monotonic() + 1.0
+
+    def steps(self, job_id):
+        if time.monotonic() < answers_at:
+            raise SlurmError("squeue: error: Unable to contact slurm controller")
+        return [f"{job_id}.0"]  # the session's own step only
+
+    monkeypatch.setattr(SlurmClient, "steps", steps)
+    monkeypatch.setattr(served, "CHECK_S", 0.05)
+    env = JobEnvironment({"HPCTRAIN_JOB_DIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"})
+    assert served.hold(env, session_spec(shell=True, idle_minutes=0.005).interactive) == 0
+    assert time.monotonic() >= answers_at + 0.3 - 0.05  # idle counted from the last check that failed
+    assert Session.read(tmp_path).shell
