@@ -34,8 +34,8 @@ pytestmark = [
     pytest.mark.slurm,
     pytest.mark.timeout(900),
     pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-        "host's Slurm only (CI time, about 4 min): a session is a one-task srun job like any other, which every "
-        "lane runs; nothing here differs between releases")),
+        "host's Slurm only (CI time, about 4 min; the lanes' trees have no Chromium): a session is a one-task srun "
+        "job like any other, which every lane runs; the shell test passed on the 26.05 lane (squeue -s alike)")),
 ]
 IDLE_MINUTES = 1
 LAB_PANEL, LAB_BLUE = (238, 238, 238), (25, 118, 210)  # JupyterLab's light theme: side panels, the launcher's blue
