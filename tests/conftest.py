@@ -7,6 +7,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,21 @@ def _cluster_for_slurm_tests(request: pytest.FixtureRequest) -> None:
     """Every test marked `slurm` has the dev cluster and SLURM_CONF, whichever test ran before it on its worker."""
     if request.node.get_closest_marker("slurm"):
         request.getfixturevalue("dev_cluster")
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back(request: pytest.FixtureRequest) -> None:
+    """A test leaves the process's stop-signal handlers as it found them: one left behind would decide what a later
+    test in the same process sees, so the suite's result would depend on its order."""
+    before = {name: signal.getsignal(getattr(signal, name)) for name in STOP_SIGNALS}
+    yield
+    left = [name for name in STOP_SIGNALS if signal.getsignal(getattr(signal, name)) != before[name]]
+    for name in left:
+        signal.signal(getattr(signal, name), before[name])
+    assert not left, f"{request.node.nodeid} left handlers for {', '.join(left)} installed"
 
 
 @pytest.fixture(autouse=True)

@@ -148,19 +148,22 @@ def hold(env: JobEnvironment, session: Interactive) -> int:
         nonlocal stopped
         stopped = True
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(
-        NOTICE_SIGNAL,
-        lambda *_: print(f"hpctrain notebook: stop notice at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True),
-    )
-    while not stopped and time.monotonic() - last < session.idle_minutes * 60:
-        time.sleep(CHECK_S)
-        try:
-            steps = client.steps(job)
-        except SlurmError:  # the controller busy or restarting: not known to be idle
-            steps = ["?"]
-        if any(step not in (own, f"{job}.batch", f"{job}.extern") for step in steps):
-            last = time.monotonic()
+    def notice(*_: Any) -> None:
+        print(f"hpctrain notebook: stop notice at {time.strftime('%H:%M:%S')}", file=sys.stderr, flush=True)
+
+    before = {sig: signal.signal(sig, handler) for sig, handler in ((signal.SIGTERM, stop), (NOTICE_SIGNAL, notice))}
+    try:
+        while not stopped and time.monotonic() - last < session.idle_minutes * 60:
+            time.sleep(CHECK_S)
+            try:
+                steps = client.steps(job)
+            except SlurmError:  # the controller busy or restarting: not known to be idle
+                steps = ["?"]
+            if any(step not in (own, f"{job}.batch", f"{job}.extern") for step in steps):
+                last = time.monotonic()
+    finally:  # callers that go on (tests, an embedding program) keep their own handlers
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,8 @@ def test_a_held_allocation_outlasts_a_controller_that_does_not_answer(tmp_path, 
     monkeypatch.setattr(SlurmClient, "steps", steps)
     monkeypatch.setattr(served, "CHECK_S", 0.05)
     env = JobEnvironment({"HPCTRAIN_JOB_DIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"})
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(served.NOTICE_SIGNAL)
     assert served.hold(env, session_spec(shell=True, idle_minutes=0.005).interactive) == 0
     assert time.monotonic() >= answers_at + 0.3 - 0.05  # idle counted from the last check that failed
     assert Session.read(tmp_path).shell
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(served.NOTICE_SIGNAL)) == before
