@@ -195,7 +195,7 @@ sys.exit(main(["--steps", "{STEPS}"]))
 # Rank 2 stuck for good in step 50 of the job step's first start.
 HANGING = patched_trainer('if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
                           '"0" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(3600)')
-SLOW = patched_trainer("time.sleep(0.25)")  # each step 0.25 s slower
+SLOW = patched_trainer("time.sleep(0.75)")  # each step 0.75 s slower: 300 steps outlast a 4-minute limit
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
@@ -356,18 +356,20 @@ def test_a_failed_node_without_a_spare_requeues_the_job_off_it(isolated_ledger, 
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "2 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
+    "4 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
     "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "
     "them is preemption's requeue"))
 def test_time_limit_checkpoints_on_the_notice_and_requeues(straight, isolated_ledger, tmp_path):
-    """A 2-minute job gets USR2 about a minute before its limit (the dev site's signal lead), checkpoints,
-    requeues itself with cause "timeout", and still ends bitwise identical to an uninterrupted run (the
-    preemption tests' run: each step here sleeps 0.25 s first, so that the job lasts past the notice)."""
+    """A 4-minute job gets USR2 a minute or so before its limit (the dev site's signal lead; Slurm sends it up to
+    a minute early), checkpoints, requeues itself with cause "timeout", and still ends bitwise identical to an
+    uninterrupted run (the preemption tests' run: each step here sleeps 0.75 s first, so that the job lasts past
+    the notice). With a 2-minute limit the notice came 34-46 s into each run, before four ranks on a loaded
+    machine had finished starting: no run checkpointed, and the requeue cap failed the job."""
     spec, straight_checkpoints = straight
     text = spec("limited")
     for old, new in (('command = ["python", "-m", "hpctrain.train", "--steps", "%d"]' % STEPS,
                       f"command = {json.dumps(['python', '-c', SLOW])}"),
-                     ('time = "00:15:00"', 'time = "00:02:00"'), ("preemptible = true", "preemptible = false")):
+                     ('time = "00:15:00"', 'time = "00:04:00"'), ("preemptible = true", "preemptible = false")):
         assert old in text
         text = text.replace(old, new)
     path = tmp_path / "limited.toml"
