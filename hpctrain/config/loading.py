@@ -32,7 +32,7 @@ class StrictModel(BaseModel):
     """Base for config sections: unknown keys are errors, not silently ignored; no string holds a NUL."""
 
     # strict: TOML and YAML carry types, so '2' for an integer or "yes" for a bool is a mistake.
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True, defer_build=True)
 
     @field_validator("*")
     @classmethod
