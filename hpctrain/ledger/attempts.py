@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.ledger.rows import AttemptFields, AttemptRow, RunFacts
+from hpctrain.ledger.schema import INTERRUPTED, INTERRUPTED_STATES
 from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
@@ -16,10 +17,6 @@ if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
 PK = ("job_id", "task_index", "attempt")
-# Ends of a run that lose the work since its newest checkpoint, as journaled (a time limit is foreseen: its notice
-# saves), and the sacct states of runs that journaled none.
-INTERRUPTED = ("preemption", "node_failure", "requeued", "error", "oom", "hang", "failed")
-INTERRUPTED_STATES = ("PREEMPTED", "NODE_FAIL", "FAILED", "OUT_OF_MEMORY")
 
 # The runs of jobs not settled (their usage not kept in run_usage: `jobs_usage_unsettled`), or of given jobs.
 _USAGE_SQL = """

@@ -40,6 +40,11 @@ FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({{jobs}}) GRO
 # hpctrain.jobs.goodput splits a run's time by them.
 CAUSES = (*_V16_CAUSES[:-2], "interactive", *_V16_CAUSES[-2:])
 JOB_USAGE_FROM_RUNS = job_usage_from_runs(CAUSES)
+# Ends of a run that lose the work since its newest checkpoint, as journaled (a time limit is foreseen: its notice
+# saves), and the sacct states of runs that journaled none. Here, not in ledger.attempts, so that the batch script's
+# `hpctrain attempt` calls read them without loading SQLite's stack.
+INTERRUPTED = ("preemption", "node_failure", "requeued", "error", "oom", "hang", "failed")
+INTERRUPTED_STATES = ("PREEMPTED", "NODE_FAIL", "FAILED", "OUT_OF_MEMORY")
 
 
 def _minute(x: str) -> str:

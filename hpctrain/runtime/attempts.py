@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
-from hpctrain.ledger.attempts import INTERRUPTED
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.schema import INTERRUPTED
 
 # Not the job's doing: requeued whenever the spec allows requeue at all.
 EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
