@@ -58,7 +58,18 @@ def main(argv: list[str]) -> None:
     command = argv[1:] if argv and argv[0] == "--" else argv
     if not command:
         sys.exit("hpctrain: error: hpctrain.launch.task: no command given")
-    beat = None
+    beat, child = None, None
+    signalled: list[int] = []
+
+    def pass_on(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        if child is not None:
+            child.send_signal(signum)
+
+    # Before the entry point starts: a signal that comes while it starts is passed on once it runs, not taken by
+    # the default action (which would end the shim, and with it the entry point, as if killed by it).
+    for sig in PASSED_ON:
+        signal.signal(sig, pass_on)
     try:
         if not single:
             os.environ.update(task_env(os.environ))
@@ -71,18 +82,12 @@ def main(argv: list[str]) -> None:
         child = subprocess.Popen(command, preexec_fn=die_with_parent)
     except (HpctrainError, OSError) as exc:
         sys.exit(f"hpctrain: error: {command[0]}: {exc}")
+    for signum in list(signalled):  # came before the child was there to pass it to
+        child.send_signal(signum)
     watch = None
     if beat is not None:
         dump = stacks_file(env, stopped=True)
         watch = RankWatch(child, beat, stacks_file(env), dump, env.rank, env.output() if quiet_s else None, quiet_s)
-    signalled: list[int] = []
-
-    def pass_on(signum: int, _frame: object) -> None:
-        signalled.append(signum)
-        child.send_signal(signum)
-
-    for sig in PASSED_ON:
-        signal.signal(sig, pass_on)
     status = child.wait()
     if watch and watch.hung:
         status = HUNG_EXIT
