@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
