@@ -263,11 +263,11 @@ class CheckpointPolicy(StrictModel):
     )
     best_mode: Literal["min", "max"] = "min"
     async_save: bool = Field(True, alias="async")
-    memory_every_steps: int | None = Field(
+    memory_every_steps: StepsOrAuto | None = Field(
         None,
-        ge=1,
         description="also checkpoint to node-local memory (site checkpoint.memory_dir) this often, for "
-        "restarts inside the allocation (retry.in_place)",
+        'restarts inside the allocation (retry.in_place); "auto": from the memory saves\' measured cost and the rate '
+        "of restarts in place",
     )
 
 

@@ -7,7 +7,7 @@ import json
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
-from hpctrain.ledger.rows import AttemptFields, AttemptRow, RunFacts
+from hpctrain.ledger.rows import AttemptFields, AttemptRow, Interruptions, RunFacts
 from hpctrain.ledger.schema import INTERRUPTED, INTERRUPTED_STATES
 from hpctrain.ledger.table import Table
 
@@ -121,15 +121,15 @@ class Attempts:
             ).rowcount
         return requeued + stopped
 
-    def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> tuple[int, float]:
+    def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> Interruptions:
         """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
-        times they were interrupted (the runs that ended so, and their job steps restarted in place), over how many
-        seconds of running."""
+        times they were interrupted (the runs that ended so, and their job steps restarted in place), how many of
+        those were restarts in place, over how many seconds of running."""
         causes, states = ", ".join("?" * len(INTERRUPTED)), ", ".join("?" * len(INTERRUPTED_STATES))
-        events, seconds = self.ledger.db.execute(
+        ended, in_place, seconds = self.ledger.db.execute(
             f"""SELECT count(*) FILTER (WHERE a.cause IN ({causes})
-                                        OR (a.cause IS NULL AND a.state IN ({states})))
-                       + total((SELECT count(*) FROM segments s WHERE s.job_id = a.job_id
+                                        OR (a.cause IS NULL AND a.state IN ({states}))),
+                       total((SELECT count(*) FROM segments s WHERE s.job_id = a.job_id
                                 AND s.task_index = a.task_index AND s.attempt = a.attempt AND s.step_restart > 0)),
                        total(a.ended_at - a.started_at)
                 FROM attempts a JOIN jobs j ON j.id = a.job_id
@@ -137,7 +137,7 @@ class Attempts:
                   AND a.started_at IS NOT NULL""",
             [*INTERRUPTED, *INTERRUPTED_STATES, site, partition, qos, gpus, since],
         ).fetchone()
-        return int(events), seconds
+        return Interruptions(int(ended + in_place), int(in_place), seconds)
 
     def last_start(self, job_id: int) -> float | None:
         return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]

@@ -4,7 +4,7 @@ takes one to write, it takes the object too (encoded on the way in)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, NamedTuple, TypedDict
 
 if TYPE_CHECKING:
     from typing_extensions import Required
@@ -172,6 +172,15 @@ class RunFacts(TypedDict):
     site: str
     interactive: int  # 1 for a session's run (`hpctrain notebook`)
     last_checkpoint_at: float | None
+
+
+class Interruptions(NamedTuple):
+    """How often runs of jobs alike were interrupted (`Attempts.interruptions`): all interruptions, those of them
+    that were job steps restarted in place, and the seconds the runs ran."""
+
+    events: int
+    in_place: int
+    exposure_s: float
 
 
 class NewCheckpoint(TypedDict):

@@ -161,9 +161,10 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
     return dict(sorted(runs.items()))
 
 
-def interruption_history(journal: Journal, task_index: int) -> tuple[int, float]:
+def interruption_history(journal: Journal, task_index: int, in_place_only: bool = False) -> tuple[int, float]:
     """This task's interruptions so far and the seconds its runs had run until then: the earlier runs that ended
-    interrupted, and every failed job step restarted in place (retry.in_place); the current run's time is not in."""
+    interrupted (unless ``in_place_only``), and every failed job step restarted in place (retry.in_place); the
+    current run's time is not in."""
     starts: dict[int, float] = {}
     events, exposure = 0, 0.0
     for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "step_restart")):
@@ -175,5 +176,5 @@ def interruption_history(journal: Journal, task_index: int) -> tuple[int, float]
             events += 1
         elif rec["attempt"] in starts:
             exposure += max(0.0, rec["time"] - starts[rec["attempt"]])
-            events += rec.get("cause") in INTERRUPTED
+            events += not in_place_only and rec.get("cause") in INTERRUPTED
     return events, exposure

@@ -189,17 +189,17 @@ class Submitter:
 
     def _prepare_dir(self, files: JobPaths, spec: JobSpec, params: list[str], placement: Placement) -> None:
         """The job directory: its journal, the spec the job reads, array parameters (`params_lines`), and for
-        checkpoints every "auto" steps the interruptions of jobs like it (same partition, QOS and GPUs) lately."""
+        checkpoints every "auto" steps (either tier) the interruptions of jobs like it (same partition, QOS and GPUs)
+        lately."""
         files.journal_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(files.spec_file, spec.redacted())
-        if "auto" in (spec.checkpoint.every_steps, spec.checkpoint.every_minutes):
+        c = spec.checkpoint
+        if "auto" in (c.every_steps, c.every_minutes, c.memory_every_steps):
             gpus = spec.resources.nodes * spec.resources.gpus_per_node
             since = time.time() - HISTORY_DAYS * 86400
-            events, seconds = self.ledger.attempts.interruptions(
-                self.site.name, placement.partition, placement.qos, gpus, since
-            )
+            seen = self.ledger.attempts.interruptions(self.site.name, placement.partition, placement.qos, gpus, since)
             like = f"partition {placement.partition}, QOS {placement.qos}, {gpus} GPUs, {HISTORY_DAYS} days"
-            write_json_atomic(files.interruptions_file, {"events": events, "exposure_s": seconds, "like": like})
+            write_json_atomic(files.interruptions_file, {**seen._asdict(), "like": like})
         if params:
             tmp = files.job_dir / ".params.jsonl.tmp"
             tmp.write_text("".join(line + "\n" for line in params))

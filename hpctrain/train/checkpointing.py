@@ -84,20 +84,28 @@ class TrainCheckpoints:
         self.last_step: int | None = None
         self.tier: str | None = None  # the one resumed from
         self.schedule = self.save_schedule(engine.global_rank)
+        self.memory_schedule = self.save_schedule(engine.global_rank, memory=True) if self.memory else None
         if evaluation is not None:
             evaluation.checkpoint_due = self.schedule.due
 
-    def save_schedule(self, rank: int) -> SaveSchedule:
-        """The file-system tier's schedule; "auto" learns from the interruptions of jobs like this one in the ledger
-        when it was submitted, and of this task so far (its journal)."""
+    def save_schedule(self, rank: int, memory: bool = False) -> SaveSchedule:
+        """The file-system tier's schedule, or the ``memory`` tier's; "auto" learns from the interruptions of jobs
+        like this one in the ledger when it was submitted, and of this task so far (its journal): for the memory
+        tier, only the job steps restarted in place, on the site's prior for failures."""
         policy, env, journal = self.spec.checkpoint, JobEnvironment(), Journal.from_env()
-        events, seconds = interruption_history(journal, env.task_index) if journal is not None else (0, 0.0)
+        events, seconds = interruption_history(journal, env.task_index, memory) if journal is not None else (0, 0.0)
         if env.job_dir is not None and (alike := JobPaths(env.job_dir).interruptions_file).is_file():
             ledger = json.loads(alike.read_text())
-            events, seconds = events + ledger["events"], seconds + ledger["exposure_s"]
-        hours = self.site.preemptible_mtbi_hours if self.spec.resources.preemptible else self.site.mtbi_hours
+            events, seconds = events + ledger["in_place" if memory else "events"], seconds + ledger["exposure_s"]
+        preemptible = self.spec.resources.preemptible and not memory
+        hours = self.site.preemptible_mtbi_hours if preemptible else self.site.mtbi_hours
         return SaveSchedule(
-            policy, (events, seconds), hours * 3600, journal if rank == 0 else None, self.alerts.slow_save_factor
+            policy,
+            (events, seconds),
+            hours * 3600,
+            journal if rank == 0 else None,
+            self.alerts.slow_save_factor,
+            memory=memory,
         )
 
     def resume(self) -> int:
@@ -107,7 +115,8 @@ class TrainCheckpoints:
         if restored is None:
             restored = self.ck.load_latest(like=tree)
             self.tier = "file system" if restored else None
-        self.schedule.begin(restored.step if restored else 0)
+        for schedule in self.schedules():
+            schedule.begin(restored.step if restored else 0)
         if restored is None:
             return 0
         load_local_state(self.engine, {k: s.data for k, s in tree.items()})
@@ -185,7 +194,9 @@ class TrainCheckpoints:
         )
         if not memory:
             self.last_step = step
-            self.schedule.saved(step, time.monotonic() - begun, future)
+        schedule = self.memory_schedule if memory else self.schedule
+        assert schedule is not None
+        schedule.saved(step, time.monotonic() - begun, future)
 
     def finish(self, step: int, loss: float) -> None:
         """Make ``step`` durable now: complete the save in flight when it is this step's, else save synchronously."""
@@ -193,14 +204,19 @@ class TrainCheckpoints:
             self.save(step, loss, async_=False)
         self.close()
 
+    def schedules(self) -> list[SaveSchedule]:
+        return [self.schedule] + ([self.memory_schedule] if self.memory_schedule else [])
+
     def hook(self, engine: Any, result: StepResult) -> None:
-        policy = self.spec.checkpoint
-        self.schedule.step_done(result.step_time_s)
+        async_ = self.spec.checkpoint.async_save
+        for schedule in self.schedules():
+            schedule.step_done(result.step_time_s)
         if self.schedule.due(result.step):
-            self.save(result.step, result.loss, policy.async_save)
-        elif self.memory is not None and policy.memory_every_steps and result.step % policy.memory_every_steps == 0:
-            self.save(result.step, result.loss, policy.async_save, memory=True)
-        self.schedule.choose(result.step)
+            self.save(result.step, result.loss, async_)
+        elif self.memory_schedule is not None and self.memory_schedule.due(result.step):
+            self.save(result.step, result.loss, async_, memory=True)
+        for schedule in self.schedules():
+            schedule.choose(result.step)
 
     def close(self) -> None:
         """Wait for the saves in flight; the run is over: free this node's memory tier."""

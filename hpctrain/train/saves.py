@@ -1,7 +1,9 @@
 """At which steps the reference trainer saves to the file system: every ``checkpoint.every_steps``; every
 ``every_minutes`` (in steps of the measured step time); or ``"auto"``, the interval that loses the least time to
 interruptions plus saves (hpctrain.checkpoint.interval) from the measured saves and the interruptions of this
-job, on the site's prior (``checkpoint.mtbi_hours``) until it has its own.
+job, on the site's prior (``checkpoint.mtbi_hours``) until it has its own. The memory tier
+(``memory_every_steps``) likewise, from its own saves and the interruptions it serves: job steps restarted in
+place, on the site's ``mtbi_hours`` (a failure's rate; preemptions end the allocation, and its memory with it).
 
 An interval in minutes or "auto" is chosen WARMUP_STEPS steps in (where "auto" saves first, to measure a save)
 and again after each save: at the same step on every rank, from measurements reduced over the ranks (the slowest
@@ -9,8 +11,8 @@ rank's), so that every rank saves at the same steps. Rank 0 journals each choice
 (``checkpoint_interval``: `hpctrain show` lists it with why).
 
 Rank 0 commits the saves: a commit that takes the site's ``[alerts] slow_save_factor`` times the median of the
-ones before is a ``slow_save`` event (the file system slowed down). "auto" then waits at least that long before the next save instead of
-letting saves pile up: the newest commit counts when it is the longest.
+ones before is a ``slow_save`` event (the file system slowed down). "auto" then waits at least that long before
+the next save instead of letting saves pile up: the newest commit counts when it is the longest.
 """
 
 from __future__ import annotations
@@ -42,12 +44,16 @@ class SaveSchedule:
         journal: Any = None,
         slow_factor: float = Alerts().slow_save_factor,
         clock: Callable[[], float] = time.monotonic,
+        memory: bool = False,
     ) -> None:
         """``history``: this task's interruptions and the seconds its earlier runs ran (runtime.attempts); the
-        ``journal`` is rank 0's, None elsewhere; a commit ``slow_factor`` times the usual one is slow."""
-        self.every = policy.every_steps if isinstance(policy.every_steps, int) else None
-        self.minutes = policy.every_minutes if isinstance(policy.every_minutes, (int, float)) else None
-        self.auto = "auto" in (policy.every_steps, policy.every_minutes)
+        ``journal`` is rank 0's, None elsewhere; a commit ``slow_factor`` times the usual one is slow. With
+        ``memory``, the memory tier's schedule (``memory_every_steps``; its slow saves are not the file system's)."""
+        every, minutes = (policy.memory_every_steps, None) if memory else (policy.every_steps, policy.every_minutes)
+        self.every = every if isinstance(every, int) else None
+        self.minutes = minutes if isinstance(minutes, (int, float)) else None
+        self.auto = "auto" in (every, minutes)
+        self.memory = memory
         self.events, self.earlier_s = history
         self.prior_mtbi_s, self.journal, self.slow_factor, self.clock = prior_mtbi_s, journal, slow_factor, clock
         self.started = clock()
@@ -91,7 +97,7 @@ class SaveSchedule:
         """A commit measured; a slow one journaled."""
         before = list(self.commits)
         self.commits.append(seconds)
-        if self.journal is None or len(before) < SLOW_AFTER:
+        if self.journal is None or self.memory or len(before) < SLOW_AFTER:
             return
         if seconds <= self.slow_factor * (usual := statistics.median(before)):
             return
@@ -142,6 +148,7 @@ class SaveSchedule:
         self.journaled = interval
         self.journal.write(
             "checkpoint_interval",
+            tier="memory" if self.memory else "file system",
             step=step,
             steps=interval.steps,
             seconds=round(interval.seconds, 3),
@@ -149,7 +156,7 @@ class SaveSchedule:
             commit_s=round(interval.commit_s, 3),
             step_s=round(interval.step_s, 4),
             mtbi_s=round(rate.mtbi_s, 1),
-            message=f"checkpoints {why}",
+            message=f"{'memory-tier checkpoints' if self.memory else 'checkpoints'} {why}",
         )
 
 

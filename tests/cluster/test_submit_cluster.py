@@ -287,7 +287,7 @@ def test_checkpoints_every_auto_steps_get_the_interruptions_of_jobs_alike(dev_cl
     second = submit_spec(spec, isolated_ledger)
     saved = json.loads(second.files.interruptions_file.read_text())
     where = second.placement
-    assert saved["events"] == 1 and 3600 <= saved["exposure_s"] < 3700
+    assert (saved["events"], saved["in_place"]) == (1, 0) and 3600 <= saved["exposure_s"] < 3700
     assert saved["like"] == f"partition {where.partition}, QOS {where.qos}, 1 GPUs, 30 days"
     assert not first.files.interruptions_file.read_text().startswith('{"events": 1')
 

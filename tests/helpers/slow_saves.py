@@ -1,7 +1,8 @@
-"""The reference trainer behind a checkpoint file system that slows down: from step FROM on, each rank's part of
-a save takes DELAY_S longer to write (the background write, so the commit is late, not the step).
+"""The reference trainer behind a checkpoint file system that slows down: after its first AFTER saves, each rank's
+part of a save takes DELAY_S longer to write (the background write, so the commit is late, not the step). Counted
+in saves, not steps: how many steps apart "auto" saves depends on how fast the machine runs them.
 
-    python -m helpers.slow_saves FROM DELAY_S ARG...      (ARG...: the trainer's own arguments)
+    python -m helpers.slow_saves AFTER DELAY_S ARG...      (ARG...: the trainer's own arguments)
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from hpctrain.checkpoint.checkpointer import Checkpointer
 
 
 def main() -> None:
-    start, delay = int(sys.argv[1]), float(sys.argv[2])
-    write = Checkpointer._write_and_commit
+    after, delay = int(sys.argv[1]), float(sys.argv[2])
+    write, saves = Checkpointer._write_and_commit, [0]
 
     def slowed(self, snapshot, step, *args, **kwargs):
-        if step >= start:
+        saves[0] += 1
+        if saves[0] > after:
             time.sleep(delay)
         return write(self, snapshot, step, *args, **kwargs)
 

@@ -132,7 +132,7 @@ def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_p
 def test_interruptions_of_jobs_alike_count_runs_that_lost_work_over_their_running_time(tmp_path):
     """What checkpoints every "auto" steps learn from at submit: the runs ended lately of jobs in the same partition
     and QOS on as many GPUs; preempted, failed or hung ones are interruptions, a time limit or a completion is not,
-    and so is each job step restarted in place."""
+    and so is each job step restarted in place (what the memory tier's "auto" learns from, counted apart)."""
     with Ledger(tmp_path / "l.db") as ledger:
         alike = ledger.jobs.record({"name": "a", "site": "dev", "partition": "gpu", "qos": "low"})
         for attempt, state, cause, ran in ((0, "PREEMPTED", None, 3600), (1, "REQUEUED", "preemption", 1800),
@@ -148,8 +148,8 @@ def test_interruptions_of_jobs_alike_count_runs_that_lost_work_over_their_runnin
         for restart in (0, 1, 2):  # run 4 restarted its job step twice in place before it completed
             ledger.segments.started({"job_id": alike, "task_index": -1, "attempt": 4, "step_restart": restart},
                                     main_at=None, loaded_at=None, resumed_from=0, tier=None)
-        assert ledger.attempts.interruptions("dev", "gpu", "low", 8, since=5_000.0) == (6, 14400.0)
-        assert ledger.attempts.interruptions("dev", "cpu", "low", 8, since=5_000.0) == (0, 0.0)
+        assert ledger.attempts.interruptions("dev", "gpu", "low", 8, since=5_000.0) == (6, 2, 14400.0)
+        assert ledger.attempts.interruptions("dev", "cpu", "low", 8, since=5_000.0) == (0, 0, 0.0)
 
 
 ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": rows.AttemptRow,
