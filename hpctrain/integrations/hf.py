@@ -53,7 +53,7 @@ class HpctrainCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.guard.end_watch()  # the final save and evaluation are not a step
+        self.guard.finish()  # the final save and evaluation are not a step; a notice then stops nothing
 
     def on_log(
         self,

@@ -62,7 +62,7 @@ class HpctrainCallback(L.Callback):
             trainer.fit_loop.epoch_loop._skip_next_val = True
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.guard.end_watch()  # what follows fitting (testing, the export) is not a step
+        self.guard.finish()  # what follows fitting (testing, the export) is not a step; a notice then stops nothing
 
 
 class HpctrainLogger(Logger):

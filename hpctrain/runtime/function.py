@@ -118,6 +118,7 @@ def run(job: JobEnvironment) -> int:
         result = delayed.result()
         guard.running = False
         _save("success", result, result_path)
+        guard.finish()
         return 0
     except Requeue:
         guard.running = False

@@ -14,6 +14,10 @@ first `should_stop()` is the start-up (``startup_s``), from one call to the next
 that stays silent longer writes its stacks and ends (hpctrain.runtime.watchdog), and its task shim finds one
 that was stopped. `uninstall()` (or leaving a ``with`` block) ends the watch: what follows the loop (a final
 evaluation, the export) is not a step.
+
+`finish()` says the loop ran to its end: it ends the watch and journals the run's work as done, so that a notice
+coming after the last step (during the export, or as the process exits) runs nothing again: the batch script
+counts a run that finished and exited 0 as completed, as it does for hpctrain's trainer.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 from hpctrain.contract import JobEnvironment
+from hpctrain.ledger.journal import Journal
 from hpctrain.parallel.collective import all_reduce_int
 from hpctrain.runtime.watchdog import RankWatchdog, job_hang_timeouts
 
@@ -81,6 +86,7 @@ class PreemptionGuard:
         self.job_now, self.timeout_margin_s = job_now, timeout_margin_s
         self.signal: int | None = None
         self.received_at: float | None = None
+        self.stopped = False  # the last `should_stop()`'s answer
         self.notice_file = notice_file()
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         self._read_notice()
@@ -117,7 +123,8 @@ class PreemptionGuard:
         self.signal = all_reduce_int(self.signal or 0, "max") or None
         if self.watchdog:  # the step after this call starts now
             self.watchdog.phase("step")
-        return self.signal is not None
+        self.stopped = self.signal is not None
+        return self.stopped
 
     def cause(self) -> str:
         """'timeout', 'cancelled' or 'preemption' (see `stop_cause`)."""
@@ -133,6 +140,14 @@ class PreemptionGuard:
         if self.watchdog:
             self.watchdog.close()
             self.watchdog = None
+
+    def finish(self) -> None:
+        """The loop is over: end the watch; unless it stopped on a notice, rank 0 journals that this run's work is
+        done (``finished``)."""
+        self.end_watch()
+        env = JobEnvironment()
+        if not self.stopped and env.rank == 0 and (journal := Journal.from_env()) is not None:
+            journal.write("finished", message="the training loop ran to its end")
 
     def uninstall(self) -> None:
         """Give the stop signals back and end the watch."""

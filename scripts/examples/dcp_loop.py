@@ -97,7 +97,7 @@ def main() -> int:
         if stop:
             print(f"stopped on the notice at step {step}: saved step-{step}", flush=True)
             return 0
-    guard.end_watch()  # with [hang]: what follows the loop is not a step
+    guard.finish()  # what follows the loop is not a step (with [hang]); a notice then stops nothing
     if rank == 0:
         weights = model.module.state_dict() if dist.is_initialized() else model.state_dict()
         torch.save(weights, args.ckpt_dir / "final.pt")

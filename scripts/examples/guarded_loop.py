@@ -29,7 +29,7 @@ def main(state_file: Path, steps: int) -> int:
         state["total"] += state["step"]
         if guard.should_stop():
             break
-    guard.end_watch()  # with [hang]: what follows the loop is not a step
+    guard.finish()  # what follows the loop is not a step (with [hang]); a notice then stops nothing
     tmp = state_file.with_name(state_file.name + ".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, state_file)  # atomic: a run killed mid-write leaves the previous state

@@ -5,6 +5,7 @@ import signal
 import time
 
 from hpctrain.contract import JobEnvironment
+from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import JobNow, PreemptionGuard
 from hpctrain.runtime.guard import stop_cause
 
@@ -72,3 +73,22 @@ def test_usr1_is_left_alone():
 def test_requeue_targets_the_array_task_not_the_array():
     assert JobEnvironment({"SLURM_JOB_ID": "812", "SLURM_ARRAY_JOB_ID": "800", "SLURM_ARRAY_TASK_ID": "12"}).requeue_target == "800_12"
     assert JobEnvironment({"SLURM_JOB_ID": "812"}).requeue_target == "812"
+
+
+def test_finish_journals_the_work_done_unless_the_loop_stopped_on_a_notice(tmp_path, monkeypatch):
+    """A loop that ran to its end says so from rank 0 (a notice after it then runs nothing again: the batch script
+    counts the run completed); one stopped on a notice, and the other ranks, say nothing."""
+    monkeypatch.setenv("HPCTRAIN_JOURNAL_DIR", str(tmp_path))
+    finished = lambda: [r["message"] for _, r in Journal(tmp_path).records(kinds=["finished"])]  # noqa: E731
+    for rank, notice in (("1", False), ("0", True), ("0", False)):
+        monkeypatch.setenv("RANK", rank)
+        guard = PreemptionGuard()
+        try:
+            assert not guard.should_stop()
+            if notice:
+                os.kill(os.getpid(), signal.SIGUSR2)
+                assert guard.should_stop()
+            guard.finish()
+        finally:
+            guard.uninstall()
+    assert finished() == ["the training loop ran to its end"]
