@@ -6,7 +6,6 @@ Both journal what they find (never the ledger: compute nodes do not open it) and
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -27,8 +26,7 @@ def _context() -> tuple[Any, Any, Any]:
     env = JobEnvironment()
     if env.journal_dir is None:
         raise click.UsageError(f"not inside an hpctrain batch script (${JOURNAL_ENV} is not set)")
-    spec = json.loads(env.spec_file.read_text(encoding="utf-8")) if env.spec_file else {}
-    return Journal(env.journal_dir), RunPolicy.of(spec), env
+    return Journal(env.journal_dir), RunPolicy.of_job(env), env
 
 
 def _log_position() -> dict[str, Any]:
@@ -196,7 +194,9 @@ def _step_nodes(policy: Any, env: Any, wait: bool = True) -> Any:
     from hpctrain.slurm import SlurmClient
 
     try:
-        return step_nodes(SlurmClient(), policy.nodes, env, SILENT_WAIT_S if wait else 0.0)
+        return step_nodes(
+            SlurmClient(), policy.nodes, env, SILENT_WAIT_S if wait else 0.0, exclude_after=policy.exclude_node_after
+        )
     except HpctrainError as exc:
         click.echo(f"hpctrain: cannot tell which nodes are left: {exc}", err=True)
         return None

@@ -30,7 +30,8 @@ from hpctrain.cli.common import site_option
     type=click.IntRange(min=1),
     default=None,
     help="run on this many of the allocation's nodes: healthy ones, not those Slurm took out of it (--no-kill) "
-    "or whose ranks failed first twice; the rest are spares (default: every node, no check)",
+    "or whose ranks failed first in retry.exclude_node_after steps (2); the rest are spares (default: every node, "
+    "no check)",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(

@@ -328,6 +328,12 @@ class RetryPolicy(StrictModel):
         "or is killed) inside the same allocation, from the newest "
         "checkpoint, before the run ends and the rules above decide",
     )
+    exclude_node_after: int = Field(
+        2,
+        ge=0,
+        description="leave a node out of the run once its ranks were the first to fail in this many of its job "
+        "steps (0: never; the run ends and is requeued when too few nodes are left)",
+    )
 
 
 class EnvVar(StrictModel):

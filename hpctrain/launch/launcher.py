@@ -13,6 +13,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.launch.nodes import StepNodes, step_nodes
 from hpctrain.launch.rendezvous import rendezvous_env, tasks_on_node
 from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm.client import SlurmClient
 
 
@@ -69,7 +70,8 @@ def launch(
     job = JobEnvironment()
     step, ntasks = None, job.ntasks
     if nodes is not None:
-        step = step_nodes(SlurmClient.for_site(site), nodes, job)
+        exclude_after = RunPolicy.of_job(job).exclude_node_after
+        step = step_nodes(SlurmClient.for_site(site), nodes, job, exclude_after=exclude_after)
         if not step.enough:
             raise HpctrainError(f"cannot start the job step: {step.describe()}")
         per_node = tasks_on_node(job.tasks_per_node, 0)

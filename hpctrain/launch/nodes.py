@@ -3,7 +3,8 @@
 A job with restarts in the allocation (retry.in_place) is allocated with --no-kill: a node that fails leaves
 the job instead of ending it, though SLURM_JOB_NODELIST still names it. Each (re)started step runs on the first
 ``resources.nodes`` of the nodes Slurm still holds for the job that are healthy (not down, drained, failing or
-silent) and that hpctrain has not excluded (a node whose ranks were the first to fail in two steps of this run);
+silent) and that hpctrain has not excluded (a node whose ranks were the first to fail in two steps of this run,
+the spec's ``retry.exclude_node_after``);
 the rest wait as spares. With too few such nodes the step cannot keep its layout: the run ends and is requeued
 without the nodes left out (see ``hpctrain attempt``).
 """
@@ -21,8 +22,6 @@ from hpctrain.slurm.client import SlurmClient
 
 # sinfo's long state names (%T) of a node no step should start on; a trailing '*' means it does not respond.
 _UNHEALTHY = ("down", "drained", "fail", "failing", "future", "unknown", "inval")
-# A node whose ranks failed first in this many steps of one run is left out of the next.
-FAILURES_TO_EXCLUDE = 2
 # How long a step waits for nodes that only miss the controller's pings (a loaded node) before leaving them out.
 SILENT_WAIT_S = 20.0
 SILENT_POLL_S = 2.0
@@ -82,16 +81,14 @@ def choose(
     return StepNodes(wanted, chosen, left_out)
 
 
-def excluded_nodes(journal: Journal | None, env: JobEnvironment) -> dict[str, str]:
+def excluded_nodes(journal: Journal | None, env: JobEnvironment, after: int) -> dict[str, str]:
     """Nodes this run leaves out after its failed steps: each ``rank_failed`` record (hpctrain.launch.task) names
-    the node of the rank that failed first in one step; a node named in ``FAILURES_TO_EXCLUDE`` steps is out."""
+    the node of the rank that failed first in one step; a node named in ``after`` steps is out (0: none is)."""
     steps: dict[str, set[int]] = {}
     for _, rec in journal.records(kinds=("rank_failed",)) if journal is not None else ():
         if rec.get("attempt") == env.run_number and rec.get("task_index", -1) == env.task_index:
             steps.setdefault(rec["host"], set()).add(rec.get("step_restart", 0))
-    return {
-        node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items() if len(s) >= FAILURES_TO_EXCLUDE
-    }
+    return {node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items() if after and len(s) >= after}
 
 
 def silent_only(state: str) -> bool:
@@ -106,14 +103,16 @@ def step_nodes(
     env: JobEnvironment | None = None,
     silent_wait_s: float = SILENT_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
+    exclude_after: int = 2,
 ) -> StepNodes:
     """`choose` for this run's next job step, from what the controller says (one `scontrol show job`, `sinfo`)
-    and this run's journal. When too few nodes are left only because some do not answer the controller's pings,
-    `sinfo` is asked again for up to ``silent_wait_s`` seconds before the step gives them up."""
+    and this run's journal (a node whose ranks failed first in ``exclude_after`` steps is out). When too few
+    nodes are left only because some do not answer the controller's pings, `sinfo` is asked again for up to
+    ``silent_wait_s`` seconds before the step gives them up."""
     env = env or JobEnvironment()
     nodes = expand_hostlist(env.node_list)
     held = expand_hostlist(client.show_job(env.slurm_job_id or "").get("NodeList", ""))
-    excluded = excluded_nodes(Journal.from_env(), env)
+    excluded = excluded_nodes(Journal.from_env(), env, exclude_after)
     checks = int(silent_wait_s // SILENT_POLL_S)
     for check in range(checks + 1):
         states = client.node_states(nodes)

@@ -8,12 +8,14 @@ times keeps going while one that crashes at start stops after ``max_stalled_atte
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
+from hpctrain.contract import JobEnvironment
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.schema import INTERRUPTED
 
@@ -114,6 +116,7 @@ class RunPolicy:
     memory_tier: bool = False
     nodes: int = 1  # the job step's (spares apart)
     spare_gpus: int = 0  # on the spare nodes
+    exclude_node_after: int = 2
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> RunPolicy:
@@ -131,7 +134,13 @@ class RunPolicy:
             bool(checkpoint.memory_every_steps),
             resources.nodes,
             resources.spare_nodes * resources.gpus_per_node,
+            retry.exclude_node_after,
         )
+
+    @classmethod
+    def of_job(cls, env: JobEnvironment) -> RunPolicy:
+        """The policy of the job ``env`` runs in (its job directory's spec.json; the defaults without one)."""
+        return cls.of(json.loads(env.spec_file.read_text(encoding="utf-8")) if env.spec_file else {})
 
     def decide(self, outcomes: list[Outcome]) -> tuple[bool, str]:
         return decide(outcomes, self.requeue, self.on_error, self.max_stalled)

@@ -205,4 +205,5 @@ def test_a_node_whose_ranks_failed_first_in_two_steps_is_excluded(tmp_path):
         (journal.dir / f"{step_restart}{node}{attempt}-rank_failed.json").write_text(
             f'{{"kind": "rank_failed", "host": "{node}", "step_restart": {step_restart}, "attempt": {attempt}, '
             f'"task_index": -1}}')
-    assert excluded_nodes(journal, env) == {"n2": "its ranks failed first in 2 steps"}
+    assert excluded_nodes(journal, env, 2) == {"n2": "its ranks failed first in 2 steps"}
+    assert excluded_nodes(journal, env, 3) == excluded_nodes(journal, env, 0) == {}  # retry.exclude_node_after
