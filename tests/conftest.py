@@ -32,8 +32,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (with --maxschedchunk 1), the tests longest first by their recorded durations, a test
-    not recorded first of all: the workers then end together, not one of them alone with a long test at the end."""
-    if getattr(config.option, "numprocesses", None):
+    not recorded first of all: the workers then end together, not one of them alone with a long test at the end.
+    The workers' order is the one the controller schedules by (xdist leaves ``numprocesses`` unset on them)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
         known = json.loads(DURATIONS.read_text())
         items.sort(key=lambda item: -known.get(item.nodeid, math.inf))
 

@@ -45,8 +45,15 @@ class InterruptionRate:
     def describe(self) -> str:
         seen = f"{self.events:g} in {self.exposure_s / 3600:.1f} h seen" if self.exposure_s else "none seen yet"
         return (
-            f"one every {self.mtbi_s / 3600:.2f} h ({seen}, prior one in {self.prior_s / self.prior_events / 3600:g} h)"
+            f"one every {_duration(self.mtbi_s)} ({seen}, prior one in {self.prior_s / self.prior_events / 3600:g} h)"
         )
+
+
+def _duration(seconds: float) -> str:
+    """An hour or more in hours, else in minutes, under two minutes in seconds."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.2f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 120 else f"{seconds:.1f} s"
 
 
 @dataclass(frozen=True)

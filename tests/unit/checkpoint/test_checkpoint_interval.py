@@ -26,7 +26,9 @@ def test_the_rate_starts_from_the_prior_and_follows_the_history():
     # 30 preemptions in 10 hours outweigh a prior of one in 2 h: about one in 20 minutes.
     busy = InterruptionRate(30, 10 * 3600.0, prior_s=2 * 3600)
     assert busy.mtbi_s == pytest.approx(12 * 3600 / 31)
-    assert busy.describe() == "one every 0.39 h (30 in 10.0 h seen, prior one in 2 h)"
+    assert busy.describe() == "one every 23.2 min (30 in 10.0 h seen, prior one in 2 h)"
+    assert prior.describe() == "one every 2.00 h (none seen yet, prior one in 2 h)"
+    assert InterruptionRate(999, 3600.0, prior_s=3600).describe().startswith("one every 7.2 s (999 in 1.0 h seen")
 
 
 def test_the_interval_in_steps_never_ends_before_the_last_save_has_committed():

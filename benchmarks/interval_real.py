@@ -1,0 +1,165 @@
+"""The checkpoint interval on a real run: lost work plus checkpoint overhead with every_steps = "auto" against
+fixed intervals, the reference trainer on the dev cluster interrupted at a set rate.
+
+    scripts/dev-cluster up && .venv/bin/python benchmarks/interval_real.py [--steps 2000] [--mtbi-steps 200]
+                                                                         [--fixed 20 80]
+
+Each run: preemption_resume's tiny GPT (2 ranks tp=2) trains --steps steps with synchronous saves (a save blocks
+its step: the cost an interval trades against lost work) and retry.in_place. Rank 1 is SIGKILLed after an
+exponentially distributed number of steps trained since the start (mean --mtbi-steps), the same seeded draws for
+every run (common random numbers: the runs differ in their intervals, not in their luck); the job step restarts
+in place from the newest checkpoint, and the steps since it are trained again. For "auto" the ledger holds what
+a site's would: an earlier job alike (same partition, QOS and GPUs) interrupted at that rate (in seconds, at the
+first run's step time) for 6 hours; the job adds its own restarts. Per run, from the trainer's journal:
+  step      the median seconds from one step to the next (most steps save nothing)
+  lost      the steps trained again after the restarts, times step
+  overhead  the training time past (steps x step) and lost: the saves' blocking
+  cost      lost + overhead (the restarts' start-up is left out: the same whatever the interval)
+The first fixed interval is the spec's (preemption_resume's every 20). Goal: "auto" costs no more than it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config import load_job_spec, load_site
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
+from hpctrain.slurm import SlurmClient
+from hpctrain.submit import Submitter
+from hpctrain.submit.placement import Placement
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from _figures import figure  # noqa: E402
+from _preempt import wait  # noqa: E402
+from helpers.train import rank_pid  # noqa: E402
+from preemption_resume import kinds, workspace, write_spec  # noqa: E402
+
+DAY_S = 86400.0
+HISTORY_S = 6 * 3600.0  # the earlier job's running time at the set rate
+
+
+class Metrics:
+    """A job's metrics records as its trainer journals them, each file read once (the benchmark polls often)."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.read: dict[str, dict[str, Any]] = {}
+
+    def segments(self) -> list[list[dict[str, Any]]]:
+        """The records of each start of the job step (a step number not above the one before begins one)."""
+        for name in self.journal.names(kinds=["metrics"]):
+            if name not in self.read:
+                self.read[name] = self.journal.read(name)
+        runs: list[list[dict[str, Any]]] = []
+        for rec in self.read.values():
+            if not runs or rec["step"] <= runs[-1][-1]["step"]:
+                runs.append([])
+            runs[-1].append(rec)
+        return runs
+
+
+def costs(journal: Journal, steps: int) -> dict[str, float]:
+    runs = Metrics(journal).segments()
+    gaps = [b["time"] - a["time"] for run in runs for a, b in zip(run, run[1:])]
+    step = statistics.median(gaps)
+    trained = sum(run[-1]["time"] - run[0]["time"] + step for run in runs)
+    lost_steps = sum(run[-1]["step"] - (nxt[0]["step"] - 1) for run, nxt in zip(runs, runs[1:]))
+    saves = len([r for r in kinds(journal, "checkpoint") if r.get("state") == "committed"])
+    overhead = trained - steps * step - lost_steps * step
+    return {"step": step, "interruptions": len(runs) - 1, "saves": saves, "lost steps": lost_steps,
+            "lost": lost_steps * step, "overhead": overhead, "cost": lost_steps * step + overhead}
+
+
+def seed_history(ledger: Ledger, placement: Placement, gpus: int, mtbi_s: float) -> None:
+    """An earlier job alike in the ledger, yesterday: interrupted every ``mtbi_s`` seconds over HISTORY_S."""
+    job = ledger.jobs.record({"name": "bench-interval-history", "site": "dev", "partition": placement.partition,
+                              "qos": placement.qos, "state": "COMPLETED"})
+    now = time.time()
+    for n in range(round(HISTORY_S / mtbi_s)):
+        ledger.attempts.record(job, -1, n, state="PREEMPTED", cause="preemption", alloc_gpus=gpus,
+                               started_at=now - DAY_S + n * mtbi_s, ended_at=now - DAY_S + (n + 1) * mtbi_s)
+
+
+def run(name: str, every: str, args: argparse.Namespace, work: Path, index: Path) -> tuple[Journal, Placement]:
+    """One job trained to --steps under the seeded interruptions: its journal, and its placement."""
+    extra = "async = false\n[retry]\nin_place = 100\nexclude_node_after = 0\n"  # the kills are not the node's
+    spec_file = write_spec(work / f"{name}.toml", index, work / f"ckpt-{name}", extra)
+    text = spec_file.read_text().replace('"--steps", "100000"', f'"--steps", "{args.steps}"')
+    spec_file.write_text(text.replace("every_steps = 20\n", f"every_steps = {every}\n"))
+    gaps = random.Random(args.seed)
+    site = load_site("dev")
+    client = SlurmClient.for_site(site)
+    with Ledger(Path(os.environ["HPCTRAIN_LEDGER"])) as ledger:
+        sub = Submitter(site, ledger, client).submit(load_job_spec(spec_file), spec_file)
+        job = ledger.jobs.get(sub.ledger_ids[0])
+        journal = Journal(Path(job["job_dir"]) / "journal")
+        segments = Metrics(journal).segments
+
+        def finished() -> bool:
+            return bool(kinds(journal, "finished"))
+
+        try:
+            killed = 0
+            while not finished():
+                gap = max(1, round(gaps.expovariate(1 / args.mtbi_steps)))
+                wait(lambda k=killed: finished() or len(segments()) > k, 600, f"{name}: training")
+                target = segments()[killed][0]["step"] - 1 + gap
+                wait(lambda k=killed, t=target: finished() or segments()[k][-1]["step"] >= t, 3600,
+                     f"{name}: step {target}", interval=0.02)
+                while not finished() and (pid := rank_pid(job["slurm_job_id"], 1)) is None:
+                    time.sleep(0.1)
+                if not finished():
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+        finally:
+            client.scancel([job["slurm_job_id"]])
+    return journal, sub.placement
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--mtbi-steps", type=float, default=200.0, help="mean steps trained between interruptions")
+    parser.add_argument("--fixed", type=int, nargs="+", default=[20, 80], help="fixed intervals; the first: the spec's")
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    work, index = workspace("hpctrain-bench-interval-")
+    results: dict[str, dict[str, float]] = {}
+    for every in args.fixed:
+        journal, placement = run(f"every-{every}", str(every), args, work, index)
+        results[f"every {every}"] = costs(journal, args.steps)
+    mtbi_s = args.mtbi_steps * results[f"every {args.fixed[0]}"]["step"]
+    with Ledger(Path(os.environ["HPCTRAIN_LEDGER"])) as ledger:
+        seed_history(ledger, placement, 2, mtbi_s)
+    journal, _ = run("auto", '"auto"', args, work, index)
+    results["auto"] = costs(journal, args.steps)
+    print(f"{args.steps} steps, interrupted every {args.mtbi_steps:g} steps ({mtbi_s:.1f} s) of training on average "
+          f"(seed {args.seed}), synchronous saves, restarts in place (CPU, dev cluster)")
+    print(f"  {'interval':10}{'step s':>8}{'interr.':>8}{'saves':>7}{'lost st':>9}{'lost s':>8}{'overhead s':>12}"
+          f"{'cost s':>8}")
+    for name, r in results.items():
+        print(f"  {name:10}{r['step']:8.3f}{r['interruptions']:8.0f}{r['saves']:7.0f}{r['lost steps']:9.0f}"
+              f"{r['lost']:8.1f}{r['overhead']:12.1f}{r['cost']:8.1f}")
+    for rec in kinds(journal, "checkpoint_interval"):
+        print(f"  auto at step {rec['step']}: {rec['message']}")
+    spec_cost = results[f"every {args.fixed[0]}"]["cost"]
+    best = min(r["cost"] for name, r in results.items() if name != "auto")
+    auto = results["auto"]["cost"]
+    figure(f'"auto" interval: lost work + checkpoint overhead against the spec\'s every {args.fixed[0]}',
+           auto / spec_cost, "x", "<= 1 (issue 43)", auto <= spec_cost)
+    figure('"auto" interval: lost work + checkpoint overhead against the best fixed interval', auto / best, "x")
+
+
+if __name__ == "__main__":
+    main()
