@@ -93,7 +93,9 @@ class TrainCheckpoints:
         like this one in the ledger when it was submitted, and of this task so far (its journal): for the memory
         tier, only the job steps restarted in place, on the site's prior for failures."""
         policy, env, journal = self.spec.checkpoint, JobEnvironment(), Journal.from_env()
-        events, seconds = interruption_history(journal, env.task_index, memory) if journal is not None else (0, 0.0)
+        events, seconds = (
+            interruption_history(journal, env.task_index, in_place_only=memory) if journal is not None else (0, 0.0)
+        )
         if env.job_dir is not None and (alike := JobPaths(env.job_dir).interruptions_file).is_file():
             ledger = json.loads(alike.read_text())
             events, seconds = events + ledger["in_place" if memory else "events"], seconds + ledger["exposure_s"]
