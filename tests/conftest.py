@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.files import exclusive_lock
+
 from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims, worker_cluster
-from helpers.paths import ASSETS, REPO
+from helpers.paths import ASSETS, REPO, run_folder
 from helpers.wheels import (LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter,
                             metadata, venv_with)
 
@@ -31,12 +33,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (with --maxschedchunk 1), the tests longest first by their recorded durations, a test
-    not recorded first of all: the workers then end together, not one of them alone with a long test at the end.
-    The workers' order is the one the controller schedules by (xdist leaves ``numprocesses`` unset on them)."""
+    """Under pytest-xdist (with --maxschedchunk 1), the cluster tests longest first by their recorded durations, a
+    test not recorded first of all: the workers then end together, not one of them alone with a long test at the
+    end. The workers' order is the one the controller schedules by (xdist leaves ``numprocesses`` unset on them).
+    The tests without the cluster keep their files' order: ordered by duration, the ones that mostly wait (hangs,
+    idle timeouts) came last together, the CPU idle, and the run took 395 s instead of 315."""
     if "PYTEST_XDIST_WORKER" in os.environ:
         known = json.loads(DURATIONS.read_text())
-        items.sort(key=lambda item: -known.get(item.nodeid, math.inf))
+        items.sort(key=lambda item: -known.get(item.nodeid, math.inf) if item.get_closest_marker("slurm") else 0)
 
 
 _took: dict[str, float] = {}
@@ -154,8 +158,9 @@ def wheel(tmp_path_factory) -> Path:
 def resolutions(wheel, tmp_path_factory) -> dict[str, dict[str, Resolution]]:
     """Per Python on this machine: pip resolving every extra claimed for it together ("claimed"; those that pull
     torch only where a local torch wheel lets them), and each extra that pulls no torch and is not claimed for it,
-    alone (by its name). They all run at once."""
-    out = tmp_path_factory.mktemp("resolve")
+    alone (by its name). They all run at once, once a test run: under pytest-xdist the first worker to ask starts
+    them (a file lock), in the run's shared folder, and every worker reads them (helpers.wheels.Resolution)."""
+    out = run_folder(tmp_path_factory) / "resolve"
     local = PICK_PYTHON["local_torch_tags"]()
     extras = metadata(wheel).get_all("Provides-Extra")
     found: dict[str, dict[str, Resolution]] = {}
@@ -168,19 +173,26 @@ def resolutions(wheel, tmp_path_factory) -> dict[str, dict[str, Resolution]]:
             torch or e not in TORCH_EXTRAS)], out / f"{version}.json")}
         found[version].update({e: Resolution(python, wheel, [e], out / f"{version}-{e}.json") for e in extras
                                if not claimed(e, version) and e not in TORCH_EXTRAS})
+    with exclusive_lock(out.with_suffix(".lock"), timeout_s=60):
+        first = not out.exists()
+        out.mkdir(exist_ok=True)
+        started = [run.start() for runs in found.values() for run in runs.values()] if first else []
     yield found
-    for runs in found.values():
-        for run in runs.values():
-            run.proc.kill()
-            run.proc.wait()
+    for proc in started:  # another worker may still read them: they end on their own
+        proc.wait()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _resolutions_first(request) -> None:
+    """Where this session has tests of the extras' resolutions, those start with the session's first test, to run
+    beside the others (the tests that read them are quick and come late in a run ordered by durations)."""
+    if any("resolutions" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("resolutions")
 
 
 @pytest.fixture(scope="session", params=LOGIN_PYTHONS)
 def login_install(request, wheel, tmp_path_factory) -> Path:
-    """The wheel with its login-node dependencies only, in a venv of each Python: its bin directory. (Where this
-    session has tests of the extras' resolutions, those start first, to run while the venvs are made.)"""
-    if any("resolutions" in item.fixturenames for item in request.session.items):
-        request.getfixturevalue("resolutions")
+    """The wheel with its login-node dependencies only, in a venv of each Python: its bin directory."""
     python = interpreter(request.param)
     if python is None:
         pytest.skip(f"no Python {request.param} on this machine")

@@ -26,6 +26,7 @@ from hpctrain.submit import Submitter
 
 from helpers.cli import run_cli
 from helpers.cluster import HIGH, sacct_gpu_hours, slurm_setting
+from helpers.paths import run_folder
 from helpers.report import mark_steps, pixels, plot_images, screenshot
 from helpers.train import TINY_MODEL, assert_bitwise_equal, pack_text_dataset, rank_pid, straight_run, trainer_spec
 from helpers.waiting import wait_until
@@ -94,8 +95,7 @@ def straight(tmp_path_factory):
     """The data the tests train on, and the checkpoints of the run never preempted: made once per test run, by the
     first test that asks (during its run, after its preemptions), not per test (under pytest-xdist, once for all
     workers: the first to ask trains it, under a file lock in the run's shared temporary folder, the others wait)."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, whose popen-gwK/ are workers'
+    shared = run_folder(tmp_path_factory)
     work = tmp_path_factory.mktemp("straight")
     index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
 

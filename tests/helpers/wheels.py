@@ -18,6 +18,7 @@ from pathlib import Path
 from packaging.utils import canonicalize_name
 
 from helpers.paths import REPO
+from helpers.waiting import wait_until
 
 UV = Path(sys.executable).with_name("uv")
 LOGIN_PYTHONS = ("3.10", "3.12", "3.13")
@@ -60,20 +61,27 @@ def metadata(wheel: Path) -> Message:
 
 
 class Resolution:
-    """One `pip install --dry-run --report` of the wheel with some extras, by one Python's own pip, running."""
+    """One `pip install --dry-run --report` of the wheel with some extras, by one Python's own pip, known by its files
+    (its report, stderr and exit status): started once (``start``), read by any process of the test run."""
 
     def __init__(self, python: str, wheel: Path, extras: list[str], report: Path):
-        self.extras, self.report = extras, report
-        torch = [f"torch=={PICK_PYTHON['TORCH']}"] if set(extras) & set(TORCH_EXTRAS) else []
-        self.proc = subprocess.Popen([python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                                      "--report", str(report), f"{wheel}[{','.join(extras)}]", *torch],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.python, self.wheel, self.extras, self.report = python, wheel, extras, report
+        self.err, self.rc = report.with_suffix(".err"), report.with_suffix(".rc")
+
+    def start(self) -> subprocess.Popen[bytes]:
+        torch = [f"torch=={PICK_PYTHON['TORCH']}"] if set(self.extras) & set(TORCH_EXTRAS) else []
+        pip = [self.python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--report",
+               str(self.report), f"{self.wheel}[{','.join(self.extras)}]", *torch]
+        # The exit status written last, whole (renamed into place): its file says the others are complete.
+        return subprocess.Popen(["sh", "-c", '"$@" 2>"$0.err"; echo $? >"$0.tmp" && mv "$0.tmp" "$0.rc"',
+                                 str(self.report.with_suffix("")), *pip])
 
     def result(self) -> tuple[int, str, dict[str, dict]]:
         """pip's exit status, its stderr, and what it would install by name (the report's entries)."""
-        _, err = self.proc.communicate(timeout=600)
-        installs = json.loads(self.report.read_text())["install"] if self.proc.returncode == 0 else []
-        return self.proc.returncode, err, {canonicalize_name(i["metadata"]["name"]): i for i in installs}
+        wait_until(self.rc.exists, 600, 0.2, f"pip's resolution of {self.extras} by {self.python}")
+        rc = int(self.rc.read_text())
+        installs = json.loads(self.report.read_text())["install"] if rc == 0 else []
+        return rc, self.err.read_text(), {canonicalize_name(i["metadata"]["name"]): i for i in installs}
 
 
 def venv_with(python: str, folder: Path, requirement: str) -> Path:

@@ -28,7 +28,7 @@ def index(tmp_path):
 @pytest.fixture(scope="module")
 def spawn():
     """Fresh interpreters (not forks of this one) that may start DataLoader workers of their own."""
-    with ProcessPoolExecutor(4, mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:  # one a core: each imports torch
         yield pool
 
 

@@ -4,6 +4,7 @@ And the tests' own layout: they mirror the package, the cluster tests apart (tes
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from helpers.paths import REPO, TESTS
 PACKAGE = REPO / "hpctrain"
 
 
+@functools.cache
 def modules() -> dict[str, ast.Module]:
-    """Every module of hpctrain, parsed: {'jobs.poll': tree, 'contract': tree, ...}."""
+    """Every module of hpctrain, parsed (once: the checks only read the trees): {'jobs.poll': tree, 'contract': tree, ...}."""
     out = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         name = ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
@@ -240,6 +242,7 @@ def suite_files() -> list[Path]:
     return sorted(TESTS.rglob("test_*.py"))
 
 
+@functools.cache
 def python_files() -> dict[Path, ast.Module]:
     """Every Python file under tests/, parsed: test modules, conftest.py, helpers, assets' scripts."""
     return {path: ast.parse(path.read_text(encoding="utf-8"), str(path)) for path in sorted(TESTS.rglob("*.py"))}
