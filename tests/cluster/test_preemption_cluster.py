@@ -356,6 +356,36 @@ def test_a_failed_node_without_a_spare_requeues_the_job_off_it(isolated_ledger, 
     assert down not in records(journal, "launch")[1]["nodes"].split(",")
 
 
+@pytest.mark.parametrize("after", [0, 2])
+def test_a_node_whose_ranks_fail_first_is_left_out_after_exclude_node_after_steps(after, isolated_ledger, tmp_path):
+    """One node of two ranks, retry.in_place = 3; the ranks fail in the first run's first three job steps. With
+    exclude_node_after = 0 the step restarts three times on that node and the run completes. With 2 (the default)
+    the node is left out once its rank failed first in two steps: no third step in the allocation, the run ends as a
+    node failure, is requeued off the node, and completes on another."""
+    path = tmp_path / f"exclude{after}.toml"
+    fails = ("import os, sys; sys.exit(1 if os.environ.get('SLURM_RESTART_COUNT', '0') == '0' and "
+             "int(os.environ['HPCTRAIN_STEP_RESTART']) < 3 else 0)")
+    path.write_text(
+        f'name = "exclude{after}"\ncommand = ["python", "-c", "{fails}"]\n'
+        '[resources]\nnodes = 1\ntasks_per_node = 2\ntime = "00:05:00"\naccount = "teama"\n'
+        + "[retry]\nin_place = 3\n" + ("exclude_node_after = 0\n" if after == 0 else ""))
+    with Ledger(isolated_ledger) as ledger:
+        job_id, _, journal = submitted(ledger, path)
+        assert final_state(ledger, job_id, 240) == "COMPLETED"
+    node = records(journal, "launch")[0]["nodes"]
+    failed = records(journal, "rank_failed")
+    assert [(f["host"], f["step_restart"], f["attempt"]) for f in failed] == [(node, n, 0) for n in range(len(failed))]
+    restarts = [r["step_restart"] for r in records(journal, "step_restart")]
+    ended = [(e["cause"], e["requeued"], e.get("excluded")) for e in records(journal, "attempt_end")]
+    if after == 0:
+        assert len(failed) == 3 and restarts == [1, 2, 3] and ended == [("completed", False, None)]
+        assert {launch["nodes"] for launch in records(journal, "launch")} == {node}
+    else:
+        assert len(failed) == 2 and restarts == [1]
+        assert ended == [("node_failure", True, [node]), ("completed", False, None)]
+        assert records(journal, "launch")[-1]["nodes"] != node
+
+
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "4 minutes a lane: run on the host's Slurm only; a time limit takes the same path on every release (the --signal "
     "notice, StartTime + TimeLimit from scontrol, replayed for each in test_slurm_outputs), what differs between "
