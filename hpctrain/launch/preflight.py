@@ -18,6 +18,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
 MiB = 1 << 20
 NCCL_SIZES = tuple(MiB << 2 * i for i in range(5))  # 1 .. 256 MiB: the largest near the fabric's peak
 GLOO_SIZES = (MiB, 4 * MiB, 16 * MiB)  # gloo runs on the CPU: smaller, to keep the job short
+# How long a task waits for its peers (rendezvous, each collective): past it, a task whose peer is gone reports the
+# error and ends instead of holding the allocation (each task exits 0, so srun never ends the others for it).
+PEERS_TIMEOUT_S = 120
 WARMUP, ITERATIONS = 2, 10
 
 
@@ -119,7 +123,7 @@ def all_reduce_check() -> dict[str, object]:
     if use_nccl:
         os.environ.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET", NCCL_DEBUG_FILE=f"{log_dir}/nccl.%h.%p")
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
-    dist.init_process_group("nccl" if use_nccl else "gloo")
+    dist.init_process_group("nccl" if use_nccl else "gloo", timeout=timedelta(seconds=PEERS_TIMEOUT_S))
     device = torch.device("cuda" if use_nccl else "cpu")
     value = torch.ones(1, device=device)
     dist.all_reduce(value)

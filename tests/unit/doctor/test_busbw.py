@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -39,16 +38,17 @@ def test_largest_size_is_judged_against_the_fabric():
     assert bandwidth_check("nccl", sizes(0.0, ranks=1), 50.0, "h100").verdict == "SKIP"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_preflight_measures_bus_bandwidth_with_two_gloo_ranks():
+    """The ranks meet at a store this test holds, on a port the OS gave it: a port found free and then handed over
+    can be taken meanwhile by another test's ranks on a busy machine (a rank then waited 300 s on a store that was
+    not its own)."""
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
-                CUDA_VISIBLE_DEVICES="", SLURM_NTASKS="2", SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0")
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
+                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", SLURM_NTASKS="2",
+                SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0")
     procs = [subprocess.Popen([sys.executable, "-m", "hpctrain.launch.preflight"], cwd=REPO, text=True,
                               env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(2)]
@@ -65,3 +65,18 @@ def test_preflight_measures_bus_bandwidth_with_two_gloo_ranks():
         assert m["busbw_gb_s"] == pytest.approx(m["algbw_gb_s"] * 2 * (2 - 1) / 2)
     check = bandwidth_check(reports[0]["backend"], measured, None, "gpu")
     assert check.verdict == "PASS" and check.detail.startswith("bus bandwidth "), check
+
+
+@pytest.mark.timeout(90)  # without the preflight's own bound a task waited for its peer for torch's 30 minutes
+def test_a_task_whose_peer_never_comes_gives_up_after_the_preflights_timeout(monkeypatch):
+    from torch.distributed import TCPStore
+
+    from hpctrain.launch import preflight
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
+                            RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", CUDA_VISIBLE_DEVICES="").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(preflight, "PEERS_TIMEOUT_S", 3)
+    with pytest.raises(Exception, match="(?i)time"):
+        preflight.all_reduce_check()
