@@ -156,9 +156,13 @@ _FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
 def _innermost_frame(text: str) -> str | None:
-    """Where the main thread of a faulthandler dump was ('train.py:88 in step'); None without a dump."""
+    """Where the main thread of a faulthandler dump was ('train.py:88 in step'); None without a dump. Frames of
+    hpctrain's runtime (the guard's heartbeat, this watchdog) are passed over for the code that called them: a
+    rank stopped while its loop asked ``should_stop()`` is named at the loop's line, not inside the guard."""
     main = re.split(r"^(?:Current thread|Thread) ", text, flags=re.M)[-1]  # the main thread comes last
-    frame = next((m for ln in main.splitlines() if (m := _FRAME.match(ln))), None)
+    frames = [m for ln in main.splitlines() if (m := _FRAME.match(ln))]
+    frame = next((m for m in frames if Path(m[1]).parent.parts[-2:] != ("hpctrain", "runtime")), None)
+    frame = frame or (frames[0] if frames else None)
     return f"{Path(frame[1]).name}:{frame[2]} in {frame[3]}" if frame else None
 
 
