@@ -85,8 +85,8 @@ def test_each_checkpoint_is_evaluated_once_and_the_results_are_in_the_ledger(dev
 def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cluster, isolated_ledger, tmp_path):
     """A preemptible job with `[eval] on_checkpoint`, driven by reconciles as cron would, is preempted twice by QOS
     high jobs, and an evaluation job running then with it (requeued by Slurm, it evaluates again from the start).
-    Every committed checkpoint ends with exactly one result, of its own step. The evaluator takes a few seconds, so
-    that one is caught running."""
+    Every committed checkpoint ends with exactly one result, of its own step. The evaluator waits for a file the test
+    makes once both preemptions have ended every job, so that one is caught running at any load."""
     from hpctrain.config.job import JobSpec
     from hpctrain.evaluate.submit import follow_all, unasked
     from hpctrain.jobs.reconcile import reconcile
@@ -97,7 +97,8 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
     from helpers.waiting import wait_until
 
     index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=400, shard_bytes=4096).path
-    slow = ("import json, os, time; time.sleep(8); e = os.environ; "
+    gate = tmp_path / "gate"  # opened once the second preemption is seen: until then every evaluation runs on
+    slow = (f"import json, os, time\nwhile not os.path.exists({str(gate)!r}): time.sleep(0.2)\ne = os.environ; "
             "json.dump({'step': int(e['HPCTRAIN_EVAL_STEP'])}, open(e['HPCTRAIN_EVAL_OUTPUT'], 'w'))")
     spec_path = tmp_path / "spec.toml"
     spec_path.write_text(
@@ -118,11 +119,14 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
         def newest() -> int:
             return max((c["step"] for c in ledger.checkpoints.of_job(job) if c["state"] == "committed"), default=0)
 
+        def evaluations_running() -> bool:
+            jobs = [e["eval_job_id"] for e in ledger.evaluations.of_job(job) if e["eval_job_id"]]
+            return any(ledger.jobs.known(i)["state"] == "RUNNING" for i in jobs)
+
         def ready(after: int, evaluating: bool) -> bool:
             """The job runs past checkpoint ``after`` (and, with ``evaluating``, an evaluation job runs too)."""
             tick()
-            jobs = [e["eval_job_id"] for e in ledger.evaluations.of_job(job) if e["eval_job_id"]]
-            running = any(ledger.jobs.known(i)["state"] == "RUNNING" for i in jobs)
+            running = evaluations_running()
             return ledger.jobs.known(job)["state"] == "RUNNING" and newest() > after and (running or not evaluating)
 
         seen = 0
@@ -131,6 +135,8 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
             seen = newest()
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
             wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 120, 0.5, f"preemption {k}")
+        wait_until(lambda: (tick(), not evaluations_running())[1], 120, 0.5, "the evaluation jobs' preemption")
+        gate.touch()
 
         def all_done() -> bool:
             tick()
