@@ -185,7 +185,7 @@ def resolutions(wheel, tmp_path_factory) -> dict[str, dict[str, Resolution]]:
 @pytest.fixture(scope="session", autouse=True)
 def _resolutions_first(request) -> None:
     """Where this session has tests of the extras' resolutions, those start with the session's first test, to run
-    beside the others (the tests that read them are quick and come late in a run ordered by durations)."""
+    beside the others (the tests that read them are quick and come late, in unit/project/)."""
     if any("resolutions" in getattr(item, "fixturenames", ()) for item in request.session.items):
         request.getfixturevalue("resolutions")
 

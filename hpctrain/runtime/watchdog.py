@@ -161,8 +161,9 @@ def _innermost_frame(text: str) -> str | None:
     rank stopped while its loop asked ``should_stop()`` is named at the loop's line, not inside the guard."""
     main = re.split(r"^(?:Current thread|Thread) ", text, flags=re.M)[-1]  # the main thread comes last
     frames = [m for ln in main.splitlines() if (m := _FRAME.match(ln))]
-    frame = next((m for m in frames if Path(m[1]).parent.parts[-2:] != ("hpctrain", "runtime")), None)
-    frame = frame or (frames[0] if frames else None)
+    frame = next(
+        (m for m in frames if Path(m[1]).parent.parts[-2:] != ("hpctrain", "runtime")), frames[0] if frames else None
+    )
     return f"{Path(frame[1]).name}:{frame[2]} in {frame[3]}" if frame else None
 
 

@@ -40,8 +40,8 @@ def test_largest_size_is_judged_against_the_fabric():
 
 def test_preflight_measures_bus_bandwidth_with_two_gloo_ranks():
     """The ranks meet at a store this test holds, on a port the OS gave it: a port found free and then handed over
-    can be taken meanwhile by another test's ranks on a busy machine (a rank then waited 300 s on a store that was
-    not its own)."""
+    can be taken meanwhile by another process on a busy machine (once, beside the whole suite and two CPU hogs, a
+    rank waited 300 s on a store that failed it)."""
     from torch.distributed import TCPStore
 
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
