@@ -22,6 +22,12 @@ from helpers.wheels import (LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, R
                             metadata, venv_with)
 
 os.environ["OMP_NUM_THREADS"] = "1"
+# Bytecode is written, whatever the machine's environment says (a CI image may set PYTHONDONTWRITEBYTECODE): else
+# each of the run's Python processes compiles the hpctrain modules it imports again (0.04 CPU-s for `hpctrain status`),
+# each process of the tests' venvs (installed by uv, without bytecode) mlflow's or torch's, and each xdist worker
+# rewrites every test module's asserts (6 CPU-s). Set before the workers start.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
 DURATIONS = ASSETS / "durations.json"

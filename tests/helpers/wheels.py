@@ -95,13 +95,6 @@ def venv_with(python: str, folder: Path, requirement: str) -> Path:
     return folder / "bin"
 
 
-def venv_env(**env: str) -> dict[str, str]:
-    """The environment of a process run from a test's venv: this one's plus ``env``, writing bytecode (as a user's
-    install does: the venvs are installed with --no-compile, so the first process that imports a module compiles it
-    once for the next, instead of each compiling mlflow's or torch's sources again)."""
-    return {k: v for k, v in {**os.environ, **env}.items() if k != "PYTHONDONTWRITEBYTECODE"}
-
-
 def hpctrain(bin_dir: Path, *args: str, cwd: Path, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([bin_dir / "hpctrain", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=venv_env(**env))
+                          env={**os.environ, **env})

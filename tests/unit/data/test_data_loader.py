@@ -15,7 +15,8 @@ import pytest
 from hpctrain.data import ShardLoader
 from hpctrain.errors import DataError
 
-from helpers.data import KW, SAMPLE_BYTES, epoch_keys, make_dataset, resume_and_finish, take, take_across_epochs
+from helpers.data import (KW, SAMPLE_BYTES, epoch_keys, fork_workers, make_dataset, resume_and_finish, take,
+                          take_across_epochs)
 
 ALL = {f"s{i:05d}" for i in range(100)}
 
@@ -27,8 +28,8 @@ def index(tmp_path):
 
 @pytest.fixture(scope="module")
 def spawn():
-    """Fresh interpreters (not forks of this one) that may start DataLoader workers of their own."""
-    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn")) as pool:  # one a core: each imports torch
+    """Fresh interpreters (not forks of this one) whose DataLoader workers are forked, as a rank's are."""
+    with ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=fork_workers) as pool:  # one a core
         yield pool
 
 

@@ -15,6 +15,7 @@ from hpctrain.doctor.network import bandwidth_check
 from hpctrain.launch.preflight import GLOO_SIZES, bus_bandwidth
 
 from helpers.paths import REPO
+from helpers.rendezvous import agent_store
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
@@ -39,15 +40,9 @@ def test_largest_size_is_judged_against_the_fabric():
 
 
 def test_preflight_measures_bus_bandwidth_with_two_gloo_ranks():
-    """The ranks meet at a store this test holds, on a port the OS gave it: a port found free and then handed over
-    can be taken meanwhile by another process on a busy machine (once, beside the whole suite and two CPU hogs, a
-    rank waited 300 s on a store that failed it)."""
-    from torch.distributed import TCPStore
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store, meet = agent_store()
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
-                GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", SLURM_NTASKS="2",
+    base.update(meet, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", SLURM_NTASKS="2",
                 SLURM_TASKS_PER_NODE="2", SLURM_NODEID="0")
     procs = [subprocess.Popen([sys.executable, "-m", "hpctrain.launch.preflight"], cwd=REPO, text=True,
                               env={**base, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
@@ -69,13 +64,10 @@ def test_preflight_measures_bus_bandwidth_with_two_gloo_ranks():
 
 @pytest.mark.timeout(90)  # without the preflight's own bound a task waited for its peer for torch's 30 minutes
 def test_a_task_whose_peer_never_comes_gives_up_after_the_preflights_timeout(monkeypatch):
-    from torch.distributed import TCPStore
-
     from hpctrain.launch import preflight
 
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_USE_AGENT_STORE="True",
-                            RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", CUDA_VISIBLE_DEVICES="").items():
+    store, meet = agent_store()
+    for name, value in dict(meet, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", CUDA_VISIBLE_DEVICES="").items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(preflight, "PEERS_TIMEOUT_S", 3)
     with pytest.raises(Exception, match="(?i)time"):

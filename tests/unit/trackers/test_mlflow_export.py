@@ -23,31 +23,41 @@ mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
+def start_server(tmp) -> tuple[subprocess.Popen, str] | None:
+    """`mlflow server` on a port found free and its URI, once it answers; None if another process took the port
+    meanwhile (a busy machine)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port = s.getsockname()[1]
+    log = tmp / "server.log"
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+                             "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--workers", "1",
+                             "--default-artifact-root", str(tmp / "artifacts")],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            urllib.request.urlopen(f"{uri}/health", timeout=2).read()
+            return proc, uri
+        except OSError:
+            if proc.poll() is not None:
+                assert "address already in use" in log.read_text().lower(), log.read_text()[-3000:]
+                return None
+            assert time.monotonic() < deadline, "mlflow server did not answer in 3 minutes"
+            time.sleep(0.5)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """`mlflow server` on a SQLite store, as a team would run it; its URI."""
     tmp = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--backend-store-uri", f"sqlite:///{tmp / 'mlflow.db'}", "--workers", "1",
-                             "--default-artifact-root", str(tmp / "artifacts")],
-                            stdout=subprocess.DEVNULL, stderr=open(tmp / "server.log", "w"))
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while True:
-        try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2).read()
+    for _ in range(3):
+        if started := start_server(tmp):
             break
-        except OSError:
-            assert proc.poll() is None, (tmp / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "mlflow server did not answer in 3 minutes"
-            time.sleep(0.5)
+    else:
+        pytest.fail("three ports found free were taken before mlflow server bound them")
+    proc, uri = started
     yield uri
     proc.terminate()
     proc.wait(30)
@@ -107,8 +117,10 @@ def test_runs_metrics_evaluations_and_registry_then_only_what_is_new(server, iso
 def test_an_unreachable_server_is_one_line_and_nothing_is_recorded(isolated_ledger, tmp_path):
     with Ledger(isolated_ledger) as ledger:
         ledger_with_runs(ledger, tmp_path)
-    uri = f"http://127.0.0.1:{free_port()}"
-    out = run_cli("export", "mlflow", "--tracking-uri", uri)
+    with socket.socket() as held:  # bound, never listening: refused, and no other process can take the port
+        held.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{held.getsockname()[1]}"
+        out = run_cli("export", "mlflow", "--tracking-uri", uri)
     assert out.returncode == 2 and out.stderr.startswith(f"hpctrain: error: MLflow tracking server {uri}: unreachable")
     assert out.stderr.count("\n") == 1 and "nothing was exported" in out.stderr
     with Ledger(isolated_ledger) as ledger:

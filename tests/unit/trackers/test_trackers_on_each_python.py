@@ -12,7 +12,7 @@ import pytest
 from hpctrain.ledger import Ledger
 
 from helpers.trackers import ledger_with_runs
-from helpers.wheels import LOGIN_PYTHONS, hpctrain, interpreter, venv_env, venv_with
+from helpers.wheels import LOGIN_PYTHONS, hpctrain, interpreter, venv_with
 
 pytestmark = pytest.mark.slow
 READ_BACK = """
@@ -48,7 +48,7 @@ def test_both_exports_reach_the_stores(tracker_install, isolated_ledger, tmp_pat
     written = hpctrain(tracker_install, "export", "tensorboard", str(tb / "a"), str(plain), cwd=tmp_path)
     assert written.returncode == 0, written.stderr[-2000:]
     read = subprocess.run([tracker_install / "python", "-c", READ_BACK, uri, str(tb / "a" / f"{plain}-gpt-a")],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=300, env=venv_env())
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert read.returncode == 0, read.stderr[-2000:]
     assert json.loads(read.stdout.splitlines()[-1]) == {
         "runs": ["gpt-a", "gpt-b[0]", "gpt-b[1]"], "points": 241, "aliases": ["production", "staging"], "scalars": 121}

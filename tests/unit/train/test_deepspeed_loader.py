@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from helpers.forkrun import free_port
+from helpers.rendezvous import agent_store
 
 PROBE = """
 import json, sys
@@ -37,8 +37,8 @@ print(deepspeed.ops.__compatible_ops__)
 
 
 def test_starting_the_process_group_probes_no_deepspeed_op_and_builds_no_shared_memory_op():
-    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    store, meet = agent_store()
+    env = {**os.environ, **meet, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", INIT], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[-2:] == ["[]", "{'deepspeed_shm_comm': False}"]
