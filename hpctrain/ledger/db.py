@@ -20,6 +20,8 @@ import contextlib
 import os
 import sqlite3
 import sys
+import threading
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,31 @@ BUSY_TIMEOUT_S = 60.0
 # Rows of each index that ANALYZE samples: planner statistics in milliseconds on a ledger of any size.
 ANALYSIS_LIMIT = 1000
 SQLITE_HEADER = b"SQLite format 3\x00"
+# The ledger files (device, inode) this process has open, with the Ledgers (their ids) open on each. Such a file is
+# never opened by a descriptor of its own again: closing any descriptor of a file drops every POSIX lock the process
+# holds on it, SQLite's included, and a peer closing its connection then takes itself for the file's last user and
+# deletes the WAL under the connections still open (https://sqlite.org/howtocorrupt.html, 2.2). A process may well
+# hold two ledgers on one file: the executor's job watcher keeps its own for the process's life.
+_OPEN_HERE: defaultdict[tuple[int, int] | None, set[int]] = defaultdict(set)
+_OPEN_LOCK = threading.Lock()
+
+
+def _file_id(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _create_or_check(path: Path, mode: int) -> None:
+    """Create the file with ``mode`` (umask may only narrow it), or check that the one there is a database: SQLite
+    would take a short file for an empty database and write a new one over it."""
+    os.close(os.open(path, os.O_CREAT | os.O_WRONLY, mode))
+    with open(path, "rb") as fh:
+        head = fh.read(len(SQLITE_HEADER))
+    if head and head != SQLITE_HEADER:
+        raise LedgerError(f"{path}: cannot open ledger: file is not a database")
 
 
 class Ledger:
@@ -58,25 +85,24 @@ class Ledger:
         self.storage = storage_for(self.path)  # before anything is written: a refused place gets no file
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, mode))  # umask may only narrow it
-            with open(self.path, "rb") as fh:
-                head = fh.read(len(SQLITE_HEADER))
-            # SQLite would take a short file for an empty database and write a new one over it.
-            if head and head != SQLITE_HEADER:
-                raise LedgerError(f"{self.path}: cannot open ledger: file is not a database")
-            conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
+            with _OPEN_LOCK:
+                if not _OPEN_HERE.get(_file_id(self.path)):
+                    _create_or_check(self.path, mode)
+                conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
+                self._file = _file_id(self.path)
+                _OPEN_HERE[self._file].add(id(self))
             self.db = sqlite_utils.Database(conn)
             try:
                 self._set_journal_mode()
-            except LedgerError:
-                conn.close()
+                conn.execute("PRAGMA foreign_keys=ON")
+                conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
+                conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
+                self._migrate()
+                if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
+                    self.analyze()  # a ledger from before v15, or new: what the planner knows of it is made once
+            except BaseException:
+                self._release()
                 raise
-            conn.execute("PRAGMA foreign_keys=ON")
-            conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
-            conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
-            self._migrate()
-            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
-                self.analyze()  # a ledger from before v15, or new: what the planner knows of it is made once
         except sqlite3.DatabaseError as exc:
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from None
         except OSError as exc:
@@ -113,7 +139,14 @@ class Ledger:
         except sqlite3.OperationalError:
             pass
         finally:
-            self.db.close()
+            self._release()
+
+    def _release(self) -> None:
+        self.db.close()
+        with _OPEN_LOCK:
+            _OPEN_HERE[self._file].discard(id(self))
+            if not _OPEN_HERE[self._file]:
+                del _OPEN_HERE[self._file]
 
     def analyze(self) -> None:
         """Fresh planner statistics of every table (sampled: `ANALYSIS_LIMIT`)."""

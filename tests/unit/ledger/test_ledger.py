@@ -2,6 +2,8 @@
 
 import multiprocessing as mp
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
@@ -64,6 +66,24 @@ def test_not_a_database_is_a_clear_error(tmp_path):
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(LedgerError, match=r"cannot open ledger: file is not a database"):
         Ledger(path)
+
+
+def test_a_second_ledger_on_the_file_keeps_the_first_ones_locks(tmp_path):
+    """Two ledgers on one file in one process (the executor's watcher keeps one for the process's life): opening the
+    second must not drop the locks SQLite holds for the first (closing any descriptor of a file drops them all), or a
+    peer's closing connection takes itself for the last and deletes the WAL under the first: its writes are lost."""
+    path = tmp_path / "l.db"
+    peer = [sys.executable, "-c", f"import sqlite3; sqlite3.connect({str(path)!r}).execute('SELECT 1 FROM jobs').close()"]
+    with Ledger(path) as first:
+        first.jobs.record({"name": "a", "site": "dev"})
+        with Ledger(path) as second:
+            assert second.jobs.get(1)["name"] == "a"
+        subprocess.run(peer, check=True)
+        assert path.with_name("l.db-wal").exists()
+        first.jobs.record({"name": "b", "site": "dev"})
+    with Ledger(path) as reopened:
+        assert [reopened.jobs.get(i)["name"] for i in (1, 2)] == ["a", "b"]
+        assert reopened.db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
 def test_transaction_rolls_back_on_error(tmp_path):
