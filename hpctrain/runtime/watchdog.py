@@ -17,6 +17,7 @@ The reference trainer times its start-up and steps; a user's loop is timed throu
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import re
@@ -74,6 +75,9 @@ class Watchdog:
                 self.dump_file = open(dump, "a", encoding="utf-8")
                 faulthandler.register(DUMP_SIGNAL, file=self.dump_file, all_threads=True)
             threading.Thread(target=self._exit_when_hung, name="hpctrain-watchdog", daemon=True).start()
+            # A rank whose code has returned is not in a step: its exit (other atexit handlers, the modules' teardown,
+            # seconds on a loaded machine) is not timed as one.
+            atexit.register(self.close)
 
     def phase(self, name: str, timeout_s: float) -> None:
         """Start phase ``name``: the rank is hung unless the next phase starts within ``timeout_s`` (0: off)."""
@@ -93,6 +97,7 @@ class Watchdog:
 
     def close(self) -> None:
         if self.file is not None:
+            atexit.unregister(self.close)
             faulthandler.cancel_dump_traceback_later()
             if self.dump_file:
                 faulthandler.unregister(DUMP_SIGNAL)

@@ -71,6 +71,18 @@ def test_a_rank_that_keeps_beating_runs_to_its_end(tmp_path):
     assert (tmp_path / "stacks" / "run0.0-stopped-rank0.txt").read_text() == ""
 
 
+def test_a_rank_whose_exit_outlasts_the_step_timeout_is_not_hung(tmp_path):
+    """Once the rank's code has returned its exit is not a step, however long it takes (an exit handler registered
+    before the guard's runs after it: here it takes longer than the step's timeout, as a loaded machine's teardown
+    once did)."""
+    loop = LOOP.replace("guard = PreemptionGuard()", "import atexit\natexit.register(time.sleep, 2)\nguard = PreemptionGuard()")
+    loop = loop.replace("while not guard.should_stop():", "for _ in range(5):\n    guard.should_stop()")
+    done = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", loop],
+                          env=job_env(tmp_path, step_s=1), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert hang_report(JobEnvironment(job_env(tmp_path, step_s=1))) is None
+
+
 SILENT = """\
 import sys, time
 for step in range(5):
