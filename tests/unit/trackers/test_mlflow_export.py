@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ mlflow = pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow
 
 
-def start_server(tmp) -> tuple[subprocess.Popen, str] | None:
+def start_server(tmp: Path) -> tuple[subprocess.Popen, str] | None:
     """`mlflow server` on a port found free and its URI, once it answers; None if another process took the port
     meanwhile (a busy machine)."""
     with socket.socket() as s:
