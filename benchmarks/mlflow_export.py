@@ -22,6 +22,7 @@ from pathlib import Path
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
 from hpctrain.trackers.mlflow_export import BATCH, export_mlflow
+from hpctrain.trackers.mlflow_uri import parse
 
 from _figures import figure
 
@@ -81,10 +82,10 @@ def main() -> int:
         with Ledger(ledger_path) as ledger:
             jobs = [ledger.jobs.known(i) for i in ids]
             start = time.perf_counter()
-            sent = export_mlflow(ledger, jobs, uri, "export")
+            sent = export_mlflow(ledger, jobs, parse(uri), "export")
             first = time.perf_counter() - start
             start = time.perf_counter()
-            again = export_mlflow(ledger, jobs, uri, "export")
+            again = export_mlflow(ledger, jobs, parse(uri), "export")
             second = time.perf_counter() - start
         assert sent.metrics == total and again.metrics == 0 and again.runs_created == 0
         print(f"hpctrain export mlflow: {first:.1f} s, {total / first:,.0f} points/s; again: {second:.2f} s")

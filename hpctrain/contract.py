@@ -24,6 +24,8 @@ LOGIN_ENV = (SITE_ENV, SITE_DIR_ENV, LEDGER_ENV)
 JOB_ID_ENV = "HPCTRAIN_JOB_ID"  # the ledger's id of the job
 JOB_DIR_ENV = "HPCTRAIN_JOB_DIR"
 JOURNAL_ENV = "HPCTRAIN_JOURNAL_DIR"
+# The journal event of a trainer whose resumed runs will differ from an uninterrupted run; `status` flags its job.
+RESUME_NOT_BITWISE = "resume_not_bitwise"
 SPEC_ENV = "HPCTRAIN_SPEC"  # the spec as submitted (secrets redacted), JSON
 SCRIPT_ENV = "HPCTRAIN_SCRIPT"  # the batch script itself, for a follow-up job where scontrol requeue fails
 SIGNAL_LEAD_ENV = "HPCTRAIN_SIGNAL_LEAD_S"  # seconds between the sbatch notice and the end of the time limit
@@ -311,3 +313,13 @@ class JobEnvironment:
 
         value = self.env.get(PARAMS_ENV)
         return json.loads(value) if value else None
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The spec's ``hyperparameters`` with this array task's (sweep trial's) undotted parameters applied, as
+        `JobSpec.with_params` applies them; {} outside an hpctrain job."""
+        import json
+
+        spec = json.loads(self.spec_file.read_text(encoding="utf-8")) if self.spec_file else {}
+        undotted = {k: v for k, v in (self.params or {}).items() if "." not in k}
+        return {**spec.get("hyperparameters", {}), **undotted}

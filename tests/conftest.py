@@ -28,6 +28,10 @@ os.environ["OMP_NUM_THREADS"] = "1"
 # rewrites every test module's asserts (6 CPU-s). Set before the workers start.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
+# pytest-xdist's workers start with COLUMNS=80 and LINES=24 (execnet sets them), which a plain run has not: hpctrain's
+# tables and lines follow $COLUMNS, so a test's `hpctrain` read 80 columns under xdist and 160 alone.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 # Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
 DURATIONS = ASSETS / "durations.json"
@@ -56,9 +60,30 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _took[report.nodeid] = _took.get(report.nodeid, 0.0) + report.duration
 
 
+def _untracked() -> set[str]:
+    """The files git would list as new in the checkout (none outside a git checkout)."""
+    done = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "-o", "--exclude-standard", "--directory"],
+                          capture_output=True, text=True, check=False)
+    return set(done.stdout.split("\0")) - {""} if done.returncode == 0 else set()
+
+
+_untracked_at_start: set[str] = set()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        _untracked_at_start.update(_untracked())
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """With --record-durations, on the controller (the only process or xdist's): the durations merged in."""
-    if session.config.getoption("record_durations") and not os.environ.get("PYTEST_XDIST_WORKER"):
+    """On the controller (the only process or xdist's): a test that left files in the checkout (a relative path
+    made in pytest's working directory) fails the run; with --record-durations, the durations merged in."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if left := sorted(_untracked() - _untracked_at_start):
+        print(f"\nthe tests left files in the checkout {REPO}: {left[:20]!r}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if session.config.getoption("record_durations"):
         known = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
         known.update({k: round(v, 1) for k, v in _took.items()})
         DURATIONS.write_text(json.dumps(dict(sorted(known.items())), indent=0) + "\n")
@@ -203,3 +228,4 @@ def login_install(request, wheel, tmp_path_factory) -> Path:
     if python is None:
         pytest.skip(f"no Python {request.param} on this machine")
     return venv_with(python, tmp_path_factory.mktemp(f"venv{request.param}"), str(wheel))
+

@@ -230,6 +230,19 @@ def load_flat(ckpt: str | Path, names: list[str] | None = None, *, to: str = "to
     return {e.name: _convert(a, to) for e, a in zip(entries, read_boxes(m, requests, torch_memory=to == "torch"))}
 
 
+def read_slabs(m: Manifest, name: str) -> Iterator[np.ndarray]:
+    """Tensor ``name`` in C order, in consecutive slabs of one row of whole chunks each, every chunk verified: a
+    tensor streamed in the memory of one slab (the whole tensor where its chunks span its first dimension)."""
+    meta = m.tensor(name).meta
+    if not meta.shape or 0 in meta.shape:
+        yield from read_boxes(m, [_Request(m.tensor(name), ((0,) * len(meta.shape), meta.shape))])
+        return
+    for start in range(0, meta.shape[0], meta.chunks[0]):
+        rows = min(meta.chunks[0], meta.shape[0] - start)
+        box = ((start, *(0,) * (len(meta.shape) - 1)), (rows, *meta.shape[1:]))
+        yield from read_boxes(m, [_Request(m.tensor(name), box)])
+
+
 def load_values(ckpt: str | Path, rank: int = 0) -> dict[str, Any]:
     """The plain (non-tensor) values of the tree ``rank`` saved, by '/'-joined path (``step``, ``meta/lr``)."""
     return plain_values(Manifest.read(Path(ckpt)).rank_state(rank)["tree"])

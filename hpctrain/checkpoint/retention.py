@@ -9,12 +9,13 @@ from pathlib import Path
 
 from hpctrain.checkpoint.commit import to_trash
 from hpctrain.checkpoint.naming import list_dirs
-from hpctrain.checkpoint.pins import pinned
+from hpctrain.checkpoint.pins import pin_lock, pinned
 from hpctrain.checkpoint.reader import quick_check
 from hpctrain.errors import CheckpointError
 from hpctrain.ledger.journal import Journal
 
 log = logging.getLogger("hpctrain.checkpoint")
+PIN_WAIT_S = 10.0  # at most this long a save waits for a registration holding the pins
 
 
 @dataclass(frozen=True)
@@ -58,15 +59,22 @@ def apply_retention(directory: Path, policy: Retention, tag: str, journal: Journ
         except CheckpointError:
             continue
     scores = {s: m.data.get("metrics", {}).get(policy.metric) for s, (_, m) in valid.items()}
-    kept = pinned(directory)
+    doomed = [(step, valid[step][0]) for step in policy.doomed(scores)]
+    if not doomed:
+        return []
     deleted = []
-    for step in policy.doomed(scores):
-        path = valid[step][0]
-        if path.name in kept:
-            continue
-        to_trash(path, step, tag)
-        log.info("retention: deleted %s", path)
-        if journal:
-            journal.write("checkpoint", step=step, path=str(path), state="deleted", note="retention")
-        deleted.append(path)
+    try:
+        # the pins as they are now, and no new one until the doomed are gone (see pins.py)
+        with pin_lock(directory, PIN_WAIT_S):
+            kept = pinned(directory)
+            for step, path in doomed:
+                if path.name in kept:
+                    continue
+                to_trash(path, step, tag)
+                log.info("retention: deleted %s", path)
+                if journal:
+                    journal.write("checkpoint", step=step, path=str(path), state="deleted", note="retention")
+                deleted.append(path)
+    except TimeoutError as exc:  # a registration holds the pins: keep everything this time, the next save retries
+        log.warning("retention: %s; kept every checkpoint this time", exc)
     return deleted

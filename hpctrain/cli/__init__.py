@@ -82,12 +82,26 @@ class _Group(click.Group):
             self.add_command(getattr(importlib.import_module(module), attr), name)
         return super().get_command(ctx, name)
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for arg in args:  # bytes that are not UTF-8 (lone surrogates): no file, ledger or terminal takes them
+            try:
+                arg.encode("utf-8")
+            except UnicodeEncodeError:
+                click.echo(f"hpctrain: error: argument {ascii(arg)[:80]} is not UTF-8 text", err=True)
+                ctx.exit(2)
+            if "\0" in arg:  # never from a command line; from a caller in Python (no path or program takes one)
+                click.echo(f"hpctrain: error: argument {ascii(arg)[:80]} holds a NUL byte", err=True)
+                ctx.exit(2)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
         except HpctrainError as exc:
+            from hpctrain.cli.output import visible
+
             for line in str(exc).splitlines():
-                click.echo(f"hpctrain: error: {line}", err=True)
+                click.echo(f"hpctrain: error: {visible(line)}", err=True)
             ctx.exit(2)
         except ModuleNotFoundError as exc:
             from hpctrain.cli.common import MissingModules
@@ -110,8 +124,10 @@ class _Group(click.Group):
 
             if not isinstance(exc, sqlite3.DatabaseError):
                 raise
+            from hpctrain.ledger.failures import describe
+
             # Damage inside the ledger file shows only when a query reaches it; the file is left as it is.
-            click.echo(f"hpctrain: error: the ledger is damaged ({exc}); restore it from a copy", err=True)
+            click.echo(f"hpctrain: error: {describe(exc)}", err=True)
             ctx.exit(2)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from hpctrain.cli.types import MAX_INT, whole
+
 # `attempt start` exits with this when the run must not go on; the batch script exits with it too.
 REFUSED = 3
 # ... and with this when the job's work is done already (a run Slurm started on its own): the batch script exits 0.
@@ -92,7 +94,7 @@ def start() -> None:
 
 
 @attempt.command()
-@click.option("--exit-code", type=int, required=True, help="the job step's exit status")
+@click.option("--exit-code", type=whole(-MAX_INT - 1), required=True, help="the job step's exit status")
 @click.option("--signal", "signal_name", default=None, help="the stop signal the batch shell received, if any")
 def end(exit_code: int, signal_name: str | None) -> None:
     """Journal how this run ended; requeue the job (or only this array task) when the policy says so."""
@@ -148,7 +150,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
 
 
 @attempt.command()
-@click.option("--exit-code", type=int, required=True, help="the failed job step's exit status")
+@click.option("--exit-code", type=whole(-MAX_INT - 1), required=True, help="the failed job step's exit status")
 def restart(exit_code: int) -> None:
     """Exit 0 when the failed job step should start again inside this allocation (the spec's retry.in_place),
     after journaling the restart and the checkpoint step it resumes from; exit 1 when the run ends instead."""
@@ -204,9 +206,9 @@ def _step_nodes(policy: Any, env: Any, wait: bool = True) -> Any:
 
 def _journal_hang(journal: Any, env: Any) -> None:
     """Journal (and log) the ranks of the step that just ended which the watchdog found hung, if any."""
-    from hpctrain.runtime.watchdog import hang_report
+    from hpctrain.runtime.watchdog import unreported_hang
 
-    report = hang_report(env)
+    report = unreported_hang(journal, env)
     if report:
         journal.write("hang", attempt=env.run_number, step_restart=env.step_restarts, message=report)
         click.echo(f"hpctrain: {report}", err=True)

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from hpctrain.cli.output import json_text, make_console, styled, visible
+
 _path = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
@@ -24,21 +26,21 @@ def _size(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def _problem(problem: str | None, ckpt: Path) -> str:
-    """A checkpoint's problem for a table row: without its path, which the row shows already."""
-    return "ok" if problem is None else "[red]" + problem.replace(str(ckpt), "").lstrip("/: ") + "[/]"
+def _problem(problem: str | None, ckpt: Path) -> Any:
+    """A checkpoint's problem for a table row, in red: without its path, which the row shows already."""
+    return "ok" if problem is None else styled((problem.replace(str(ckpt), "").lstrip("/: "), "red"))
 
 
 def _print_table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title, title_justify="left")
     for col in columns:
         table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*map(str, row))
-    Console(soft_wrap=False, width=max(Console().width, 120)).print(table)
+        table.add_row(*(cell if isinstance(cell, Text) else str(cell) for cell in row))
+    make_console(min_width=120).print(table)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,7 +167,7 @@ def inspect(path: Path, as_json: bool) -> None:
 
     m = Manifest.read(path)
     if as_json:
-        click.echo(json.dumps(m.data, indent=2))
+        click.echo(json_text(m.data, indent=2))
         return
     d = m.data
     click.echo(
@@ -176,7 +178,7 @@ def inspect(path: Path, as_json: bool) -> None:
     for key in ("layout", "lineage", "metrics"):
         click.echo(f"{key}: {json.dumps(d.get(key) or {})}")
     for rank, info in sorted(m.ranks.items()):
-        click.echo(f"rank {rank} on {info.get('host')}: cursor {json.dumps(info.get('cursor'))}")
+        click.echo(visible(f"rank {rank} on {info.get('host')}: cursor {json.dumps(info.get('cursor'))}"))
     rows = [
         (
             e.name,

@@ -4,14 +4,12 @@ job, warnings."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from hpctrain.cli.output import make_console as make_console  # every command's console, from here as before
 from hpctrain.contract import SITE_DIR_ENV, SITE_ENV
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 site_option = click.option(
     "--site",
@@ -37,14 +35,6 @@ def require(*modules: str) -> None:
     missing = [m for m in modules if find_spec(m) is None]
     if missing:
         raise MissingModules(missing)
-
-
-def make_console() -> Console:
-    """A rich console; wide when output is not a terminal, so piped tables are not squeezed to 80 columns."""
-    from rich.console import Console
-
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
 
 
 def open_site(site: str | None) -> tuple[Any, Any, Any]:

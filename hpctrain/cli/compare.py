@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from hpctrain.cli.common import make_console, require, site_option
+from hpctrain.cli.output import json_text
+from hpctrain.cli.types import LEDGER_ID
 
 
 @click.command()
-@click.argument("jobs", nargs=-1, type=click.IntRange(min=1), metavar="[JOB]...")
+@click.argument("jobs", nargs=-1, type=LEDGER_ID, metavar="[JOB]...")
 @click.option("--sweep", "sweep_id", metavar="SWEEP", default=None, help="the trials of this sweep")
 @click.option(
     "--metric",
     "metrics",
     multiple=True,
-    metavar="NAME[:max]",
-    help="a metric to compare (repeatable; default: loss and eval/loss, with a sweep its own metric too); "
-    "':max' where higher is better",
+    metavar="NAME[@max]",
+    help="a metric to compare: a training metric or an evaluation job's EVALUATOR:METRIC, such as heldout:eval/loss "
+    "(repeatable; default: loss and eval/loss, with a sweep its own metric too); '@max' where higher is better "
+    "('@min', the default, where lower is; the older ':max' where NAME is no evaluator)",
 )
 @click.option(
     "--html", "html_path", type=click.Path(dir_okay=False, path_type=Path), default=None, help="also write this page"
@@ -39,18 +41,22 @@ def compare(
     goodput, attempts and preemptions; --html draws every run's curves overlaid."""
     from hpctrain.cli.common import open_site
     from hpctrain.errors import HpctrainError
-    from hpctrain.report.compare import DEFAULT_METRICS, compare_runs, parse_metrics, runs_of_jobs, runs_of_sweep
+    from hpctrain.report.compare import (
+        DEFAULT_METRICS,
+        compare_runs,
+        evaluators_of,
+        parse_metrics,
+        runs_of_jobs,
+        runs_of_sweep,
+    )
 
     if bool(jobs) == bool(sweep_id):
         raise click.UsageError("give JOB ids or --sweep SWEEP")
-    wanted = parse_metrics(metrics or DEFAULT_METRICS)
+    parse_metrics(metrics)  # a malformed one is refused before the ledger is read
     cfg, ledger, _ = open_site(site)
     with ledger:
-        if sweep_id:
-            refs, own = runs_of_sweep(ledger, sweep_id)
-            wanted = {**own, **wanted}
-        else:
-            refs = runs_of_jobs(ledger, jobs)
+        refs, own = runs_of_sweep(ledger, sweep_id) if sweep_id else (runs_of_jobs(ledger, jobs), {})
+        wanted = {**own, **parse_metrics(metrics or DEFAULT_METRICS, evaluators_of(ledger, refs))}
         comparison = compare_runs(ledger, cfg, refs, wanted)
         if html_path is not None:
             require("matplotlib")
@@ -62,7 +68,7 @@ def compare(
             except OSError as exc:
                 raise HpctrainError(f"{html_path}: cannot write the page: {exc.strerror}") from None
     if as_json:
-        click.echo(json.dumps(comparison.to_json()))
+        click.echo(json_text(comparison.to_json()))
         return
     from rich.table import Table
 

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.output import visible
+from hpctrain.cli.types import whole
+
 
 @click.group()
 def data() -> None:
@@ -39,7 +42,7 @@ def pack(src: Path, out: Path, shard_size: str, prefix: str) -> None:
 
 @data.command()
 @click.argument("index", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--jobs", "-j", default=4, show_default=True, type=click.IntRange(min=1), help="shards checked at once")
+@click.option("--jobs", "-j", default=4, show_default=True, type=whole(1), help="shards checked at once")
 def verify(index: Path, jobs: int) -> None:
     """Check the shards of INDEX against it.
 
@@ -51,7 +54,7 @@ def verify(index: Path, jobs: int) -> None:
     shards = load_index(index)
     problems = verify_index(shards, jobs=jobs)
     for line in problems:
-        click.echo(line)
+        click.echo(visible(line))
     click.echo(f"{len(shards.shards) - len(problems)} of {len(shards.shards)} shards ok")
     sys.exit(1 if problems else 0)
 
@@ -59,7 +62,7 @@ def verify(index: Path, jobs: int) -> None:
 @data.command("index")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
 @click.argument("locations", nargs=-1, required=True)
-@click.option("--jobs", "-j", default=4, show_default=True, type=click.IntRange(min=1), help="shards read at once")
+@click.option("--jobs", "-j", default=4, show_default=True, type=whole(1), help="shards read at once")
 def index_shards(out: Path, locations: tuple[str, ...], jobs: int) -> None:
     """Write the index OUT for existing tar shards, in the order given.
 
@@ -84,7 +87,7 @@ def index_shards(out: Path, locations: tuple[str, ...], jobs: int) -> None:
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="a directory of .py files (repeatable; default: this Python's standard library)",
 )
-@click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=1))
+@click.option("--seq-len", default=64, show_default=True, type=whole(1))
 @click.option("--max-size", default="8M", show_default=True, help="text to take at most, e.g. 8M")
 @click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
 @click.option(
@@ -118,10 +121,10 @@ def text(out: Path, roots: tuple[Path, ...], seq_len: int, max_size: str, shard_
 
 @data.command()
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--samples", "count", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--seq-len", default=64, show_default=True, type=click.IntRange(min=2))
-@click.option("--vocab", default=256, show_default=True, type=click.IntRange(min=2))
-@click.option("--seed", default=0, show_default=True, type=click.IntRange(0, 2**32 - 1))
+@click.option("--samples", "count", default=4096, show_default=True, type=whole(1))
+@click.option("--seq-len", default=64, show_default=True, type=whole(2))
+@click.option("--vocab", default=256, show_default=True, type=whole(2))
+@click.option("--seed", default=0, show_default=True, type=whole(0, 2**32 - 1))
 @click.option("--shard-size", default="16M", show_default=True, help="target size of a shard")
 def synth(out: Path, count: int, seq_len: int, vocab: int, seed: int, shard_size: str) -> None:
     """Write a synthetic token dataset (learnable sequences) for the reference GPT trainer into OUT."""

@@ -7,8 +7,9 @@ from pathlib import Path
 import click
 
 from hpctrain.cli.common import require, site_option
+from hpctrain.cli.types import LEDGER_ID
 
-_jobs = click.argument("jobs", nargs=-1, type=click.IntRange(min=1), metavar="[JOB]...")
+_jobs = click.argument("jobs", nargs=-1, type=LEDGER_ID, metavar="[JOB]...")
 _sweep = click.option("--sweep", "sweep_id", metavar="SWEEP", default=None, help="the jobs of this sweep")
 _since = click.option("--since", metavar="YYYY-MM-DD", default=None, help="the jobs submitted from this day on")
 
@@ -40,15 +41,21 @@ def mlflow(
     (from cron too): it sends only what is new."""
     require("mlflow")
     from hpctrain.cli.common import open_site
-    from hpctrain.trackers.mlflow_export import default_uri, describe, export_mlflow
+    from hpctrain.errors import HpctrainError
+    from hpctrain.trackers.mlflow_export import describe, export_mlflow
+    from hpctrain.trackers.mlflow_uri import default_uri, parse
     from hpctrain.trackers.runs import chosen_jobs
 
     cfg, ledger, _ = open_site(site)
     with ledger:
         chosen = chosen_jobs(ledger, cfg.name, jobs, sweep_id, since)
-        uri = uri or default_uri(ledger.path)
-        sent = export_mlflow(ledger, chosen, uri, experiment)
-    click.echo(describe(sent, uri))
+        tracking = parse(uri if uri is not None else default_uri(ledger.path))
+        sent = export_mlflow(ledger, chosen, tracking, experiment)
+    click.echo(describe(sent, tracking))
+    if sent.refused:
+        raise HpctrainError(
+            f"MLflow refused {len(sent.refused)} run(s), the others were sent: {'; '.join(sent.refused)}"
+        )
 
 
 @export.command()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import click
 
 from hpctrain.cli.common import open_site, site_option
+from hpctrain.cli.types import Finite, whole
 
 if TYPE_CHECKING:
     from hpctrain.interactive import Started
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @click.command()
-@click.option("--gpus", type=click.IntRange(min=0), help="GPUs on the session's node (default: the spec's, else 0)")
+@click.option("--gpus", type=whole(0), help="GPUs on the session's node (default: the spec's, else 0)")
 @click.option(
     "--time", "time_limit", metavar="T", help="time limit, e.g. 2:00:00 (default: the spec's, else the site's)"
 )
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 @click.option("--image", metavar="IMG", help="run in this container image (the site's container runtime)")
 @click.option(
     "--idle-minutes",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Finite(0, min_open=True),
     help="end after this long with no kernel activity (default 60)",
 )
 @click.option("--port", type=click.IntRange(0, 65535), help="the server's port on the node (default: a free one)")
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 @click.option(
     "--timeout",
     "timeout_s",
-    type=click.FloatRange(min=1),
+    type=Finite(1),
     default=600.0,
     show_default=True,
     help="seconds to wait for the session to answer (queue time included); then it is cancelled",
@@ -119,7 +120,7 @@ def notebook(
     if open_browser:
         import webbrowser
 
-        if not webbrowser.open(s.url()):
+        if not webbrowser.open(s.browser_page().as_uri()):  # the token stays out of the browser's command line
             click.echo("hpctrain: warning: no browser here: use the tunnel line above", err=True)
 
 

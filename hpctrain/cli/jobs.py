@@ -12,6 +12,9 @@ from typing import Any
 import click
 
 from hpctrain.cli.common import find_job, make_console, open_site, quota_limits, site_option, warn
+from hpctrain.cli.output import json_text, styled, visible
+from hpctrain.cli.types import INDEX, Finite
+from hpctrain.jobs.overview import LISTED_WHOLE, Note, Overview, counted, overview
 
 
 def _steps(start: int | None, end: int | None) -> str:
@@ -51,7 +54,7 @@ def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, a
             return
         if as_json:
             click.echo(
-                json.dumps(
+                json_text(
                     {
                         "ledger_ids": sub.ledger_ids,
                         "slurm_ids": sub.slurm_ids,
@@ -119,23 +122,80 @@ def _status_table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
     return table
 
 
+def _sessions(ledger: Any, rows: Sequence[Mapping[str, Any]]) -> dict[int, Any]:
+    """The notebook sessions among the running jobs (the module that reads them is imported only when one is)."""
+    running = [r["id"] for r in rows if r["state"] == "RUNNING"]
+    if not ledger.jobs.session_dirs(running):
+        return {}
+    from hpctrain.interactive.connect import running_sessions
+
+    return running_sessions(ledger, running)
+
+
+def _notes(
+    alerts: Mapping[int, Sequence[str]], reasons: Mapping[int, str], sessions: Mapping[int, Any]
+) -> dict[int, list[Note]]:
+    """What status says of each submission below its table: its alerts, why it waits, its session."""
+    notes: dict[int, list[Note]] = {}
+    for job_id, found in alerts.items():
+        notes.setdefault(job_id, []).append(Note(job_id, "; ".join(found), alert=True))
+    for job_id, why in reasons.items():
+        notes.setdefault(job_id, []).append(Note(job_id, f"waits: {why}"))
+    for job_id, s in sessions.items():
+        idle = "not answering" if s["idle_s"] is None else f"idle {s['idle_s'] / 60:.0f} min"
+        notes.setdefault(job_id, []).append(
+            Note(job_id, f"session: {s['url']} (token in {s['token_file']}; {idle}; ends after {s['idle_minutes']:g})")
+        )
+    return notes
+
+
+def _print_notes(console: Any, notes: Sequence[Note], more: int) -> None:
+    for note in notes:
+        if note.alert:
+            console.print(styled("  ", (f"job {note.job_id}", "bold red"), f": {note.text}"))
+        else:
+            console.print(f"  job {note.job_id} {note.text}", soft_wrap=note.text.startswith("session: "))
+    if more:
+        console.print(f"  and {more:,} more: `hpctrain status --long` lists every submission with all of them")
+
+
+def _print_overview(console: Any, site: str, view: Overview, submissions: int) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"hpctrain status: site {site}: {submissions:,} active submissions, by group", title_justify="left"
+    )
+    for col in ("group", "submissions", "states", "tasks", "restarts", "preempted"):
+        table.add_column(col)
+    for g in view.groups:
+        tasks = counted(g.tasks) if g.tasks else "-"
+        table.add_row(g.name, f"{g.submissions:,}", counted(g.states), tasks, f"{g.restarts:,}", f"{g.preemptions:,}")
+    console.print(table)
+    if view.more_groups:
+        console.print(f"  and {view.more_groups:,} more groups; `hpctrain status --long` lists every submission")
+    _print_notes(console, view.notes, view.more_notes)
+
+
 @click.command()
 @site_option
-@click.option("--all", "show_all", is_flag=True, help="include finished jobs")
+@click.option("--all", "show_all", is_flag=True, help="include finished jobs, each on its line")
+@click.option(
+    "--long", "long", is_flag=True, help=f"every active submission on its line (else past {LISTED_WHOLE}: by group)"
+)
 @click.option("--json", "as_json", is_flag=True, help="print rows as JSON")
 @click.option("--watch", is_flag=True, help="keep polling, backing off while nothing changes")
 @click.option(
     "--interval",
+    type=Finite(0.1, 86400),
     default=5.0,
     show_default=True,
-    callback=lambda c, p, v: _seconds(p, v),
     help="first poll interval (s) with --watch",
 )
 @click.option(
     "--max-interval",
+    type=Finite(0.1, 86400),
     default=300.0,
     show_default=True,
-    callback=lambda c, p, v: _seconds(p, v),
     help="longest poll interval (s) with --watch",
 )
 @click.option("--count", type=click.IntRange(1, 10**9), default=None, help="stop --watch after this many polls")
@@ -146,6 +206,7 @@ def _status_table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
 def status(
     site: str | None,
     show_all: bool,
+    long: bool,
     as_json: bool,
     watch: bool,
     interval: float,
@@ -154,10 +215,10 @@ def status(
     no_refresh: bool,
     limit: int,
 ) -> None:
-    """Every active submission on one line (an array's tasks counted by state, why it waits, its restarts): one
-    sacct call per poll for all of them (and their journals), cached in the ledger; running jobs that stalled or
-    wait on data are flagged."""
-    from hpctrain.interactive.connect import running_sessions
+    """The active submissions, each on its line while there are at most 20 (an array's tasks counted by state, its
+    restarts), else counted by group and state; then the ones that need your eye: alerts (stalled, data-bound, ...),
+    why they wait, their sessions. One sacct call per poll for all of them (and their journals), cached in the
+    ledger."""
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.pending import waiting, waits
     from hpctrain.jobs.poll import job_summaries, next_interval, submissions
@@ -181,10 +242,10 @@ def status(
                 reasons_at = time.monotonic()
             pending = {r["id"] for r in rows if waits(r)}
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
-            sessions = running_sessions(ledger, [r["id"] for r in rows if r["state"] == "RUNNING"])
+            sessions = _sessions(ledger, rows)
             if as_json:
                 click.echo(
-                    json.dumps(
+                    json_text(
                         [
                             {
                                 **r,
@@ -203,14 +264,12 @@ def status(
                     else f"no active jobs on site {cfg.name}; `hpctrain status --all` lists finished ones too"
                 )
             else:
-                console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
-                for job_id, found in alerts.items():
-                    console.print(f"  [bold red]job {job_id}[/]: {'; '.join(found)}")
-                for job_id, why in reasons.items():
-                    console.print(f"  job {job_id} waits: {why}")
-                for job_id, s in sessions.items():
-                    idle = "not answering" if s["idle_s"] is None else f"idle {s['idle_s'] / 60:.0f} min"
-                    console.print(f"  job {job_id} session: {s['url']} ({idle}; ends after {s['idle_minutes']:g})")
+                notes = _notes(alerts, reasons, sessions)
+                if show_all or long or len(rows) <= LISTED_WHOLE:
+                    console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
+                    _print_notes(console, [note for lines in notes.values() for note in lines], 0)
+                else:
+                    _print_overview(console, cfg.name, overview(rows, notes), len(rows))
             if not watch or (count is not None and polls >= count):
                 return
             wait = next_interval(wait, interval, max_interval, changed > 0)
@@ -218,23 +277,17 @@ def status(
             time.sleep(wait)
 
 
-def _seconds(param: click.Parameter, value: float) -> float:
-    if not 0.1 <= value <= 86400:  # also refuses nan
-        raise click.BadParameter(f"expected seconds from 0.1 to 86400, got {value}", param_hint=param.opts[0])
-    return value
-
-
 @click.command()
 @click.argument("job")
 @site_option
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--lineage", "show_lineage", is_flag=True, help="what the job ran: code, data, parameters, versions")
-@click.option("--task", type=click.IntRange(0, 10**9), default=None, help="only this array task's runs")
+@click.option("--task", type=INDEX, default=None, help="only this array task's runs")
 @click.option("--state", default=None, help="only the runs of the array tasks in this state (RUNNING, FAILED, ...)")
 def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: int | None, state: str | None) -> None:
     """One job by ledger id: placement and why, array tasks, attempts (requeues, preemptions), events. An array of
     more than 20 tasks shows its tasks counted by state; --task or --state lists runs."""
-    from hpctrain.jobs.arrays import runs_view
+    from hpctrain.jobs.arrays import newest_events, parts_of, runs_view
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
     from hpctrain.jobs.stragglers import latest
@@ -257,6 +310,8 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         }
         segments = ledger.segments.of_jobs([row["id"]])
         slow = latest(ledger, row["id"])
+        group = ledger.jobs.in_group(row["group_id"]) if row["group_id"] is not None else [row]
+        parts = parts_of(group, [t for j in group for t in ledger.jobs.tasks(j["id"])]) if len(group) > 1 else []
     view = runs_view(row["id"], detail["array_tasks"], detail["attempts"], task, state)
     if task is not None or state is not None:
         shown = {r["task_index"] for r in view.runs}
@@ -264,6 +319,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         detail["attempts"] = view.runs
         segments = [s for s in segments if s["task_index"] in shown]
     detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
+    detail["submission"] = [p.__dict__ for p in parts]
     measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
     goodput = {
         run: good for run, good in job_goodput(detail["attempts"], segments, time.time()).items() if run in measured
@@ -273,18 +329,22 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         for (task, attempt), good in goodput.items()
     ]
     if as_json:
-        click.echo(json.dumps(detail, default=str))
+        click.echo(json_text(detail, default=str))
         return
     from rich.table import Table
 
     console = make_console()
     console.print(
-        f"[bold]{row['name']}[/] ledger id {row['id']}, slurm job {row['slurm_job_id']}: [bold]{row['state']}[/]"
+        styled(
+            (row["name"], "bold"), f" ledger id {row['id']}, slurm job {row['slurm_job_id']}: ", (row["state"], "bold")
+        )
     )
     console.print(f"  {row['partition']}/{row['qos']} as {row['account']}: {row['choice_reason']}")
     if detail["waiting"]:
         console.print(f"  waits: {detail['waiting']}")
     console.print(f"  script {row['script_path']} (sha256 {row['script_sha256'] and row['script_sha256'][:12]})")
+    if parts:
+        console.print(_parts_table(parts, row["id"]))
     if view.by_state:
         counts = ", ".join(f"{n} {s}" for s, n in view.by_state.items())
         console.print(f"  tasks: {counts}" + ("; --task N or --state STATE lists their runs" * view.summarised))
@@ -322,15 +382,34 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
     for a in view.runs:
         if a["requeued"] == 0 and a["cause"] != "completed":
             which = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
-            console.print(f"  [bold]{which}stopped after attempt {a['attempt']}[/]: {a['decision']}")
+            console.print(styled("  ", (f"{which}stopped after attempt {a['attempt']}", "bold"), f": {a['decision']}"))
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     for (index, attempt), good in goodput.items() if not view.summarised else ():
         console.print(f"  {f'task {index} ' if index >= 0 else ''}attempt {attempt} time: {good.words()}")
     if detail["evaluations"]:
         console.print(_evaluations_table(detail["evaluations"], tasks))
-    for e in detail["events"]:
+    events, earlier = newest_events(detail["events"])
+    if earlier:
+        console.print(f"  {sum(earlier.values()):,} earlier events ({counted(earlier)}); --json lists them all")
+    for e in events:
         console.print(f"  {_when(e['time'])} {e['kind']}: {e['message']}")
+
+
+def _parts_table(parts: Sequence[Any], this: int) -> Any:
+    """The jobs of a submission split past MaxArraySize, one a line, its tasks counted by state."""
+    from rich.table import Table
+
+    table = Table(
+        title=f"submission: {len(parts)} jobs of {sum(p.tasks for p in parts):,} tasks (split past MaxArraySize)",
+        title_justify="left",
+    )
+    for col in ("ledger id", "slurm job", "state", "tasks", "by state"):
+        table.add_column(col)
+    for p in parts:
+        mark = " (this)" if p.id == this else ""
+        table.add_row(f"{p.id}{mark}", p.slurm_job_id or "-", p.state, f"{p.tasks:,}", counted(p.by_state))
+    return table
 
 
 def _evaluations_table(rows: list[Any], tasks: bool) -> Any:
@@ -362,7 +441,7 @@ def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None
         click.echo(f"job {row['id']}: no lineage recorded")
         return
     for key, value in sorted(flatten(recorded).items()):
-        click.echo(f"{key}: {value}")
+        click.echo(visible(f"{key}: {value}"))
     code = recorded.get("code") or {}
     if code.get("entry_point"):
         from pathlib import Path
@@ -377,7 +456,7 @@ def _print_lineage(row: dict[str, Any], original: dict[str, Any] | None) -> None
         diff = differences(json.loads(original["lineage_json"] or "{}"), recorded)
         click.echo(f"rerun of job {original['id']}: " + ("identical lineage" if not diff else "lineage differs"))
         for line in diff:
-            click.echo(f"  {line}")
+            click.echo(f"  {visible(line)}")
 
 
 @click.command()
@@ -397,7 +476,7 @@ def rerun(job: str, site: str | None) -> None:
     click.echo(
         "lineage: identical"
         if not done.differences
-        else "lineage differs:\n" + "\n".join(f"  {d}" for d in done.differences)
+        else "lineage differs:\n" + "\n".join(f"  {visible(d)}" for d in done.differences)
     )
 
 
@@ -405,9 +484,9 @@ def rerun(job: str, site: str | None) -> None:
 @click.argument("job")
 @site_option
 @click.option("-f", "--follow", is_flag=True, help="go on printing lines as they are written until the job ends")
-@click.option("--task", type=click.IntRange(min=0), default=None, help="only this array task's log")
-@click.option("--attempt", type=click.IntRange(min=0), default=None, help="only this run's lines (see `show`)")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="only this rank's lines (a multi-task job)")
+@click.option("--task", type=INDEX, default=None, help="only this array task's log")
+@click.option("--attempt", type=INDEX, default=None, help="only this run's lines (see `show`)")
+@click.option("--rank", type=INDEX, default=None, help="only this rank's lines (a multi-task job)")
 def logs(job: str, site: str | None, follow: bool, task: int | None, attempt: int | None, rank: int | None) -> None:
     """The output of JOB across its runs and array tasks, with a mark where each run began."""
     from hpctrain.errors import HpctrainError
@@ -455,14 +534,20 @@ def reconcile(site: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         result = warn(run_reconcile(ledger, client, cfg.name))
-        evaluations = follow_all(ledger, cfg, time.time() - JOURNALS_READ_S)
+        evaluations, failures = follow_all(ledger, cfg, time.time() - JOURNALS_READ_S)
     click.echo(
         f"reconciled: {result.changed_jobs} job(s) changed state, "
         f"{result.records} new record(s) from {result.journals} journal(s)"
     )
     for r in evaluations:  # [eval] on_checkpoint
         t = r.target
-        click.echo(f"  job {t.job_id} step {t.step}: evaluating with {r.evaluator}, ledger id {r.eval_job_id}")
+        click.echo(visible(f"  job {t.job_id} step {t.step}: evaluating with {r.evaluator}, ledger id {r.eval_job_id}"))
+    if result.evaluations_failed:
+        click.echo(f"  {result.evaluations_failed} evaluation job(s) ended without a result (`hpctrain eval --retry`)")
     for d in result.decisions:
         task = f" task {d.task_index}" if d.task_index >= 0 else ""
-        click.echo(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}")
+        click.echo(visible(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}"))
+    for line in failures:  # one job's evaluations that could not be submitted: the others' were
+        click.echo(visible(f"hpctrain: error: evaluations of {line}"), err=True)
+    if failures:
+        sys.exit(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from hpctrain.cli.common import site_option
+from hpctrain.cli.types import whole
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -27,7 +28,7 @@ from hpctrain.cli.common import site_option
 @click.option(
     "--nodes",
     "-N",
-    type=click.IntRange(min=1),
+    type=whole(1),
     default=None,
     help="run on this many of the allocation's nodes: healthy ones, not those Slurm took out of it (--no-kill) "
     "or whose ranks failed first in retry.exclude_node_after steps (2); the rest are spares (default: every node, "

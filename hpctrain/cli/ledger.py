@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 from hpctrain.cli.common import site_option
+from hpctrain.cli.output import visible
+from hpctrain.cli.types import Finite
 
 
 @click.group()
@@ -18,7 +20,7 @@ def ledger() -> None:
 @click.option(
     "--older-than",
     "days",
-    type=click.FloatRange(min=0),
+    type=Finite(0),
     default=365.0,
     show_default=True,
     help="move the jobs that ended more than this many days ago",
@@ -43,8 +45,10 @@ def archive(days: float, target: Path | None, site: str | None) -> None:
         target = target or led.path.with_name(f"{led.path.stem}-archive.db")
         done = move(led, target, time.time() - days * 86400)
     click.echo(
-        f"moved {done.jobs} jobs ({done.rows} rows) that ended over {days:g} days ago into {done.target}; "
-        "`hpctrain ledger vacuum` gives the space back to the disk"
+        visible(
+            f"moved {done.jobs} jobs ({done.rows} rows) that ended over {days:g} days ago into {done.target}; "
+            "`hpctrain ledger vacuum` gives the space back to the disk"
+        )
     )
 
 
@@ -58,4 +62,4 @@ def vacuum(site: str | None) -> None:
     _, led, _ = open_site(site)
     with led:
         before, after = rebuild(led)
-    click.echo(f"{led.path}: {before / 2**20:,.1f} MiB -> {after / 2**20:,.1f} MiB")
+    click.echo(visible(f"{led.path}: {before / 2**20:,.1f} MiB -> {after / 2**20:,.1f} MiB"))

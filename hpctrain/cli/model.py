@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from hpctrain.cli.common import make_console, site_option
+from hpctrain.cli.output import json_text, visible
+from hpctrain.cli.types import INDEX, LEDGER_ID, Finite
 
 _ALIAS = click.option("--alias", "alias", required=True, metavar="ALIAS", help="e.g. production or staging")
 
@@ -28,13 +30,13 @@ def model() -> None:
 
 @model.command()
 @click.argument("name")
-@click.argument("job", type=click.IntRange(min=1))
-@click.option("--step", type=click.IntRange(min=0), default=None, help="the checkpoint of this step (default: newest)")
-@click.option("--task", type=click.IntRange(min=0), default=None, help="of this array task (a sweep's trial)")
+@click.argument("job", type=LEDGER_ID)
+@click.option("--step", type=INDEX, default=None, help="the checkpoint of this step (default: newest)")
+@click.option("--task", type=INDEX, default=None, help="of this array task (a sweep's trial)")
 @click.option("--gate-evaluator", default=None, metavar="NAME", help="a new model's gate: this evaluator's results")
 @click.option("--gate-metric", default=None, metavar="METRIC", help="a new model's gate: this metric (eval/loss)")
 @click.option("--gate-mode", type=click.Choice(["min", "max"]), default=None, help="a new model's gate: lower/higher")
-@click.option("--gate-threshold", type=float, default=None, help="a new model's gate: the value to reach")
+@click.option("--gate-threshold", type=Finite(), default=None, help="a new model's gate: the value to reach")
 @site_option
 def register(
     name: str,
@@ -54,17 +56,17 @@ def register(
     from hpctrain.config.job import GatePolicy
     from hpctrain.config.loading import validate
     from hpctrain.registry.gate import Gate
-    from hpctrain.registry.versions import register as register_version
+    from hpctrain.registry.versions import register_checkpoint
 
     given = {"evaluator": gate_evaluator, "metric": gate_metric, "mode": gate_mode, "threshold": gate_threshold}
     options = {k: v for k, v in given.items() if v is not None}
     gate = Gate.of(validate(GatePolicy, options, "--gate-* options")) if options else None
     _, ledger, _ = open_site(site)
     with ledger:
-        version = register_version(ledger, name, job, step, task, gate)
+        version, created = register_checkpoint(ledger, name, job, step, task, gate)
+    said = f"registered {name}:{version['version']}:" if created else f"{name}:{version['version']} is already"
     click.echo(
-        f"registered {name}:{version['version']}: job {job} step {version['step']}, {version['checkpoint']} "
-        f"(pinned: retention keeps it)"
+        visible(f"{said} job {job} step {version['step']}, {version['checkpoint']} (pinned: retention keeps it)")
     )
 
 
@@ -86,7 +88,7 @@ def ls(site: str | None, as_json: bool) -> None:
             aliases = {a["alias"]: a["version"] for a in ledger.registry.aliases(m["name"])}
             found.append((m, len(versions), versions[-1]["registered_at"] if versions else None, aliases))
     if as_json:
-        click.echo(json.dumps([{**m, "versions": n, "aliases": a} for m, n, _, a in found]))
+        click.echo(json_text([{**m, "versions": n, "aliases": a} for m, n, _, a in found]))
         return
     if not found:
         click.echo("no models registered yet (hpctrain model register NAME JOB)")
@@ -117,7 +119,7 @@ def show(ref: str, site: str | None, as_json: bool) -> None:
         lineage = json.loads(version["lineage_json"])
         results, aliases = results_of(ledger, version), aliases_of(ledger, version)
     if as_json:
-        click.echo(json.dumps({**version, "lineage_json": lineage, "evaluations": results, "aliases": aliases}))
+        click.echo(json_text({**version, "lineage_json": lineage, "evaluations": results, "aliases": aliases}))
         return
     code, data, versions = lineage.get("code") or {}, lineage.get("data") or {}, lineage.get("versions") or {}
     lines = [
@@ -135,12 +137,12 @@ def show(ref: str, site: str | None, as_json: bool) -> None:
     ]
     for name, values in results.items():
         lines.append(f"  eval {name:<8}{json.dumps(values)}")
-    click.echo("\n".join(lines))
+    click.echo(visible("\n".join(lines)))
 
 
 @model.command()
 @click.argument("name")
-@click.argument("version", type=click.IntRange(min=1))
+@click.argument("version", type=LEDGER_ID)
 @_ALIAS
 @click.option("--force", is_flag=True, help="past a refusing gate (needs --why; recorded)")
 @click.option("--why", default=None, metavar="TEXT", help="the reason, kept in the history")
@@ -154,13 +156,18 @@ def promote(name: str, version: int, alias: str, force: bool, why: str | None, s
 
     _, ledger, _ = open_site(site)
     with ledger:
+        if ledger.registry.seen(name, alias)[0] == version:  # run again after its commit, or by a twin: done
+            click.echo(visible(f"{name}@{alias} is version {version} already; nothing changed"))
+            return
         decision = decide(ledger, name, version, alias)
         done = move(ledger, decision, why, force)
     n = decision.numbers
     click.echo(
-        f"{name}@{alias}: {_from(done['from_version'])} -> version {version} ({done['action']}; {n['metric']} "
-        f"{_number(n['candidate'])} vs {_number(n['current'])})"
-        + (f"; the gate refused: {decision.refusal}" if decision.refusal else "")
+        visible(
+            f"{name}@{alias}: {_from(done['from_version'])} -> version {version} ({done['action']}; {n['metric']} "
+            f"{_number(n['candidate'])} vs {_number(n['current'])})"
+            + (f"; the gate refused: {decision.refusal}" if decision.refusal else "")
+        )
     )
 
 
@@ -168,16 +175,30 @@ def promote(name: str, version: int, alias: str, force: bool, why: str | None, s
 @click.argument("name")
 @_ALIAS
 @click.option("--why", default=None, metavar="TEXT", help="the reason, kept in the history")
+@click.option(
+    "--undo",
+    "move",
+    type=click.IntRange(min=1),
+    default=None,
+    metavar="MOVE",
+    help="the promotion to undo (its move in `model history`): run again, it is not undone twice",
+)
 @site_option
-def rollback(name: str, alias: str, why: str | None, site: str | None) -> None:
-    """Move ALIAS of model NAME back to its target before the last promotion not yet rolled back."""
+def rollback(name: str, alias: str, why: str | None, move: int | None, site: str | None) -> None:
+    """Move ALIAS of model NAME back to its target before the last promotion not yet rolled back. Not re-gated:
+    that version got there through the gate, or by a forced promotion; the line says which (kept in the history).
+    With --undo MOVE, only if MOVE is that promotion; run again, it says MOVE is rolled back already."""
     from hpctrain.cli.common import open_site
-    from hpctrain.registry.aliases import rollback as move_back
+    from hpctrain.registry.aliases import basis, undo
 
     _, ledger, _ = open_site(site)
     with ledger:
-        done = move_back(ledger, name, alias, why)
-    click.echo(f"{name}@{alias}: {_from(done['from_version'])} -> {_from(done['to_version'])} (rollback)")
+        done, now = undo(ledger, name, alias, why, move)
+    went = f"{_from(done['from_version'])} -> {_from(done['to_version'])}"
+    if now:
+        click.echo(f"{name}@{alias}: {went} (rollback; {basis(done)})")
+    else:
+        click.echo(f"{name}@{alias}: move {move} is rolled back already (move {done['id']}: {went})")
 
 
 def _from(version: int | None) -> str:
@@ -201,18 +222,19 @@ def history(name: str, alias: str | None, site: str | None, as_json: bool) -> No
     with ledger:
         moves = moves_of(ledger, name, alias)
     if as_json:
-        click.echo(json.dumps([{**m, "gate_json": gate_numbers(m)} for m in moves]))
+        click.echo(json_text([{**m, "gate_json": gate_numbers(m)} for m in moves]))
         return
     if not moves:
         click.echo(f"no alias of {name} has moved yet (hpctrain model promote {name} VERSION --alias ALIAS)")
         return
     table = Table(title=f"alias moves of {name}", title_justify="left")
-    for column in ("when", "by", "alias", "action", "from", "to", "gate", "why"):
+    for column in ("move", "when", "by", "alias", "action", "from", "to", "gate", "why"):
         table.add_column(column, overflow="fold")
     for m in moves:
         g = gate_numbers(m)
         numbers = f"{g['metric']} {_number(g['candidate'])} vs {_number(g['current'])}" if g else "-"
         table.add_row(
+            str(m["id"]),
             _when(m["at"]),
             m["by"],
             m["alias"],
@@ -232,7 +254,8 @@ def history(name: str, alias: str | None, site: str | None, as_json: bool) -> No
 @site_option
 def export(ref: str, out: Path, fmt: str, site: str | None) -> None:
     """Write a version to the new folder OUT: its weights, a manifest (lineage, checksums) and, for the reference
-    GPT, a model definition that loads them in plain PyTorch, without hpctrain."""
+    GPT, a model definition that loads them in plain PyTorch, without hpctrain. The weights are streamed tensor by
+    tensor; the folder appears whole at the end, or not at all."""
     from hpctrain.cli.common import open_site, require
     from hpctrain.registry.export import export_version
     from hpctrain.registry.names import parse_ref
@@ -242,5 +265,6 @@ def export(ref: str, out: Path, fmt: str, site: str | None) -> None:
     _, ledger, _ = open_site(site)
     with ledger:
         version = resolve(ledger, parse_ref(ref))
-        written = export_version(ledger, version, out, fmt)
-    click.echo(f"exported {version['model']}:{version['version']} to {out}: {', '.join(written)}")
+        written, now = export_version(ledger, version, out, fmt)
+    said = "exported" if now else "already exported"
+    click.echo(visible(f"{said} {version['model']}:{version['version']} to {out}: {', '.join(written)}"))

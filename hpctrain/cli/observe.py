@@ -8,6 +8,8 @@ from typing import Any
 import click
 
 from hpctrain.cli.common import account_budgets, make_console, site_option
+from hpctrain.cli.output import json_text
+from hpctrain.cli.types import INDEX
 from hpctrain.jobs.accounting import GROUPS
 
 FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
@@ -28,8 +30,8 @@ def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
 @click.argument("job")
 @site_option
 @click.option("--name", "names", multiple=True, help="only this metric (repeatable)")
-@click.option("--task", type=click.IntRange(0, 10**9), default=None, help="only this array task")
-@click.option("--tail", default=20, show_default=True, help="the last N steps (0: all)")
+@click.option("--task", type=INDEX, default=None, help="only this array task")
+@click.option("--tail", type=INDEX, default=20, show_default=True, help="the last N steps (0: all)")
 @click.option("--json", "as_json", is_flag=True, help="one object per step")
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without folding in new journal records")
 def metrics(
@@ -65,7 +67,7 @@ def metrics(
     steps = dict(sorted(steps.items()))
     shown = list(steps.values())[-tail:] if tail else list(steps.values())
     if as_json:
-        click.echo("\n".join(json.dumps(s) for s in shown))
+        click.echo("\n".join(json_text(s) for s in shown))
         return
     present = {k for s in shown for k in s} - {"task", "step"}
     columns = [n for n in FIRST if n in present] + sorted(present - set(FIRST))
@@ -85,16 +87,26 @@ def metrics(
 @click.option("--since", metavar="YYYY-MM-DD", default=None, help="count GPU time from this day on")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without asking Slurm")
-@click.option("--causes", is_flag=True, help="a column per cause of lost GPU time, and the time queued after requeues")
-def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh: bool, causes: bool) -> None:
+@click.option("--causes", is_flag=True, help="also the lost GPU time by cause, and the time queued after requeues")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="groups shown, most GPU-h first")
+@click.option("--all", "show_all", is_flag=True, help="every group, not only the --top ones")
+def cost(
+    site: str | None,
+    by: str,
+    since: str | None,
+    as_json: bool,
+    no_refresh: bool,
+    causes: bool,
+    top: int,
+    show_all: bool,
+) -> None:
     """GPU-hours (sacct: GPUs x elapsed, every run, requeues included), the part lost to interruptions
     (work after a run's last checkpoint), goodput (productive steps over the GPU time of runs whose trainer
     journals its steps; --causes: the rest by cause) and cost at the site's prices, per account, user, sweep,
-    job or partition."""
+    job or partition: the --top groups by GPU-hours, the rest in one line (--all or --json: every group)."""
     from datetime import datetime
 
     from hpctrain.jobs.accounting import cost_totals, overall, percent
-    from hpctrain.jobs.goodput import LOST
 
     try:
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
@@ -126,16 +138,16 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
                 budget_left_gpu_hours=budget.left / 60,
             )
     if as_json:
-        click.echo(json.dumps(rows))
+        click.echo(json_text(rows))
         return
     from rich.table import Table
 
     table = Table(title=f"GPU-hours on {cfg.name}" + (f" since {since}" if since else ""), title_justify="left")
     budget_cols = ("budget GPU-h", "spent (Slurm)", "left") if budgets else ()
-    cause_cols = (*(f"{c} GPU-h" for c in LOST), "queued h") if causes else ()
-    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", *cause_cols, "cost", *budget_cols):
+    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", "cost", *budget_cols):
         table.add_column(col, justify="left" if col == by else "right")
-    for r in rows:
+    shown = len(rows) if show_all else top
+    for r in rows[:shown]:
         budget = (
             [
                 f"{r[k]:.1f}" if k in r else "-"
@@ -144,7 +156,6 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
             if budgets
             else []
         )
-        lost = [f"{r['cause_gpu_hours'].get(c, 0.0):.3f}" for c in LOST] + [f"{r['queued_after_requeue_s'] / 3600:.3f}"]
         table.add_row(
             str(r[by] if r[by] is not None else "-"),
             str(r["jobs"]),
@@ -152,22 +163,52 @@ def cost(site: str | None, by: str, since: str | None, as_json: bool, no_refresh
             f"{r['gpu_hours']:.3f}",
             f"{r['lost_gpu_hours']:.3f}",
             percent(r["goodput"]),
-            *(lost if causes else []),
             f"{r['cost']:.2f}",
             *budget,
         )
-    table.add_row(
-        "total",
-        str(sum(r["jobs"] for r in rows)),
-        str(sum(r["runs"] for r in rows)),
-        f"{sum(r['gpu_hours'] for r in rows):.3f}",
-        f"{sum(r['lost_gpu_hours'] for r in rows):.3f}",
-        percent(overall(groups).goodput),
-        *([""] * len(cause_cols)),
-        f"{sum(r['cost'] for r in rows):.2f}",
-        *(["", "", ""] if budgets else []),
-    )
-    make_console().print(table)
+    rest = [(f"{len(rows) - shown} more (--all)", groups[shown:], rows[shown:])] if rows[shown:] else []
+    summed = [*rest, ("total", groups, rows)]  # the groups not shown, in one line, and all of them
+    for label, summed_groups, summed_rows in summed:
+        table.add_row(
+            label,
+            str(sum(r["jobs"] for r in summed_rows)),
+            str(sum(r["runs"] for r in summed_rows)),
+            f"{sum(r['gpu_hours'] for r in summed_rows):.3f}",
+            f"{sum(r['lost_gpu_hours'] for r in summed_rows):.3f}",
+            percent(overall(summed_groups).goodput),
+            f"{sum(r['cost'] for r in summed_rows):.2f}",
+            *(["", "", ""] if budgets else []),
+        )
+    console = make_console()
+    console.print(table)
+    if causes:
+        lines: list[tuple[object, Any, bool]] = [(g.key, g, False) for g in groups[:shown]]
+        lines += [(label, overall(g), label == "total") for label, g, _ in summed]
+        console.print(_causes_table(by, lines))
+
+
+def _causes_table(by: str, groups: list[tuple[object, Any, bool]]) -> Any:
+    """Each group's lost GPU time by cause, a row each, and the time its runs queued after requeues: the causes that
+    are not zero, or (``every``: the total) all of them. Names stay whole in any terminal, as 20-odd columns' did not."""
+    from rich.table import Table
+
+    from hpctrain.jobs.accounting import percent
+    from hpctrain.jobs.goodput import LOST
+
+    table = Table(title="lost GPU time by cause", title_justify="left")
+    for col in (by, "cause", "GPU-h", "of all GPU-h"):
+        table.add_column(col, justify="left" if col in (by, "cause") else "right")
+    for key, total, every in groups:
+        label = "-" if key is None else str(key)
+        shown = [c for c in LOST if total.causes.get(c, 0.0) or every]
+        for i, cause in enumerate(shown):
+            hours = total.causes.get(cause, 0.0)
+            share = percent(hours / total.gpu_hours) if total.gpu_hours else "-"
+            table.add_row("" if i else label, cause, f"{hours:.3f}", share)
+        if total.queue_s or every:
+            table.add_row("" if shown else label, "queued after requeues (hours)", f"{total.queue_s / 3600:.3f}", "-")
+        table.add_section()
+    return table
 
 
 @click.command()
@@ -186,7 +227,7 @@ def quota(site: str | None, accounts: tuple[str, ...], as_json: bool) -> None:
     with ledger:
         limits = user_limits(cfg, client, getpass.getuser(), ledger, fresh=True, accounts=list(accounts) or None)
     if as_json:
-        click.echo(json.dumps([lim.as_dict() for lim in limits]))
+        click.echo(json_text([lim.as_dict() for lim in limits]))
         return
     from rich.table import Table
 

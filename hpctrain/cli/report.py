@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from hpctrain.cli.common import require, site_option
+from hpctrain.cli.output import visible
 
 
 @click.command()
@@ -68,6 +69,6 @@ def report(target: str | None, account: str | None, since: datetime | None, out:
         path.write_text(html, encoding="utf-8")
     except OSError as exc:
         raise HpctrainError(f"{path}: cannot write the report: {exc.strerror}") from None
-    click.echo(f"wrote {path}")
+    click.echo(visible(f"wrote {path}"))
     for line in summary:
-        click.echo(f"  {line}")
+        click.echo(f"  {visible(line)}")

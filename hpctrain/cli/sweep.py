@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from hpctrain.cli.common import make_console, require, site_option
+from hpctrain.cli.output import json_text, visible
 
 DEFAULT_LOG = Path("~/.local/state/hpctrain/sweep-tick.log")  # scripts/sweep-tick-cron's too
 # The tick's schedule and log, as `sweep cron` prints them and `sweep install-tick` writes them.
@@ -123,14 +124,16 @@ def install_tick(
     done = install.change(chosen, entry, dry_run=dry_run)  # type: ignore[arg-type]
     if dry_run:
         click.echo(f"# {chosen} as it would be written (nothing changed):")
-        click.echo(done.after, nl=False)
+        click.echo(done.after.encode(errors="surrogateescape"), nl=False)  # the user's lines byte for byte
     elif done.before == done.after:
         click.echo(f"{chosen}: already {'without' if remove else 'with'} this tick entry; nothing changed")
     elif remove:
         click.echo(f"{chosen}: the sweep tick's entry taken out")
     else:
         where = "as a Slurm job on a compute node" if chosen == "scrontab" else "on this host"
-        click.echo(f"{chosen}: every active sweep ticks every {every} min {where}; log: {log.expanduser().absolute()}")
+        click.echo(
+            visible(f"{chosen}: every active sweep ticks every {every} min {where}; log: {log.expanduser().absolute()}")
+        )
 
 
 def _tick_environment(site: str | None) -> dict[str, str]:
@@ -152,12 +155,17 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
 
     with tick_lock(ledger.path):
         results = tick_all(
-            ledger, client, cfg, sweep_ids, on_warning=lambda w: click.echo(f"hpctrain: warning: {w}", err=True)
+            ledger,
+            client,
+            cfg,
+            sweep_ids,
+            on_warning=lambda w: click.echo(visible(f"hpctrain: warning: {w}"), err=True),
         )
     for r in results:
         if r.error is not None:
             click.echo(
-                f"hpctrain: error: sweep {r.sweep}: {r.error}; marked FAILED, later ticks leave it out", err=True
+                visible(f"hpctrain: error: sweep {r.sweep}: {r.error}; marked FAILED, later ticks leave it out"),
+                err=True,
             )
             continue
         parts = [
@@ -165,11 +173,11 @@ def _tick(cfg, ledger, client, sweep_ids: list[str] | None) -> None:
             f"{len(r.resubmitted)} resubmitted",
             f"{len(r.stopped)} stopped early",
         ]
-        click.echo(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}")
+        click.echo(visible(f"sweep {r.sweep}: {', '.join(parts)}; {r.state}"))
         if r.capped:
-            click.echo(f"  {r.capped}")
+            click.echo(visible(f"  {r.capped}"))
         for number, why in r.stopped.items():
-            click.echo(f"  trial {number}: {why}")
+            click.echo(visible(f"  trial {number}: {why}"))
     if any(r.error is not None for r in results):
         sys.exit(1)  # cron reports it; the other sweeps have ticked
 
@@ -191,7 +199,7 @@ def status(sweep_id: str, site: str | None, as_json: bool) -> None:
         rows = store.trial_table(ledger, swp)
     top = store.best(rows, swp.spec.direction)
     if as_json:
-        click.echo(json.dumps({"sweep": swp.id, "state": swp.state, "trials": rows, "best": top}))
+        click.echo(json_text({"sweep": swp.id, "state": swp.state, "trials": rows, "best": top}))
         return
     table = Table(
         title=f"sweep {swp.id} ({swp.spec.method}, {swp.state}): {swp.spec.direction} {swp.spec.metric}",
@@ -241,4 +249,4 @@ def report(sweep_id: str, site: str | None, out_dir: str | None) -> None:
         swp = store.load(ledger, sweep_id)
         rows = store.trial_table(ledger, swp)
     for path, why_not in write_report(swp.spec, rows, Path(out_dir or f"sweep-{swp.id}")):
-        click.echo(f"{path} not written: {why_not}" if why_not else f"wrote {path}")
+        click.echo(visible(f"{path} not written: {why_not}" if why_not else f"wrote {path}"))

@@ -12,10 +12,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelWrapValidatorHandler, model_validator
 
-from hpctrain.config.loading import Loc, StrictModel, format_loc, load_model, secret_variables, validate
+from hpctrain.config.loading import (
+    Loc,
+    StrictModel,
+    as_resolved,
+    format_loc,
+    load_model,
+    read_mapping,
+    secret_variables,
+    validate,
+)
 from hpctrain.config.shell import check_shell_command
 from hpctrain.config.types import (
     ENV_NAME,
+    Argument,
     BindPath,
     ExpandedPath,
     ImageRef,
@@ -33,6 +43,8 @@ MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in
 MAX_TIMEOUT_S = 30 * 86400  # a longer timeout is a mistake (and one of centuries overflows the clocks that arm it)
 SLURM_ID_MAX = 2**32 - 1  # Slurm's job and array task ids are 32-bit
 LEDGER_ID_MAX = 2**63 - 1  # ledger ids are SQLite integers
+EVAL_TIME_S = 30 * 60  # an evaluation job's time limit unless [eval] time says
+MAX_EVAL_TIME_S = 7 * 86400
 
 
 def _slurm_job_id(value: str) -> str:
@@ -89,7 +101,7 @@ SetupLine = Annotated[str, AfterValidator(_shell_line), AfterValidator(check_she
 
 
 def _argv(value: list[str]) -> list[str]:
-    if not value[0].strip():
+    if not value or not value[0].strip():
         raise ValueError("expected the program to run as the first item")
     check_not_option(value[0])
     return value
@@ -184,14 +196,22 @@ class HangPolicy(StrictModel):
         le=MAX_TIMEOUT_S,
         description="the job's log gaining nothing: for code that asks no guard (PreemptionGuard, the callbacks)",
     )
+    buffered_output: bool | None = Field(
+        None,
+        description=(
+            "under output_s, leave a Python entry point's stdout block-buffered (by default its ranks run with "
+            "PYTHONUNBUFFERED=1, so that the log grows as they print, not as an 8 KiB buffer fills)"
+        ),
+    )
 
     def over(self, defaults: HangPolicy) -> HangPolicy:
-        """These timeouts, ``defaults``' where unset, 0 where both are."""
-        return HangPolicy(
-            **{
+        """These settings, ``defaults``' where unset, 0 (off) where both are."""
+        return HangPolicy.model_validate(
+            {
                 name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), 0)
                 for name in HangPolicy.model_fields
-            }
+            },
+            strict=False,  # 0 for buffered_output: False
         )
 
 
@@ -233,10 +253,15 @@ class EvalPolicy(StrictModel):
     skip_superseded: bool = Field(
         False, description="with on_checkpoint: evaluate only checkpoints newer than the newest one asked for"
     )
-    evaluators: dict[Annotated[str, Field(pattern=JOB_NAME)], Annotated[list[str], AfterValidator(_argv)]] = Field(
+    evaluators: dict[Annotated[str, Field(pattern=JOB_NAME)], Annotated[list[Argument], AfterValidator(_argv)]] = Field(
         default_factory=dict,
         description="evaluation jobs' own evaluators (`hpctrain eval --evaluator NAME`): NAME = argv, run with the "
         f"checkpoint in ${EVAL_CHECKPOINT_ENV}, writing a JSON object of metrics to ${EVAL_OUTPUT_ENV}",
+    )
+    time: Seconds = Field(
+        EVAL_TIME_S,
+        le=MAX_EVAL_TIME_S,
+        description="the time limit of each evaluation job (a Slurm time, 7 days at most)",
     )
     gate: GatePolicy = Field(
         default_factory=GatePolicy, description="the gate of the models registered from this job (`hpctrain model`)"
@@ -379,7 +404,7 @@ class Interactive(StrictModel):
 
 class JobSpec(StrictModel):
     name: str = Field(pattern=JOB_NAME)
-    command: Annotated[list[str], AfterValidator(_argv)] = Field(
+    command: Annotated[list[Argument], AfterValidator(_argv)] = Field(
         min_length=1, description="argv run once per task, e.g. ['python', 'train.py']"
     )
     workdir: ExpandedPath | None = None
@@ -533,3 +558,14 @@ class JobSpec(StrictModel):
 
 def load_job_spec(path: str | os.PathLike[str]) -> JobSpec:
     return load_model(JobSpec, Path(path))
+
+
+def recorded_job_spec(data: dict[str, Any], where: Path | str) -> JobSpec:
+    """A spec as submit recorded it (the ledger's, a job's spec.json): its paths were expanded then, and are kept."""
+    with as_resolved():
+        return validate(JobSpec, data, where)
+
+
+def load_recorded_job_spec(path: Path) -> JobSpec:
+    """A job's spec.json (see `recorded_job_spec`)."""
+    return recorded_job_spec(read_mapping(path), path)

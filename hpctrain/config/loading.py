@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -58,7 +59,7 @@ def _holds_nul(value: Any) -> bool:
 def read_mapping(path: Path) -> dict[str, Any]:
     """Parse a TOML (.toml), JSON (.json) or YAML (.yaml/.yml) file into a dict."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular(path)
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
@@ -79,6 +80,19 @@ def read_mapping(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a table of keys at the top level, got {type(data).__name__}")
     return data
+
+
+def _read_regular(path: Path) -> str:
+    """The text of ``path`` if it is a regular file: a FIFO would block until written to, a device never end."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without waiting for a writer
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    with open(fd, encoding="utf-8") as file:
+        return file.read()
 
 
 def _parse(kind: str, text: str) -> Any:
@@ -190,6 +204,8 @@ _VAR = re.compile(r"\$(?:\{(\w+)(?::-([^}]*))?\}|(\w+))")
 _SECRET_VARS: ContextVar[frozenset[str]] = ContextVar("hpctrain_secret_vars", default=frozenset())
 # The names expanded inside an `expanded_variables` block (None outside one).
 _EXPANDED_VARS: ContextVar[set[str] | None] = ContextVar("hpctrain_expanded_vars", default=None)
+# Inside an `as_resolved` block: paths were expanded once already (a recorded spec), and are taken as they are.
+_RESOLVED: ContextVar[bool] = ContextVar("hpctrain_paths_resolved", default=False)
 
 
 @contextmanager
@@ -200,6 +216,17 @@ def secret_variables(names: Iterable[str]) -> Iterator[None]:
         yield
     finally:
         _SECRET_VARS.reset(token)
+
+
+@contextmanager
+def as_resolved() -> Iterator[None]:
+    """While validating inside this block, paths are taken as written, never expanded (again): a literal '$' or
+    '~' that a recorded path holds stays."""
+    token = _RESOLVED.set(True)
+    try:
+        yield
+    finally:
+        _RESOLVED.reset(token)
 
 
 @contextmanager
@@ -239,4 +266,10 @@ def expand_path(value: Any) -> Path:
     text = str(value) if isinstance(value, (str, os.PathLike)) else ""
     if not text or "\0" in text:
         raise ValueError("expected a path")
-    return Path(expand_vars(text)).expanduser()
+    if _RESOLVED.get():
+        return Path(text)
+    expanded = Path(expand_vars(text))
+    try:
+        return expanded.expanduser()
+    except RuntimeError:  # "~name" of no user: Path's "Could not determine home directory"
+        raise ValueError(f"{expanded.parts[0]}: no user of that name has a home directory") from None

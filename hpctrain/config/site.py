@@ -15,6 +15,7 @@ from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.config.types import (
     ENV_NAME,
+    MAX_EVERY_MINUTES,
     SLURM_NAME,
     SLURM_NAME_RULE,
     BindPath,
@@ -92,6 +93,10 @@ class LedgerConfig(StrictModel):
     mode: FileMode = Field(0o600, description="permissions of a new ledger file (TOML: 0o640 to share with the group)")
 
 
+# A rate of lost work above one every 3.6 s is a typo: "auto" would save at almost every step.
+MIN_MTBI_HOURS = 0.001
+
+
 class CheckpointConfig(StrictModel):
     mode: FileMode = Field(
         0o600,
@@ -104,13 +109,27 @@ class CheckpointConfig(StrictModel):
     )
     mtbi_hours: FiniteFloat = Field(
         24.0,
-        gt=0,
-        description='mean time between interruptions (preemptions, failures) checkpoint every_steps = "auto" assumes '
-        "for a job until it has its own history",
+        ge=MIN_MTBI_HOURS,
+        description="mean time between interruptions that lose work (crashes, node failures, hangs, kills without "
+        'notice; not a preemption announced in time to save, nor the time limit) checkpoint every_steps = "auto" '
+        "assumes for a job until it has its own history",
     )
-    preemptible_mtbi_hours: FiniteFloat = Field(
-        2.0, gt=0, description="the same for a job in the preemptible QOS (resources.preemptible)"
+    preemptible_mtbi_hours: FiniteFloat | None = Field(
+        None,
+        ge=MIN_MTBI_HOURS,
+        description="the same for a job in the preemptible QOS (resources.preemptible), where preemptions may come "
+        "without a notice in time to save (no GraceTime); default: mtbi_hours",
     )
+    max_interval_minutes: FiniteFloat = Field(
+        120.0,
+        ge=1,
+        le=MAX_EVERY_MINUTES,
+        description='the longest interval "auto" chooses between saves (the training a crash may lose)',
+    )
+
+    def prior_mtbi_s(self, preemptible: bool) -> float:
+        """The seconds between interruptions that lose work "auto" assumes before a job has a history of its own."""
+        return ((preemptible and self.preemptible_mtbi_hours) or self.mtbi_hours) * 3600
 
 
 class Alerts(StrictModel):
@@ -231,7 +250,7 @@ def find_site_file(site: str) -> Path:
     """A path to an existing file, or a site name looked up on the search path."""
     as_path = Path(site).expanduser()
     if as_path.suffix in (".toml", ".yaml", ".yml") or os.sep in site:
-        if not as_path.is_file():
+        if not as_path.exists():  # one that is not a regular file is refused as it is read
             raise ConfigError(f"{site}: site config file not found")
         return as_path
     for d in site_search_path():

@@ -26,6 +26,7 @@ _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$", re.ASCII)
 SLURM_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}"
 SLURM_NAME_RULE = "expected a Slurm name: a letter or digit, then letters, digits, _ . or - (255 at most)"
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+MAX_ARG_STRLEN = 32 * 4096  # Linux: the most bytes one argument or environment entry may hold, its NUL included
 _Arg = TypeVar("_Arg", str, Path)
 
 
@@ -61,6 +62,20 @@ def check_not_option(value: _Arg) -> _Arg:
         raise ValueError(
             f"{str(value)!r} starts with '-', which the program it is given to reads as an option "
             "(write a file of that name as './-...')"
+        )
+    return value
+
+
+def check_argument(value: str) -> str:
+    """An argument a program is run with: UTF-8 text (the batch script is) no longer than one argument may be."""
+    try:
+        size = len(value.encode()) + 1
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"not UTF-8 text: a lone surrogate at character {exc.start}") from None
+    if size > MAX_ARG_STRLEN:
+        raise ValueError(
+            f"{size} bytes with its NUL, more than the {MAX_ARG_STRLEN} one argument may hold (Linux's "
+            "MAX_ARG_STRLEN): the program would fail with 'Argument list too long'"
         )
     return value
 
@@ -138,6 +153,7 @@ FileMode = Annotated[int, AfterValidator(check_file_mode)]  # TOML: 0o640
 BindPath = Annotated[str, AfterValidator(check_bind_path)]
 ImageRef = Annotated[str, AfterValidator(check_image)]
 ShellCommand = Annotated[str, AfterValidator(check_shell_command)]  # a setup line of the batch script
+Argument = Annotated[str, AfterValidator(check_argument)]  # one item of a command's argv
 Program = Annotated[str, AfterValidator(check_not_option)]  # a command name or path, run by srun, exec or apptainer
 ProgramPath = Annotated[Path, BeforeValidator(expand_path), AfterValidator(check_not_option)]
 
@@ -154,10 +170,13 @@ def _one_error(expected: str) -> WrapValidator:
     return WrapValidator(check)
 
 
-# A checkpoint interval: a positive number, or "auto" (hpctrain.checkpoint.interval).
+# A checkpoint interval: a positive number, or "auto" (hpctrain.checkpoint.interval); in minutes at most 30 days (one
+# of centuries overflows the step count it is turned into).
+MAX_EVERY_MINUTES = 30 * 24 * 60
 StepsOrAuto = Annotated[
     Annotated[int, Field(ge=1)] | Literal["auto"], _one_error('expected a whole number of steps >= 1 or "auto"')
 ]
 MinutesOrAuto = Annotated[
-    Annotated[FiniteFloat, Field(gt=0)] | Literal["auto"], _one_error('expected a number of minutes > 0 or "auto"')
+    Annotated[FiniteFloat, Field(gt=0, le=MAX_EVERY_MINUTES)] | Literal["auto"],
+    _one_error(f'expected a number of minutes > 0 and <= {MAX_EVERY_MINUTES} (30 days) or "auto"'),
 ]

@@ -9,11 +9,14 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from pathlib import Path
 from typing import Literal
 
 from hpctrain.config.site import SiteConfig
 from hpctrain.errors import HpctrainError
+from hpctrain.files import Mount, mount_of
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.storage import is_local, locks_only_this_host
 from hpctrain.slurm.client import CLIENT_COMMANDS, SlurmClient
 from hpctrain.slurm.parse import gpus_in_gres
 from hpctrain.slurm.version import SlurmFeatures
@@ -57,9 +60,28 @@ class Doctor:
                 checks.extend(fn())
             except HpctrainError as exc:
                 checks.append(Check(name, "FAIL", str(exc)))
-        checks.append(self._guard("ledger", self._ledger))
+        checks.extend(self.ledger_checks())
         checks.extend(self._paths())
         return checks
+
+    def ledger_checks(self, host: str | None = None) -> list[Check]:
+        """The coherence probe of the ledger's file system where it is not a local disk (the peer: login host
+        ``host``, else a job on a compute node), then the ledger itself."""
+        path = self.site.ledger.path
+        mount = mount_of(path)
+        checks = []
+        if mount is not None and not is_local(mount) and locks_only_this_host(mount) is None:
+            checks.append(self._guard("ledger probe", lambda: self._probe(path, mount, host)))
+        return [*checks, self._guard("ledger", self._ledger)]
+
+    def _probe(self, path: Path, mount: Mount, host: str | None) -> Check:
+        from hpctrain.doctor.coherence import probe
+
+        outcome = probe(path, mount, self.site, host)
+        said = f"{mount.fstype} {mount.source} with {outcome.peer}, {outcome.seconds:.1f} s: {outcome.detail}"
+        if outcome.record is None:
+            return Check("ledger probe", "WARN", f"decided nothing: {said}")
+        return Check("ledger probe", "PASS" if outcome.passed else "FAIL", f"{said} (recorded)")
 
     def _guard(self, name: str, fn: Callable[[], Check]) -> Check:
         try:

@@ -37,13 +37,13 @@ def evaluate(args: argparse.Namespace, target: Target) -> dict[str, float]:
     layout = verified_layout(target)
     if args.command:
         return run_command(args.evaluator, args.command, target, layout)
-    from hpctrain.config.job import load_job_spec
+    from hpctrain.config.job import load_recorded_job_spec
     from hpctrain.evaluate.heldout import heldout_metrics
 
     spec_file = JobEnvironment().spec_file
     if not spec_file:
         raise EvaluationError(f"evaluator {BUILT_IN}: no job spec (${SPEC_ENV}) to read [model] and [eval] from")
-    return heldout_metrics(load_job_spec(spec_file), target.checkpoint)
+    return heldout_metrics(load_recorded_job_spec(spec_file), target.checkpoint)
 
 
 def main(argv: list[str] | None = None) -> int:

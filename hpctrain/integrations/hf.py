@@ -14,7 +14,10 @@ The Trainer's checkpoint keeps the model, optimizer, scheduler, its RNG states a
 the random state of a collator that draws (`DataCollatorForLanguageModeling`'s masking): that state lives in the
 DataLoader's workers, restarted with each epoch, and a resumed run skips the epoch's first batches without
 collating them, so its masks differ from an uninterrupted run's. `BatchSeeded` draws each batch's randomness from
-the batch itself: the same masks whenever the same batch comes, in any worker, after any resume.
+the batch itself: the same masks whenever the same batch comes, in any worker, after any resume. When training
+begins, the callback looks at the Trainer's collator: one that may draw and is not so wrapped, or a `BatchSeeded`
+around a collator with a ``seed`` of its own, gets a warning on stderr and a ``resume_not_bitwise`` event in the
+job's journal (`show` lists it, `status` flags the job).
 """
 
 from __future__ import annotations
@@ -22,14 +25,28 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers import (
+    DataCollatorForLanguageModeling,
+    DataCollatorForSeq2Seq,
+    DataCollatorForTokenClassification,
+    DataCollatorWithPadding,
+    DefaultDataCollator,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+    default_data_collator,
+)
 from transformers.trainer_utils import get_last_checkpoint
 
+from hpctrain.contract import RESUME_NOT_BITWISE
+from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.guard import PreemptionGuard
 from hpctrain.runtime.metrics import log_metrics
 
@@ -42,6 +59,23 @@ class HpctrainCallback(TrainerCallback):
     def __init__(self, guard: PreemptionGuard | None = None):
         self.guard = guard or PreemptionGuard()
         self.stopped = False
+
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        train_dataloader: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        """Say once, from the main process, when the collator makes a resumed run differ from an uninterrupted one."""
+        collator = getattr(train_dataloader, "collate_fn", None)
+        if not state.is_world_process_zero or collator is None or (why := inexact_resume(collator)) is None:
+            return
+        message = f"this run's resume will not be bitwise: {why}"
+        print(f"hpctrain: {message}", file=sys.stderr, flush=True)
+        if (journal := Journal.from_env()) is not None:
+            journal.write(RESUME_NOT_BITWISE, message=message)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -68,6 +102,41 @@ class HpctrainCallback(TrainerCallback):
         if state.is_world_process_zero and logs:
             values = {_name(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             log_metrics(state.global_step, **values)
+
+
+# Collators that draw nothing: the same batch from the same samples, whatever the random state.
+_DETERMINISTIC = (
+    DefaultDataCollator,
+    DataCollatorWithPadding,
+    DataCollatorForSeq2Seq,
+    DataCollatorForTokenClassification,
+)
+
+
+def inexact_resume(collator: Callable[..., Any]) -> str | None:
+    """Why ``collator`` (the Trainer's, as its DataLoader holds it) makes a resumed run's batches differ from an
+    uninterrupted run's; None when it does not: it draws nothing, or `BatchSeeded` seeds its draws."""
+    while (inner := getattr(collator, "data_collator", None)) is not None:  # the Trainer's RemoveColumnsCollator
+        collator = inner
+    if isinstance(collator, BatchSeeded):
+        if getattr(collator.collator, "seed", None) is not None:
+            return (
+                f"BatchSeeded wraps {_named(collator.collator)}, which has a seed of its own: its generator goes on "
+                "drawing from its own state; leave its seed unset"
+            )
+        return None
+    if collator is default_data_collator or isinstance(collator, _DETERMINISTIC):
+        return None
+    if isinstance(collator, DataCollatorForLanguageModeling) and not collator.mlm:
+        return None
+    return (
+        f"the collator {_named(collator)} may draw at random (masking) and is not wrapped in BatchSeeded: "
+        "wrap it, data_collator=BatchSeeded(collator)"
+    )
+
+
+def _named(collator: object) -> str:
+    return getattr(collator, "__qualname__", None) or type(collator).__qualname__
 
 
 def _name(key: str) -> str:

@@ -1,8 +1,11 @@
 """The login side of an interactive session: its address and token as the compute node wrote them, waiting until
-JupyterLab answers, the SSH tunnel line, and how long the session has been idle (Jupyter's own count)."""
+JupyterLab answers, the SSH tunnel line, the page that opens the lab in a browser, and how long the session has been
+idle (Jupyter's own count). The token stays in files readable by the user alone: never on a command line, which
+every user of the host can read, nor in what `hpctrain status` prints."""
 
 from __future__ import annotations
 
+import html
 import json
 import time
 import urllib.error
@@ -13,6 +16,7 @@ from typing import Any
 
 from hpctrain.contract import JobPaths
 from hpctrain.errors import HpctrainError
+from hpctrain.files import write_atomic
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
@@ -27,7 +31,7 @@ class SessionFailed(HpctrainError):
 @dataclass(frozen=True)
 class Session:
     """A running session: JupyterLab's server (where it listens on its node, its token), or an allocation held for
-    shells (``shell``: no server)."""
+    shells (``shell``: no server); ``file``: the session file it was read from, readable by the user alone."""
 
     node: str
     address: str
@@ -35,20 +39,24 @@ class Session:
     token: str
     idle_minutes: float
     shell: bool = False
+    file: Path | None = None
 
     @classmethod
     def read(cls, job_dir: Path | str) -> Session | None:
         """The session of a job directory; None until its server has written it. Raises SessionFailed with the
         server's reason when it could not start."""
+        file = JobPaths(Path(job_dir)).session_file
         try:
-            found = json.loads(JobPaths(Path(job_dir)).session_file.read_text(encoding="utf-8"))
+            found = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         if "error" in found:
             raise SessionFailed(found["error"])
         if found.get("shell"):
-            return cls(found["node"], "", 0, "", float(found["idle_minutes"]), shell=True)
-        return cls(found["node"], found["address"], int(found["port"]), found["token"], float(found["idle_minutes"]))
+            return cls(found["node"], "", 0, "", float(found["idle_minutes"]), shell=True, file=file)
+        return cls(
+            found["node"], found["address"], int(found["port"]), found["token"], float(found["idle_minutes"]), file=file
+        )
 
     def ready(self) -> bool:
         """Whether the user can start working: the server answers (a shell session is ready once held)."""
@@ -58,9 +66,25 @@ class Session:
         """The command that starts a shell in the session's allocation, beside what runs there."""
         return ["srun", "--jobid", slurm_job_id, "--overlap", "--pty", "--", shell, "-l"]
 
-    def url(self, host: str | None = None) -> str:
-        """The lab's URL with its token: on the node, or through a tunnel at ``host`` ('localhost')."""
-        return f"http://{host or self.address}:{self.port}/lab?token={self.token}"
+    def url(self, host: str | None = None, token: bool = True) -> str:
+        """The lab's URL, with its token unless ``token`` is False (the lab then asks for it): on the node, or
+        through a tunnel at ``host`` ('localhost')."""
+        return f"http://{host or self.address}:{self.port}/lab" + (f"?token={self.token}" if token else "")
+
+    def browser_page(self) -> Path:
+        """A page beside the session file, readable by the user alone, that sends a browser on to the lab with its
+        token (as Jupyter's own browser opening does): a browser opened on it has the page's path on its command
+        line, not the token."""
+        if self.file is None:
+            raise HpctrainError("this session was not read from its session file: it has no page to open")
+        page, url = self.file.with_name("session.html"), html.escape(self.url(), quote=True)
+        write_atomic(
+            page,
+            f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="0;url={url}">'
+            f'<title>hpctrain notebook</title></head><body><a href="{url}">JupyterLab</a></body></html>\n',
+            mode=0o600,
+        )
+        return page
 
     def tunnel(self, login_host: str, user: str) -> str:
         """The command that forwards this machine's port to the node's server, through the login node."""
@@ -120,8 +144,9 @@ def wait_ready(ledger: Ledger, client: SlurmClient, site: str, job_id: int, time
 
 
 def running_sessions(ledger: Ledger, job_ids: list[int]) -> dict[int, dict[str, Any]]:
-    """The sessions among running jobs ``job_ids`` as `status` shows them: the URL on the node, idle seconds as
-    Jupyter counts them, the idle limit (none for a server that has not written its address yet)."""
+    """The sessions among running jobs ``job_ids`` as `status` shows them: the URL on the node without its token and
+    the file that holds it (readable by the user alone), idle seconds as Jupyter counts them, the idle limit (none
+    for a server that has not written its address yet)."""
     out = {}
     for job_id, job_dir in ledger.jobs.session_dirs(job_ids).items():
         try:
@@ -129,5 +154,10 @@ def running_sessions(ledger: Ledger, job_ids: list[int]) -> dict[int, dict[str, 
         except SessionFailed:
             continue
         if session is not None and not session.shell:
-            out[job_id] = {"url": session.url(), "idle_s": session.idle_s(), "idle_minutes": session.idle_minutes}
+            out[job_id] = {
+                "url": session.url(token=False),
+                "token_file": str(session.file),
+                "idle_s": session.idle_s(),
+                "idle_minutes": session.idle_minutes,
+            }
     return out

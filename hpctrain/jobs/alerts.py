@@ -1,4 +1,4 @@
-"""Flags on running jobs for `hpctrain status`: stalled (a job that reports steps reported none lately), data-bound (waiting for data),
+"""Flags on running jobs for `hpctrain status`: a resume that will not be bitwise (its trainer said so), stalled (a job that reports steps reported none lately), data-bound (waiting for data),
 stragglers (ranks far slower than their pipeline stage's median), slow saves (the checkpoint file system slowed
 down) and work at risk (long since the newest committed checkpoint)."""
 
@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpctrain.config.site import Alerts
+from hpctrain.contract import RESUME_NOT_BITWISE
 from hpctrain.jobs.stragglers import latest
 from hpctrain.ledger import Ledger
 
@@ -27,6 +28,8 @@ def job_alerts(
         if job["state"] != "RUNNING":
             continue
         found = []
+        if (inexact := ledger.events.last(job["id"], RESUME_NOT_BITWISE)) and (said := inexact["message"]):
+            found.append(said)
         started = ledger.attempts.last_start(job["id"])  # this run's start
         # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
         # it restarts with each run.

@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from functools import partial
 from typing import Any
 
 from hpctrain.errors import SlurmError
+from hpctrain.jobs.numbering import journaled_starts, numbered
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.rows import AttemptFields, JobSummary, SubmittedJob
 from hpctrain.runtime import secret_file
 from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient
-from hpctrain.slurm.states import CAUSE_OF_STATE, TERMINAL, array_state
+from hpctrain.slurm.states import CAUSE_OF_STATE, NO_MORE_RUNS, TERMINAL, array_state
 
 
 class Poller:
@@ -25,7 +27,8 @@ class Poller:
         self.warning: str | None = None  # set while states come from squeue instead of sacct
 
     def refresh(self) -> int:
-        """Poll once; returns how many jobs changed state (0 when nothing is active: no call then)."""
+        """Poll once, deciding the runs nobody decides on (one followed by another, the last of a job that runs no
+        more) as reconcile does; returns how many jobs changed state (0 when nothing is active: no call then)."""
         jobs = self.ledger.jobs.active(self.site, TERMINAL)
         if not jobs:
             return 0
@@ -50,7 +53,9 @@ class Poller:
                     changed += 1
                 if digest is not None:
                     digests[job["id"]] = digest
-            self.ledger.jobs.polled(digests)
+            if self.warning is None:  # the runs it saw end that nothing else decides on (as reconcile's supervision)
+                self.ledger.attempts.decide_left_over(self.site, NO_MORE_RUNS)
+            self.ledger.jobs.polled(digests)  # after the decisions, which would make it forget the digests
         return changed
 
     def _apply(self, job: SubmittedJob, tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
@@ -66,7 +71,15 @@ class Poller:
         runs: dict[tuple[int, int], AttemptFields] = {}
         for index, history in tasks.items():
             history.requeue = policy.requeue
-            for n, a in enumerate(history.attempts if attempts_known else ()):
+            # The runs the ledger knows, against Slurm's overwritten rows.
+            started = {n: r["started_at"] for (i, n), r in known.items() if i == index}
+            numbers = numbered(
+                history.attempts if attempts_known else [],
+                base,
+                started,
+                partial(journaled_starts, job["job_dir"], index),
+            )
+            for n, a in numbers:
                 run = AttemptFields(
                     slurm_job_id=job["slurm_job_id"] + (f"_{index}" if index >= 0 else ""),
                     state=a.state,
@@ -80,14 +93,15 @@ class Poller:
                     gpu_s=a.gpu_s,
                     idle_gpu_s=idle_gpu_seconds(a, policy.spare_gpus),
                 )
-                row = known.get((index, base + n))
+                row = known.get((index, n))
                 if row is None or any(row.get(k) != v for k, v in run.items()):
-                    runs[index, base + n] = run
-            if attempts_known and last_known.get(index, -1) >= base + len(history.attempts):
-                self.ledger.attempts.drop_unstarted_from(job["id"], index, base + len(history.attempts))
+                    runs[index, n] = run
+            after = max((n for n, _ in numbers), default=base + len(history.attempts) - 1) + 1
+            if attempts_known and last_known.get(index, -1) >= after:
+                self.ledger.attempts.drop_unstarted_from(job["id"], index, after)
             # A run requeued by hpctrain (its trainer, batch script or reconcile) whose next run sacct does
             # not list yet: still requeued, not finished.
-            history.requeued_by_us = attempts_known and requeued_upto.get(index, -1) >= base + history.restarts
+            history.requeued_by_us = attempts_known and requeued_upto.get(index, -1) >= after - 1
             task = task_rows.get(index)
             if task is not None and (task["state"] != history.state or task["restarts"] < history.restarts):
                 self.ledger.jobs.set_task_state(job["id"], index, history.state, history.restarts)

@@ -20,6 +20,8 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 
+SETTLED_S = 60.0
+
 
 @dataclass
 class ReconcileResult:
@@ -28,18 +30,46 @@ class ReconcileResult:
     records: int
     decisions: list[Decision]
     warning: str | None = None  # accounting (sacct) down: states came from squeue
+    evaluations_failed: int = 0  # evaluation jobs that ended without a result
 
 
 def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bool = True) -> ReconcileResult:
     """One sacct call for every active job, every journal of active or recently ended jobs, then (unless
-    ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one."""
+    ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one. An evaluation
+    whose job has ended without a result (its journal read) is failed: it may be asked again."""
     poller = Poller(ledger, client, site)
     changed = poller.refresh()
     now = time.time()
     dirs = ledger.jobs.journals_to_read(site, TERMINAL, now - JOURNALS_READ_S)
-    records = sum(ingest_journal(ledger, Journal(JobPaths(Path(d)).journal_dir)) for d in dirs)
+    records = read_journals(ledger, [Journal(JobPaths(Path(d)).journal_dir) for d in dirs])
     ledger.jobs.journals_read([i for ids in dirs.values() for i in ids], now)
+    closed = ledger.evaluations.close_ended(TERMINAL)
     settle(ledger, site, now, limit=SETTLE_BATCH)  # cost and reports then sum them; they settle the rest
     return ReconcileResult(
-        changed, len(dirs), records, supervise(ledger, client, site) if supervise_runs else [], poller.warning
+        changed,
+        len(dirs),
+        records,
+        supervise(ledger, client, site) if supervise_runs else [],
+        poller.warning,
+        len(closed),
     )
+
+
+def read_journals(ledger: Ledger, journals: list[Journal]) -> int:
+    """Fold in the records of ``journals`` whose directory changed since it was last read through (its mtime, taken
+    before the listing, so a record renamed in meanwhile changes it again); how many were new. An mtime younger than
+    SETTLED_S is not noted: a record written within the file system's timestamp granularity, or under a clock a
+    little behind ours, might leave it as it was."""
+    seen = ledger.ingested.seen([str(j.dir) for j in journals])
+    records = 0
+    for journal in journals:
+        try:
+            mtime = journal.dir.stat().st_mtime_ns
+        except OSError:
+            mtime = None  # not made yet (the job has not started), or unreadable: listed as ever
+        if mtime is not None and seen.get(str(journal.dir)) == mtime:
+            continue
+        records += ingest_journal(ledger, journal)
+        if mtime is not None and time.time_ns() - mtime > SETTLED_S * 1e9:
+            ledger.ingested.saw(str(journal.dir), mtime)
+    return records

@@ -12,6 +12,7 @@ without the nodes left out (see ``hpctrain attempt``).
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -83,12 +84,20 @@ def choose(
 
 def excluded_nodes(journal: Journal | None, env: JobEnvironment, after: int) -> dict[str, str]:
     """Nodes this run leaves out after its failed steps: each ``rank_failed`` record (hpctrain.launch.task) names
-    the node of the rank that failed first in one step; a node named in ``after`` steps is out (0: none is)."""
-    steps: dict[str, set[int]] = {}
-    for _, rec in journal.records(kinds=("rank_failed",)) if journal is not None else ():
-        if rec.get("attempt") == env.run_number and rec.get("task_index", -1) == env.task_index:
-            steps.setdefault(rec["host"], set()).add(rec.get("step_restart", 0))
-    return {node: f"its ranks failed first in {len(s)} steps" for node, s in steps.items() if after and len(s) >= after}
+    the node of the rank that failed first, on its own, in one step; a step that hung (a ``hang`` record) blames
+    no node, whatever failed in it. A node named in ``after`` steps is out (0: none is)."""
+    failed: dict[int, str] = {}
+    hung: set[int] = set()
+    for _, rec in journal.records(kinds=("rank_failed", "hang")) if journal is not None else ():
+        if rec.get("attempt") != env.run_number or rec.get("task_index", -1) != env.task_index:
+            continue
+        step = rec.get("step_restart", 0)
+        if rec["kind"] == "hang":
+            hung.add(step)
+        else:
+            failed.setdefault(step, rec["host"])
+    steps = Counter(node for step, node in failed.items() if step not in hung)
+    return {node: f"its ranks failed first in {n} steps" for node, n in steps.items() if after and n >= after}
 
 
 def silent_only(state: str) -> bool:

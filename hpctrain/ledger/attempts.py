@@ -8,8 +8,9 @@ from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.ledger.rows import AttemptFields, AttemptRow, Interruptions, RunFacts
-from hpctrain.ledger.schema import INTERRUPTED, INTERRUPTED_STATES
+from hpctrain.ledger.schema import LOSES_WORK, LOSES_WORK_STATES
 from hpctrain.ledger.table import Table
+from hpctrain.ledger.usage import scope
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -32,8 +33,13 @@ WHERE a.started_at IS NOT NULL AND {where}
 ORDER BY a.job_id, a.task_index, a.attempt
 """
 _UNSETTLED = """j.site = :site AND j.usage_settled_at IS NULL AND (a.ended_at >= :since OR a.ended_at IS NULL)
-  AND (:account IS NULL OR j.account = :account) AND (:job_id IS NULL OR j.id = :job_id)
-  AND (:sweep_id IS NULL OR j.sweep_id = :sweep_id)"""
+  AND (:account IS NULL OR j.account = :account)"""
+# The jobs not settled, and those of one job or sweep through their own keys (not every unsettled job's).
+_UNSETTLED_OF = {
+    "window": ("jobs j INDEXED BY jobs_usage_unsettled", _UNSETTLED),
+    "job": ("jobs j", f"j.id = :job_id AND {_UNSETTLED}"),
+    "sweep": ("jobs j INDEXED BY jobs_sweep", f"j.sweep_id = :sweep_id AND {_UNSETTLED}"),
+}
 
 
 def outcome(row: Mapping[str, Any]) -> str:
@@ -123,9 +129,10 @@ class Attempts:
 
     def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> Interruptions:
         """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
-        times they were interrupted (the runs that ended so, and their job steps restarted in place), how many of
-        those were restarts in place, over how many seconds of running."""
-        causes, states = ", ".join("?" * len(INTERRUPTED)), ", ".join("?" * len(INTERRUPTED_STATES))
+        times they were interrupted so as to lose work (the runs that ended so, not on a notice that saved, and
+        their job steps restarted in place), how many of those were restarts in place, over how many seconds of
+        running."""
+        causes, states = ", ".join("?" * len(LOSES_WORK)), ", ".join("?" * len(LOSES_WORK_STATES))
         ended, in_place, seconds = self.ledger.db.execute(
             f"""SELECT count(*) FILTER (WHERE a.cause IN ({causes})
                                         OR (a.cause IS NULL AND a.state IN ({states}))),
@@ -135,7 +142,7 @@ class Attempts:
                 FROM attempts a JOIN jobs j ON j.id = a.job_id
                 WHERE j.site = ? AND j.partition = ? AND j.qos = ? AND a.alloc_gpus = ? AND a.ended_at >= ?
                   AND a.started_at IS NOT NULL""",
-            [*INTERRUPTED, *INTERRUPTED_STATES, site, partition, qos, gpus, since],
+            [*LOSES_WORK, *LOSES_WORK_STATES, site, partition, qos, gpus, since],
         ).fetchone()
         return Interruptions(int(ended + in_place), int(in_place), seconds)
 
@@ -154,8 +161,9 @@ class Attempts:
     ) -> list[RunFacts]:
         """Every run overlapping [since, now] of the site's jobs not settled (of one account, job or sweep), with its
         job's facts and the time of its last checkpoint (committed, or committed and since deleted by retention)."""
+        jobs, where = _UNSETTLED_OF[scope(job_id, sweep_id)]
         return self._facts(
-            _USAGE_SQL.format(jobs="jobs j INDEXED BY jobs_usage_unsettled", where=_UNSETTLED),
+            _USAGE_SQL.format(jobs=jobs, where=where),
             {"site": site, "now": now, "since": since, "account": account, "job_id": job_id, "sweep_id": sweep_id},
         )
 

@@ -75,6 +75,25 @@ def _create_or_check(path: Path, mode: int) -> None:
         raise LedgerError(f"{path}: cannot open ledger: file is not a database")
 
 
+def _leave_wal(path: Path) -> None:
+    """A ledger in WAL mode (made on a local disk) now where it must not be: leave WAL under an exclusive lock,
+    with which SQLite keeps the WAL index in this process's memory. On a mount where the -shm file cannot be
+    mapped (GlusterFS with direct-io: ENODEV) a plain open fails as a "disk I/O error". Where another process
+    holds it, it stays as it is (`Ledger._set_journal_mode` then says so)."""
+    with open(path, "rb") as fh:
+        head = fh.read(20)
+    if len(head) < 20 or head[18] != 2:  # the file format's read version: 2 is WAL
+        return
+    conn = sqlite3.connect(path, timeout=1.0)
+    try:
+        conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        conn.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.OperationalError:
+        pass
+    finally:
+        conn.close()
+
+
 class Ledger:
     """Open (creating and migrating as needed) the ledger at ``path``."""
 
@@ -88,16 +107,18 @@ class Ledger:
             with _OPEN_LOCK:
                 if not _OPEN_HERE.get(_file_id(self.path)):
                     _create_or_check(self.path, mode)
+                    if self.storage.journal_mode != "wal":
+                        _leave_wal(self.path)
                 conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
                 self._file = _file_id(self.path)
                 _OPEN_HERE[self._file].add(id(self))
             self.db = sqlite_utils.Database(conn)
             try:
                 self._set_journal_mode()
-                conn.execute("PRAGMA foreign_keys=ON")
                 conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
                 conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
-                self._migrate()
+                self._migrate()  # foreign keys off: a migration may rebuild a table that others reference
+                conn.execute("PRAGMA foreign_keys=ON")
                 if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
                     self.analyze()  # a ledger from before v15, or new: what the planner knows of it is made once
             except BaseException:
@@ -175,8 +196,11 @@ class Ledger:
             if current:  # an upgrade rewrites what the new schema sums up: minutes on a ledger of years
                 print(f"hpctrain: upgrading the ledger {self.path} to schema v{SCHEMA_VERSION}", file=sys.stderr)
             for version in range(current + 1, SCHEMA_VERSION + 1):
-                for statement in MIGRATIONS[version - 1]:
-                    self.db.execute(statement)
+                for step in MIGRATIONS[version - 1]:
+                    if isinstance(step, str):
+                        self.db.execute(step)
+                    else:
+                        step(self.db.conn)
                 self.db.execute(f"PRAGMA user_version = {version}")
             self.db.execute("ANALYZE")  # new indexes, new tables
 

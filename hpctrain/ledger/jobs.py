@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.rows import ArrayTaskRow, JobRow, JobSummary, JobTimes, NewJob, NewTask, SubmittedJob
+from hpctrain.ledger.schema import EVAL_ON_CHECKPOINT
 from hpctrain.ledger.table import Table
 
 if TYPE_CHECKING:
@@ -117,9 +118,16 @@ class Jobs:
         )
         return cast("list[SubmittedJob]", rows)
 
-    def ended_since(self, site: str, since: float) -> list[JobRow]:
-        """Jobs of the site that ended at or after ``since`` (`jobs_ended` indexes them)."""
-        return self._rows.rows("site = ? AND ended_at >= ?", [site, since], order_by="id")
+    def following_checkpoints(self, site: str, final: Collection[str], ended_since: float) -> list[int]:
+        """Ids of the site's jobs whose spec says `[eval] on_checkpoint`: the submitted ones not in a ``final``
+        state, then those that ended at or after ``ended_since`` (`jobs_eval_on_checkpoint` indexes them)."""
+        which = f"FROM jobs INDEXED BY jobs_eval_on_checkpoint WHERE site = ? AND {EVAL_ON_CHECKPOINT}"
+        rows = self.ledger.db.execute(
+            f"SELECT id {which} AND ended_at IS NULL AND slurm_job_id IS NOT NULL AND state NOT IN ({_marks(final)}) "
+            f"UNION ALL SELECT id FROM (SELECT id {which} AND ended_at >= ? ORDER BY id)",
+            [site, *sorted(final), site, ended_since],
+        )
+        return [r[0] for r in rows]
 
     def journals_to_read(self, site: str, final: Collection[str], ended_since: float) -> dict[str, list[int]]:
         """The job directories whose journals may still grow: of active jobs, and of jobs that ended since

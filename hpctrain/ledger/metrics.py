@@ -11,10 +11,13 @@ from hpctrain.ledger.table import Table
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
-# Mean data wait over mean step time across the latest steps that report both.
+# Mean data wait over mean step time across the latest steps that report both, of the task that reported last (a
+# plain job's only task): read through the primary key, so the cost is the steps asked for, whatever the history.
 _DATA_WAIT_SQL = """
 SELECT avg(w.value) / avg(s.value) FROM (
-    SELECT job_id, task_index, step, value FROM metrics WHERE job_id = :job AND name = 'step_time_s'
+    SELECT job_id, task_index, step, value FROM metrics
+    WHERE job_id = :job AND name = 'step_time_s' AND task_index = (
+        SELECT task_index FROM metric_tails WHERE job_id = :job ORDER BY last_at DESC LIMIT 1)
     ORDER BY step DESC LIMIT :steps) s
 JOIN metrics w ON w.job_id = s.job_id AND w.task_index = s.task_index AND w.step = s.step AND w.name = 'data_wait_s'
 """
@@ -46,14 +49,14 @@ class Metrics:
         )
 
     def of_job(self, job_id: int, task_index: int | None = None, names: tuple[str, ...] = ()) -> list[MetricRow]:
-        """A job's values (of one task, of some names), by task and step."""
+        """A job's values (of one task, of some names), by task, step and name."""
         where = "job_id = ?"
         args: list[object] = [job_id]
         if task_index is not None:
             where, args = where + " AND task_index = ?", args + [task_index]
         if names:
             where, args = where + f" AND name IN ({','.join('?' * len(names))})", args + list(names)
-        return self._rows.rows(where, args, order_by="task_index, step")
+        return self._rows.rows(where, args, order_by="task_index, step, name")
 
     def tail(
         self, job_id: int, steps: int, task_index: int | None = None, names: tuple[str, ...] = ()
@@ -86,14 +89,14 @@ class Metrics:
             task = first("task_index) FROM metrics WHERE job_id = ? AND task_index > ?", task)
         return found
 
-    def after(self, job_id: int, task_index: int, rowid: int) -> list[tuple[int, str, int, float, float | None]]:
-        """(rowid, name, step, value, time) of the task's values written after ``rowid`` (a value written again,
-        a recomputed step's, comes again), by rowid."""
+    def after(self, job_id: int, task_index: int, seq: int) -> list[tuple[int, str, int, float, float | None]]:
+        """(seq, name, step, value, time) of the task's values that reached the ledger after ``seq`` (a recomputed
+        step's new value comes again), in the order they arrived."""
         return list(
             self.ledger.db.execute(
-                "SELECT rowid, name, step, value, time FROM metrics WHERE job_id = ? AND task_index = ? AND rowid > ? "
-                "AND value IS NOT NULL ORDER BY rowid",
-                [job_id, task_index, rowid],
+                "SELECT seq, name, step, value, time FROM metrics INDEXED BY metrics_seq WHERE job_id = ? "
+                "AND task_index = ? AND seq > ? AND value IS NOT NULL ORDER BY seq",
+                [job_id, task_index, seq],
             )
         )
 
@@ -136,9 +139,10 @@ class Metrics:
         return found
 
     def last_time(self, job_id: int) -> float | None:
-        """When the job last reported a metric (a training step)."""
-        return self.ledger.db.execute("SELECT max(time) FROM metrics WHERE job_id = ?", [job_id]).fetchone()[0]
+        """When the job last reported a metric (a training step), from its tasks' tails."""
+        return self.ledger.db.execute("SELECT max(last_at) FROM metric_tails WHERE job_id = ?", [job_id]).fetchone()[0]
 
     def data_wait_fraction(self, job_id: int, steps: int) -> float | None:
-        """The part of step time spent waiting for data over the last ``steps`` steps reporting both."""
+        """The part of step time spent waiting for data over the last ``steps`` steps reporting both (of the task
+        that reported last)."""
         return self.ledger.db.execute(_DATA_WAIT_SQL, {"job": job_id, "steps": steps}).fetchone()[0]

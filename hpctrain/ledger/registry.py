@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 class Registry:
     """Rows of the registry's tables. Versions are numbered from 1 per model in the transaction that adds them;
-    an alias moves only from where its mover saw it (``move``), so of two moves decided at once one wins."""
+    a checkpoint is one version of a model; an alias moves only from where its mover saw it (``move``: its version
+    and its newest move), so of two moves decided at once one wins."""
 
     def __init__(self, ledger: Ledger):
         self.ledger = ledger
@@ -31,10 +32,14 @@ class Registry:
     def models(self) -> list[ModelRow]:
         return self._models.rows(order_by="name")
 
-    def add_version(self, model: ModelRow, version: dict[str, Any]) -> int:
-        """Add the next version of ``model`` (creating the model with its gate if it is new); returns its number.
-        ``version`` holds every column of `model_versions` but the model's name and the number."""
+    def add_version(self, model: ModelRow, version: dict[str, Any]) -> tuple[int, bool]:
+        """Add the next version of ``model`` (creating the model with its gate if it is new): (its number, True);
+        (the number, False) if the checkpoint is a version of the model already. ``version`` holds every column of
+        `model_versions` but the model's name and the number."""
         with self.ledger.transaction() as db:
+            known = self.version_of(model["name"], version["job_id"], version["task_index"], version["step"])
+            if known is not None:
+                return known["version"], False
             if self.model(model["name"]) is None:
                 self._models.insert(model)
             row = db.execute(
@@ -42,7 +47,15 @@ class Registry:
             ).fetchone()
             number = int(row[0])
             self._versions.insert({**version, "model": model["name"], "version": number})
-        return number
+        return number, True
+
+    def version_of(self, model: str, job_id: int, task_index: int, step: int) -> VersionRow | None:
+        """The version of ``model`` registered from one checkpoint (the first, where an older ledger has two)."""
+        return self._versions.first(
+            "model = ? AND job_id = ? AND task_index = ? AND step = ?",
+            [model, job_id, task_index, step],
+            order_by="version",
+        )
 
     def version(self, model: str, number: int) -> VersionRow | None:
         return self._versions.get((model, number))
@@ -62,16 +75,25 @@ class Registry:
     def aliases(self, model: str) -> list[AliasRow]:
         return self._aliases.rows("model = ?", [model], order_by="alias")
 
+    def seen(self, model: str, alias: str) -> tuple[int | None, int | None]:
+        """(the version ``alias`` points at, the id of its newest move), read at once: what a move is decided on."""
+        row = self.ledger.db.execute(
+            "SELECT (SELECT version FROM model_aliases WHERE model = ? AND alias = ?), "
+            "(SELECT MAX(id) FROM alias_moves WHERE model = ? AND alias = ?)",
+            [model, alias, model, alias],
+        ).fetchone()
+        return row[0], row[1]
+
     def move(
-        self, model: str, alias: str, seen: int | None, to: int | None, move: dict[str, Any]
+        self, model: str, alias: str, seen: tuple[int | None, int | None], to: int | None, move: dict[str, Any]
     ) -> AliasMoveRow | None:
-        """Point ``alias`` at version ``to`` (None: remove it) if it still points at ``seen`` (None: nowhere), and
-        keep the move (``move``: action, by, why, gate_json, undoes); None, changing nothing, if it has moved."""
+        """Point ``alias`` at version ``to`` (None: remove it) if it is still as ``seen`` saw it (``seen``: the
+        version and the newest move's id), and keep the move (``move``: action, by, why, gate_json, undoes); None,
+        changing nothing, if it has moved since, even back to the same version."""
         with self.ledger.transaction():
-            now = self.alias(model, alias)
-            if (now["version"] if now else None) != seen:
+            if self.seen(model, alias) != seen:
                 return None
-            at = time.time()
+            now, at = seen[0], time.time()
             if to is None:
                 self._aliases.delete((model, alias))
             elif now is None:
@@ -79,7 +101,7 @@ class Registry:
             else:
                 self._aliases.update((model, alias), {"version": to, "moved_at": at})
             rowid = self._moves.insert(
-                {**move, "model": model, "alias": alias, "from_version": seen, "to_version": to, "at": at}
+                {**move, "model": model, "alias": alias, "from_version": now, "to_version": to, "at": at}
             )
             found = self._moves.get(rowid)
         assert found is not None

@@ -175,8 +175,8 @@ class RunFacts(TypedDict):
 
 
 class Interruptions(NamedTuple):
-    """How often runs of jobs alike were interrupted (`Attempts.interruptions`): all interruptions, those of them
-    that were job steps restarted in place, and the seconds the runs ran."""
+    """How often runs of jobs alike were interrupted so as to lose work (`Attempts.interruptions`): all such
+    interruptions, those of them that were job steps restarted in place, and the seconds the runs ran."""
 
     events: int
     in_place: int
@@ -219,8 +219,10 @@ class CheckpointRow(TypedDict):
 
 
 class EvaluationRow(TypedDict):
-    """A row of `evaluations`: an evaluator's run on one checkpoint of a job's task, by the job ``eval_job_id``;
-    ``state`` requested, done (``metrics_json`` holds its values) or failed (``error`` says why)."""
+    """A row of `evaluations`: an evaluator's run on one checkpoint of a job's task, by the job ``eval_job_id``
+    (submitted to Slurm under the job name ``submission_key``); ``state`` requested, submitted, done
+    (``metrics_json`` holds its values), failed (``error`` says why) or expired (its submission never reached
+    Slurm)."""
 
     job_id: int
     task_index: int
@@ -233,6 +235,8 @@ class EvaluationRow(TypedDict):
     error: str | None
     requested_at: float
     done_at: float | None
+    submission_key: str | None
+    seq: int  # its place in the order values reached the ledger (set anew when its values change)
 
 
 class MetricSummary(TypedDict):
@@ -255,6 +259,7 @@ class MetricRow(TypedDict):
     value: float | None
     attempt: int | None
     time: float | None
+    seq: int  # its place in the order values reached the ledger (set anew when the value changes)
 
 
 class SweepRow(TypedDict):
@@ -427,14 +432,13 @@ class AliasMoveRow(TypedDict):
 
 
 class TrackerExportRow(TypedDict):
-    """A row of `tracker_exports`: the run a tracker holds for a job's task, and how far it was sent (metrics up to
-    ``metrics_rowid``, evaluations done up to ``evaluations_at``, the job's ``state`` then)."""
+    """A row of `tracker_exports`: the run a tracker holds for a job's task, and how far it was sent (metric values
+    and evaluation results up to ``sent_seq``, the job's ``state`` then)."""
 
     tracker: str
     job_id: int
     task_index: int
     run_id: str
-    metrics_rowid: int
-    evaluations_at: float
+    sent_seq: int
     state: str | None
     exported_at: float

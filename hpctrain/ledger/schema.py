@@ -5,6 +5,21 @@ Append new migrations; never edit one that has shipped.
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not at run time: the batch script reads INTERRUPTED without loading SQLite's stack
+    import sqlite3
+    from collections.abc import Callable
+    from typing import TypeAlias
+
+    # A migration's step: an SQL statement, or a function that runs its statements on the connection.
+    Step: TypeAlias = str | Callable[[sqlite3.Connection], None]
+
+# Whether a job's spec says `[eval] on_checkpoint` (a spec that is not JSON says no): `jobs_eval_on_checkpoint`
+# indexes those jobs, for queries that carry this very expression.
+EVAL_ON_CHECKPOINT = "CASE WHEN json_valid(spec_json) THEN json_extract(spec_json, '$.eval.on_checkpoint') END"
+
 # A settled job's runs (run_usage) summed into its job_usage row, for the jobs that the query {jobs} names. A job
 # whose runs differ in account, partition or whether they journal steps is not ``uniform``: it is read run by run.
 _V16_CAUSES = (
@@ -40,11 +55,12 @@ FROM run_usage u JOIN jobs j ON j.id = u.job_id WHERE u.job_id IN ({{jobs}}) GRO
 # hpctrain.jobs.goodput splits a run's time by them.
 CAUSES = (*_V16_CAUSES[:-2], "interactive", *_V16_CAUSES[-2:])
 JOB_USAGE_FROM_RUNS = job_usage_from_runs(CAUSES)
-# Ends of a run that lose the work since its newest checkpoint, as journaled (a time limit is foreseen: its notice
-# saves), and the sacct states of runs that journaled none. Here, not in ledger.attempts, so that the batch script's
-# `hpctrain attempt` calls read them without loading SQLite's stack.
-INTERRUPTED = ("preemption", "node_failure", "requeued", "error", "oom", "hang", "failed")
-INTERRUPTED_STATES = ("PREEMPTED", "NODE_FAIL", "FAILED", "OUT_OF_MEMORY")
+# Ends of a run that lose the work since its newest checkpoint, as journaled (an announced preemption and a time
+# limit do not: their notice saves a stop checkpoint; "requeued": a run ended without a word, killed with no notice),
+# and the sacct states of runs that journaled none (no notice seen). Here, not in ledger.attempts, so that the batch
+# script's `hpctrain attempt` calls read them without loading SQLite's stack.
+LOSES_WORK = ("node_failure", "requeued", "error", "oom", "hang", "failed")
+LOSES_WORK_STATES = ("PREEMPTED", "NODE_FAIL", "FAILED", "OUT_OF_MEMORY")
 
 
 def _minute(x: str) -> str:
@@ -91,7 +107,52 @@ def _minutes_from_runs() -> list[str]:
     ]
 
 
-MIGRATIONS: list[list[str]] = [
+def _ids_never_reused(table: str) -> Callable[[sqlite3.Connection], None]:
+    """The step that makes ``table``'s ``id INTEGER PRIMARY KEY`` AUTOINCREMENT. Without it SQLite gives the highest
+    ids again once their rows are deleted, and `ledger archive` moves rows out: a new row then took the id of one
+    in the archive. SQLite cannot alter a key, so the table is rebuilt from its definition as it stands (with the
+    columns earlier migrations added), its indexes and triggers made again; the copy seeds sqlite_sequence with the
+    highest id. Foreign keys are off while a ledger migrates, and legacy_alter_table keeps the rename from checking
+    or rewriting the triggers and tables that name ``table`` while it is away."""
+
+    def step(conn: sqlite3.Connection) -> None:
+        (create,) = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", [table]).fetchone()
+        if re.search(r"\bAUTOINCREMENT\b", create, re.IGNORECASE):
+            return  # already (a ledger taken back to an older version by hand, as a test of upgrades does)
+        attached = [
+            sql
+            for (sql,) in conn.execute(
+                "SELECT sql FROM sqlite_master WHERE tbl_name = ? AND type IN ('index', 'trigger') AND sql IS NOT NULL",
+                [table],
+            )
+        ]
+        new, n = re.subn(
+            rf'^CREATE TABLE "?{table}"?(.*?)\bid INTEGER PRIMARY KEY\b',
+            rf"CREATE TABLE _new_{table}\1id INTEGER PRIMARY KEY AUTOINCREMENT",
+            create,
+            flags=re.S,
+        )
+        assert n == 1, create
+        conn.execute(new)
+        conn.execute(f"INSERT INTO _new_{table} SELECT * FROM {table}")
+        conn.execute(f"DROP TABLE {table}")
+        conn.execute("PRAGMA legacy_alter_table = ON")
+        try:
+            conn.execute(f"ALTER TABLE _new_{table} RENAME TO {table}")
+        finally:
+            conn.execute("PRAGMA legacy_alter_table = OFF")
+        for sql in attached:
+            conn.execute(sql)
+
+    return step
+
+
+_TAIL_UPSERT = """INSERT INTO metric_tails VALUES (NEW.job_id, NEW.task_index, NEW.time, NEW.step)
+    ON CONFLICT (job_id, task_index) DO UPDATE SET
+    last_at = max(coalesce(last_at, excluded.last_at), coalesce(excluded.last_at, last_at)),
+    last_step = max(last_step, excluded.last_step)"""
+
+MIGRATIONS: list[list[Step]] = [
     # 1: the core tables.
     [
         """CREATE TABLE jobs (
@@ -486,6 +547,77 @@ MIGRATIONS: list[list[str]] = [
     [
         "ALTER TABLE run_usage ADD COLUMN interactive_h REAL NOT NULL DEFAULT 0.0",
         "ALTER TABLE job_usage ADD COLUMN interactive_h REAL NOT NULL DEFAULT 0.0",
+    ],
+    # 18: a checkpoint is one version of a model: two registrations of it at once made two. A trigger, not a UNIQUE
+    # index: a ledger may hold such twins already, and versions are never deleted.
+    [
+        """CREATE TRIGGER model_versions_once BEFORE INSERT ON model_versions
+            WHEN EXISTS (SELECT 1 FROM model_versions WHERE model = NEW.model AND job_id = NEW.job_id
+                         AND task_index = NEW.task_index AND step = NEW.step)
+        BEGIN SELECT RAISE(ABORT, 'this checkpoint is a version of this model already'); END""",
+    ],
+    # 19: an evaluation's lifecycle: requested (committed before its sbatch, with the Slurm job name it is
+    # submitted under, to find it again) -> submitted -> done | failed | expired. A request with its job is
+    # submitted; failed and expired ones may be asked again.
+    [
+        "ALTER TABLE evaluations ADD COLUMN submission_key TEXT",
+        "UPDATE evaluations SET state = 'submitted' WHERE state = 'requested' AND eval_job_id IS NOT NULL",
+        "CREATE INDEX evaluations_state ON evaluations(state)",
+    ],
+    # 20: ids given once. `ledger archive` moves the rows holding a table's highest ids out, and the ledger gave
+    # them again: the next archive into the same file took the new rows for ones it held.
+    [_ids_never_reused(table) for table in ("jobs", "attempts", "checkpoints", "events")],
+    # 21: the order values reach the ledger: `seq`, from one counter (ledger_info), set on every metric value and
+    # evaluation result written or changed (a recomputed step, an evaluation reported again), so that an export
+    # resumes after the last one a tracker holds, whatever the clocks said; and the ledger's own id, which keys the
+    # runs it sends to a tracker. What a tracker was sent is counted in seq (tracker_exports.sent_seq).
+    [
+        """CREATE TABLE ledger_info (
+            one INTEGER PRIMARY KEY CHECK (one = 1),
+            id TEXT NOT NULL,
+            seq INTEGER NOT NULL
+        )""",
+        "ALTER TABLE metrics ADD COLUMN seq INTEGER",
+        "ALTER TABLE evaluations ADD COLUMN seq INTEGER",
+        "UPDATE metrics SET seq = rowid",
+        "UPDATE evaluations SET seq = (SELECT coalesce(max(rowid), 0) FROM metrics) + rowid",
+        """INSERT INTO ledger_info VALUES (1, lower(hex(randomblob(16))),
+            (SELECT coalesce(max(rowid), 0) FROM metrics) + (SELECT coalesce(max(rowid), 0) FROM evaluations))""",
+        "CREATE INDEX metrics_seq ON metrics(job_id, task_index, seq)",
+        """CREATE TRIGGER metrics_seq_new AFTER INSERT ON metrics BEGIN
+            UPDATE ledger_info SET seq = seq + 1;
+            UPDATE metrics SET seq = (SELECT seq FROM ledger_info) WHERE rowid = NEW.rowid; END""",
+        """CREATE TRIGGER metrics_seq_changed AFTER UPDATE OF value ON metrics WHEN NEW.value IS NOT OLD.value BEGIN
+            UPDATE ledger_info SET seq = seq + 1;
+            UPDATE metrics SET seq = (SELECT seq FROM ledger_info) WHERE rowid = NEW.rowid; END""",
+        """CREATE TRIGGER evaluations_seq_new AFTER INSERT ON evaluations BEGIN
+            UPDATE ledger_info SET seq = seq + 1;
+            UPDATE evaluations SET seq = (SELECT seq FROM ledger_info) WHERE rowid = NEW.rowid; END""",
+        """CREATE TRIGGER evaluations_seq_changed AFTER UPDATE OF state, metrics_json ON evaluations
+            WHEN NEW.state IS NOT OLD.state OR NEW.metrics_json IS NOT OLD.metrics_json BEGIN
+            UPDATE ledger_info SET seq = seq + 1;
+            UPDATE evaluations SET seq = (SELECT seq FROM ledger_info) WHERE rowid = NEW.rowid; END""",
+        "ALTER TABLE tracker_exports RENAME COLUMN metrics_rowid TO sent_seq",
+        "ALTER TABLE tracker_exports DROP COLUMN evaluations_at",
+    ],
+    # 22: the jobs whose spec says `[eval] on_checkpoint`, that reconcile follows: found by this index, not by
+    # parsing the spec of every job that ended lately.
+    [f"CREATE INDEX jobs_eval_on_checkpoint ON jobs(site, ended_at) WHERE {EVAL_ON_CHECKPOINT}"],
+    # 23: each task's newest metric (when, and the highest step), kept as values arrive: status's alerts read it
+    # instead of a running job's whole history (max(time) over 500 k points of one job took 0.19 s a job). Each
+    # journal directory's mtime when it was last read through: a refresh lists only those that changed since.
+    [
+        "CREATE TABLE journal_seen (journal TEXT PRIMARY KEY, mtime_ns INTEGER NOT NULL)",
+        """CREATE TABLE metric_tails (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            last_at REAL,
+            last_step INTEGER,
+            PRIMARY KEY (job_id, task_index)
+        )""",
+        "INSERT INTO metric_tails SELECT job_id, task_index, max(time), max(step) FROM metrics GROUP BY 1, 2",
+        f"""CREATE TRIGGER metric_tails_new AFTER INSERT ON metrics BEGIN {_TAIL_UPSERT}; END""",
+        f"""CREATE TRIGGER metric_tails_changed AFTER UPDATE OF time ON metrics BEGIN {_TAIL_UPSERT}; END""",
     ],
 ]
 

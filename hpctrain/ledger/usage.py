@@ -36,10 +36,7 @@ COLUMNS = (
     *(f"{c}_h" for c in CAUSES),
 )
 
-_WINDOW = (
-    "site = :site AND ended_at >= :since AND started_at <= :now AND (:account IS NULL OR account = :account) "
-    "AND (:job_id IS NULL OR job_id = :job_id)"
-)
+_WINDOW = "site = :site AND ended_at >= :since AND started_at <= :now AND (:account IS NULL OR account = :account)"
 # The window's share of a run, and the GPU-hours lost within the window (hpctrain.jobs.accounting.windowed).
 _SHARE = (
     "CASE WHEN ended_at > started_at THEN (min(ended_at, :now) - max(started_at, :since)) / (ended_at - started_at) "
@@ -106,11 +103,19 @@ WHERE site = :site AND usage_settled_at IS NULL AND ended_at IS NOT NULL
   AND (ended_at < :final_before OR job_dir IS NULL OR journal_read_at >= ended_at + :settle_s)
 LIMIT :limit
 """
-_RUNS_SQL = f"""
-SELECT u.*, j.name, j.user, j.sweep_id FROM (SELECT * FROM run_usage WHERE {_WINDOW}) u JOIN jobs j ON j.id = u.job_id
-WHERE :sweep_id IS NULL OR j.sweep_id = :sweep_id
+# Kept runs with their job's name, user and sweep: of a window, or of one job or sweep through the jobs' keys, so
+# that `compare` and `report JOB` read the job's runs and not the year's.
+_RUNS_SQL = """
+SELECT u.*, j.name, j.user, j.sweep_id FROM {of}
+u.site = :site AND u.ended_at >= :since AND u.started_at <= :now AND (:account IS NULL OR u.account = :account)
 ORDER BY u.started_at
 """
+_RUNS_OF = {
+    "window": "run_usage u JOIN jobs j ON j.id = u.job_id WHERE",
+    "job": f"run_usage u {_BY_JOB} JOIN jobs j ON j.id = u.job_id WHERE u.job_id = :job_id AND",
+    "sweep": f"jobs j INDEXED BY jobs_sweep CROSS JOIN run_usage u {_BY_JOB} ON u.job_id = j.id "
+    "WHERE j.sweep_id = :sweep_id AND",
+}
 
 
 class RunUsage:
@@ -163,10 +168,8 @@ class RunUsage:
     ) -> list[dict[str, Any]]:
         """Kept runs (whole) overlapping [since, now], of one account, job or sweep, with their job's name, user and
         sweep, in order of start."""
-        return [
-            dict(r)
-            for r in self.ledger.db.query(_RUNS_SQL, _args(site, since, now, account, job_id, sweep_id=sweep_id))
-        ]
+        args = _args(site, since, now, account, job_id=job_id, sweep_id=sweep_id)
+        return [dict(r) for r in self.ledger.db.query(_RUNS_SQL.format(of=_RUNS_OF[scope(job_id, sweep_id)]), args)]
 
     def per_group(
         self, site: str, since: float, now: float, key: str, account: str | None = None
@@ -224,13 +227,18 @@ class RunUsage:
         ]
 
 
+def scope(job_id: int | None, sweep_id: str | None) -> str:
+    """Which runs a query of usage asks for, each read through its own index: "job", "sweep" or "window"."""
+    if job_id is not None and sweep_id is not None:
+        raise ValueError("the runs of a job or of a sweep, not both")
+    return "job" if job_id is not None else "sweep" if sweep_id is not None else "window"
+
+
 def sample(x: float, t0: float, width: float) -> int:
     """The first sample of a curve at t0 + k * width at or after ``x``. With t0 and width whole minutes, every
     moment of a minute ((m - 1) * MINUTE, m * MINUTE] has the same."""
     return max(0, math.ceil((x - t0) / width))
 
 
-def _args(
-    site: str, since: float, now: float, account: str | None, job_id: int | None = None, **more: Any
-) -> dict[str, Any]:
-    return {"site": site, "since": since, "now": now, "account": account, "job_id": job_id, **more}
+def _args(site: str, since: float, now: float, account: str | None, **more: Any) -> dict[str, Any]:
+    return {"site": site, "since": since, "now": now, "account": account, **more}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from hpctrain.config.job import GatePolicy
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.evaluations import DONE
+from hpctrain.ledger.evaluations import ASK_AGAIN, DONE, OPEN
 from hpctrain.ledger.rows import ModelRow, VersionRow
 
 
@@ -44,3 +44,16 @@ class Gate:
 
     def within_threshold(self, value: float) -> bool:
         return self.threshold is None or self.no_worse(value, self.threshold)
+
+    def how_to_evaluate(self, ledger: Ledger, version: VersionRow) -> str:
+        """What gives the version a result: the command that asks for it (again, where it failed), or the wait."""
+        job, step = version["job_id"], version["step"]
+        row = ledger.evaluations.get(job, version["task_index"], step, self.evaluator)
+        command = f"hpctrain eval {job} --step {step} --evaluator {self.evaluator}"
+        if row is None:
+            return f"evaluate job {job} step {step}: {command}"
+        if row["state"] in ASK_AGAIN:
+            return f"its evaluation {row['state']}: {row['error'] or '-'}; ask again: {command} --retry"
+        if row["state"] in OPEN:
+            return f"its evaluation is {row['state']}: `hpctrain reconcile` folds its result in once its job ends"
+        return f"its {self.evaluator} evaluation is done but reports no {self.metric}"

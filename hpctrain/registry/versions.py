@@ -11,22 +11,36 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.naming import MANIFEST
-from hpctrain.checkpoint.pins import pin
+from hpctrain.checkpoint.pins import pin, pin_lock, pin_records, pins, unpin
 from hpctrain.config.job import GatePolicy, JobSpec
 from hpctrain.errors import CheckpointError, HpctrainError
+from hpctrain.evaluate.run import Target
 from hpctrain.evaluate.submit import job_spec, targets
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.rows import ModelRow, VersionRow
+from hpctrain.ledger.rows import JobRow, ModelRow, VersionRow
 from hpctrain.registry.gate import Gate
 from hpctrain.registry.names import Ref, RegistryError, check_model_name
+
+NewVersion = tuple[ModelRow, dict[str, Any]]  # the model's row (new or not) and the version's columns
 
 
 def register(
     ledger: Ledger, name: str, job_id: int, step: int | None = None, task: int | None = None, gate: Gate | None = None
 ) -> VersionRow:
+    """``register_checkpoint``'s version."""
+    return register_checkpoint(ledger, name, job_id, step, task, gate)[0]
+
+
+def register_checkpoint(
+    ledger: Ledger, name: str, job_id: int, step: int | None = None, task: int | None = None, gate: Gate | None = None
+) -> tuple[VersionRow, bool]:
     """Register job ``job_id``'s checkpoint at ``step`` (default: its newest) of array task ``task`` as the next
-    version of model ``name``. A new model takes ``gate``, or the job spec's [eval.gate]; an existing one keeps its
-    own (``gate`` must then be None)."""
+    version of model ``name``: (the version, True); (the version it is already, False). A new model takes ``gate``,
+    or the job spec's [eval.gate]; an existing one keeps its own (``gate`` must then be None).
+
+    The checkpoint is pinned, and the version added, holding the directory's pin lock (see checkpoint.pins): the
+    pins of this ledger without a version (a registration killed or failed) are removed under it first, and a
+    failed registration removes the pin it wrote."""
     check_model_name(name)
     model = ledger.registry.model(name)
     if model is not None and gate is not None:
@@ -39,13 +53,46 @@ def register(
         tasks = ", ".join(str(t.task_index) for t in found)
         raise RegistryError(f"job {job_id}: has checkpoints of tasks {tasks}: give one with --task")
     target = found[0]
-    for other in ledger.registry.versions_of(job_id, target.task_index, target.step):
-        if other["model"] == name:
-            raise RegistryError(f"job {job_id} step {target.step} is {name}:{other['version']} already")
-    ckpt = target.checkpoint
+    ckpt = Path(target.checkpoint)
     if not ckpt.is_dir():
         raise CheckpointError(f"{ckpt}: job {job_id}'s checkpoint of step {target.step} is gone")
-    pin(ckpt, name)  # before the check below: retention running now either sees the pin or has removed it
+    owner = str(ledger.path.resolve())
+    record = {"ledger": owner, "model": name, "job_id": job_id, "task_index": target.task_index, "step": target.step}
+    with pin_lock(ckpt.parent):
+        _drop_orphans(ledger, ckpt.parent, owner)
+        known = ledger.registry.version_of(name, job_id, target.task_index, target.step)
+        if known is not None:
+            if ckpt.is_dir():  # a pin removed by hand comes back
+                pin(ckpt, name, record)
+            return known, False
+        had = name in pins(ckpt)
+        pin(ckpt, name, record)
+        try:
+            number, created = ledger.registry.add_version(*_new_version(model, name, job, target, gate))
+        except BaseException:
+            if not had:
+                unpin(ckpt, name)
+            raise
+    version = ledger.registry.version(name, number)
+    assert version is not None
+    return version, created
+
+
+def _drop_orphans(ledger: Ledger, directory: Path, owner: str) -> None:
+    """Remove the pins this ledger wrote in ``directory`` that name no version (their registration failed)."""
+    for ckpt, label, record in pin_records(directory):
+        if record.get("ledger") != owner or record.get("model") != label:
+            continue
+        job_id, task, step = (record.get(k) for k in ("job_id", "task_index", "step"))
+        if not (isinstance(job_id, int) and isinstance(task, int) and isinstance(step, int)):
+            continue
+        if ledger.registry.version_of(label, job_id, task, step) is None:
+            unpin(ckpt, label)
+
+
+def _new_version(model: ModelRow | None, name: str, job: JobRow, target: Target, gate: Gate | None) -> NewVersion:
+    """The rows of the version (and of the model, if it is new) for the pinned checkpoint ``target``."""
+    ckpt = Path(target.checkpoint)
     try:  # the manifest alone, parsed without the checkpoint stack (login nodes may lack tensorstore)
         raw = (ckpt / MANIFEST).read_bytes()
         manifest = json.loads(raw)
@@ -68,7 +115,7 @@ def register(
     }
     lineage: dict[str, Any] = {
         **json.loads(job["lineage_json"] or "{}"),
-        "job": {"id": job_id, "name": job["name"], "slurm_job_id": job["slurm_job_id"], "site": job["site"]},
+        "job": {"id": job["id"], "name": job["name"], "slurm_job_id": job["slurm_job_id"], "site": job["site"]},
         "checkpoint": {
             "step": target.step,
             "task": target.task_index,
@@ -77,22 +124,16 @@ def register(
         },
         "model_shape": spec.model.model_dump() if spec and spec.model else None,
     }
-    number = ledger.registry.add_version(
-        model or new_model,
-        {
-            "job_id": job_id,
-            "task_index": target.task_index,
-            "step": target.step,
-            "checkpoint": str(Path(ckpt).absolute()),
-            "manifest_sha256": hashlib.sha256(raw).hexdigest(),
-            "lineage_json": lineage,
-            "registered_at": time.time(),
-            "registered_by": getpass.getuser(),
-        },
-    )
-    version = ledger.registry.version(name, number)
-    assert version is not None
-    return version
+    return model or new_model, {
+        "job_id": job["id"],
+        "task_index": target.task_index,
+        "step": target.step,
+        "checkpoint": str(ckpt.absolute()),
+        "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+        "lineage_json": lineage,
+        "registered_at": time.time(),
+        "registered_by": getpass.getuser(),
+    }
 
 
 def model_of(ledger: Ledger, name: str) -> ModelRow:

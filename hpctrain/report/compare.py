@@ -8,8 +8,9 @@ preemptions. A run is a plain job or one array task (a sweep's trial is one); `h
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ from hpctrain.contract import EVAL_LOSS
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage, usage
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.rows import JobRow, MetricSummary
+from hpctrain.ledger.rows import EvaluationRow, JobRow, MetricSummary
 from hpctrain.submit.lineage import flatten
 
 DEFAULT_METRICS = ("loss", EVAL_LOSS)
@@ -101,15 +102,30 @@ class Comparison:
         }
 
 
-def parse_metrics(specs: Iterable[str]) -> dict[str, bool]:
-    """``NAME`` or ``NAME:max`` (higher is better; ``NAME:min`` is the default) -> {name: lower is better}."""
+def parse_metrics(specs: Iterable[str], evaluators: Collection[str] = ()) -> dict[str, bool]:
+    """``NAME``, ``NAME@max`` (higher is better) or ``NAME@min`` (the default) -> {name: lower is better}; a NAME is a
+    training metric or an evaluation job's EVALUATOR:METRIC, and may hold '@' ("acc@1"). The older ``NAME:max`` and
+    ``NAME:min`` are read as a direction too, unless NAME is one of ``evaluators`` (it could as well be that
+    evaluator's metric "max": refused)."""
     found = {}
     for spec in specs:
-        name, _, mode = spec.rpartition(":") if spec.endswith((":min", ":max")) else (spec, "", "min")
+        name, mode = spec, "min"
+        if spec.endswith(("@min", "@max", ":min", ":max")):
+            name, mode = spec[:-4], spec[-3:]
+            if spec[-4] == ":" and name in evaluators:
+                raise HpctrainError(
+                    f"--metric {spec!r} is ambiguous: write {name}@{mode} for the metric {name!r}, or "
+                    f"{spec}@min (or @max) for evaluator {name!r}'s metric {mode!r}"
+                )
         if not name:
-            raise HpctrainError(f"--metric {spec!r}: expected NAME or NAME:min or NAME:max")
+            raise HpctrainError(f"--metric {spec!r}: expected NAME, NAME@min or NAME@max")
         found[name] = mode == "min"
     return found
+
+
+def evaluators_of(ledger: Ledger, refs: Iterable[RunRef]) -> set[str]:
+    """The evaluators whose evaluation jobs ran on these runs' checkpoints."""
+    return {e["evaluator"] for job_id in {r.job_id for r in refs} for e in ledger.evaluations.of_job(job_id)}
 
 
 def runs_of_jobs(ledger: Ledger, job_ids: Iterable[int]) -> list[RunRef]:
@@ -149,10 +165,14 @@ def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metri
     spent = _usage_by_run(ledger, site_cfg, jobs)
     tries = _attempts_by_run(ledger, jobs)
     runs = []
+    evaluations = {job_id: ledger.evaluations.of_job(job_id) for job_id in jobs}
     for ref in refs:
         job = jobs[ref.job_id]
         key = (ref.job_id, ref.task_index)
-        results = ledger.metrics.summary(ref.job_id, ref.task_index, metrics)
+        results = {
+            **evaluated(evaluations[ref.job_id], ref.task_index, metrics),
+            **ledger.metrics.summary(ref.job_id, ref.task_index, metrics),  # a training metric of the name first
+        }
         runs.append(
             Run(
                 label=ref.label,
@@ -172,6 +192,38 @@ def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metri
             )
         )
     return Comparison(runs, dict(metrics))
+
+
+def evaluation_points(
+    rows: Iterable[EvaluationRow], task_index: int, names: Collection[str]
+) -> dict[str, list[tuple[int, float]]]:
+    """The (step, value) points, by step, of the EVALUATOR:METRIC ``names`` in a task's evaluation results: one per
+    evaluated checkpoint."""
+    points: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for row in rows:
+        if row["task_index"] != task_index or not row["metrics_json"]:
+            continue
+        for metric, value in json.loads(row["metrics_json"]).items():
+            name = f"{row['evaluator']}:{metric}"
+            if name in names and isinstance(value, (int, float)) and not math.isnan(value):
+                points[name].append((row["step"], float(value)))
+    return {name: sorted(found) for name, found in points.items()}
+
+
+def evaluated(rows: Iterable[EvaluationRow], task_index: int, metrics: Mapping[str, bool]) -> dict[str, MetricSummary]:
+    """Summaries of the EVALUATOR:METRIC names among ``metrics`` (name -> lower is better) from a task's evaluation
+    results, as `Metrics.summary` gives training metrics'."""
+    found: dict[str, MetricSummary] = {}
+    for name, steps in evaluation_points(rows, task_index, metrics).items():
+        best_step, best = (min if metrics[name] else max)(steps, key=lambda p: p[1])
+        found[name] = {
+            "last_step": steps[-1][0],
+            "last": steps[-1][1],
+            "best_step": best_step,
+            "best": best,
+            "points": len(steps),
+        }
+    return found
 
 
 def settings(job: JobRow, params: Mapping[str, Any]) -> dict[str, Any]:

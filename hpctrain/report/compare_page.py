@@ -9,7 +9,7 @@ from typing import Any
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.rows import AttemptRow
 from hpctrain.report import collect
-from hpctrain.report.compare import Comparison, Run
+from hpctrain.report.compare import Comparison, Run, evaluation_points
 from hpctrain.report.page import Plot, Table, render
 from hpctrain.report.plots import Series, lines
 
@@ -22,11 +22,10 @@ def compare_page(ledger: Ledger, comparison: Comparison) -> str:
     note = f"the first {MAX_RUNS_DRAWN} of {len(runs)} runs drawn" if len(runs) > MAX_RUNS_DRAWN else ""
     plots = []
     for name in comparison.metrics:
-        by_step, by_hours = _curves(ledger, drawn, name)
+        by_step, by_hours, evaluation = _curves(ledger, drawn, name)
+        held_out = evaluation or name.startswith("eval/")
         for series, xlabel in ((by_step, "step"), (by_hours, "GPU-hours")):
-            plots.append(
-                _overlaid(f"{name} vs {xlabel}", name, series, xlabel, held_out=name.startswith("eval/"), note=note)
-            )
+            plots.append(_overlaid(f"{name} vs {xlabel}", name, series, xlabel, held_out=held_out, note=note))
     facts: list[tuple[str, Any]] = [
         ("runs", ", ".join(f"{r.label} ({r.name})" for r in runs)),
         ("differ in", ", ".join(comparison.differing) or "nothing recorded"),
@@ -45,19 +44,26 @@ def _overlaid(title: str, ylabel: str, series: Series, xlabel: str, held_out: bo
     return Plot(title, lines(series, title, xlabel, ylabel, smooth=collect.smoothed), note)
 
 
-def _curves(ledger: Ledger, runs: list[Run], name: str) -> tuple[Series, Series]:
-    """Each run's values of ``name`` by step, and by the GPU-hours its job had used when it reported each one."""
+def _curves(ledger: Ledger, runs: list[Run], name: str) -> tuple[Series, Series, bool]:
+    """Each run's values of ``name`` by step, and by the GPU-hours its job had used when it reported each one; and
+    whether they are evaluation results (EVALUATOR:METRIC, by step only: the time of a checkpoint's step is not
+    kept)."""
     by_step: dict[str, tuple[list[int], list[float]]] = {}
     by_hours: dict[str, tuple[list[float], list[float]]] = {}
+    evaluation = False
     for run in runs:
         rows = [r for r in ledger.metrics.of_job(run.job_id, run.task_index, (name,)) if r["value"] is not None]
         if not rows:
+            points = evaluation_points(ledger.evaluations.of_job(run.job_id), run.task_index, (name,)).get(name)
+            if points:
+                by_step[run.label] = ([p[0] for p in points], [p[1] for p in points])
+                evaluation = True
             continue
         attempts = [a for a in ledger.attempts.of_task(run.job_id, run.task_index) if a["started_at"] is not None]
         values = [float(r["value"] or 0.0) for r in rows]
         by_step[run.label] = ([r["step"] for r in rows], values)
         by_hours[run.label] = ([_gpu_hours_at(attempts, r["time"]) for r in rows], values)
-    return by_step, by_hours
+    return by_step, by_hours, evaluation
 
 
 def _gpu_hours_at(attempts: list[AttemptRow], at: float | None) -> float:

@@ -17,10 +17,13 @@ RAW_ALPHA = 0.3  # the raw values under a smoothed line
 
 
 def figure(width: float = 8.0, height: float = 3.6) -> tuple[Any, Any]:
-    """A new (figure, axes) on the Agg backend."""
+    """A new (figure, axes) on the Agg backend, whose text (names of metrics, parameters, sweeps) is drawn as written:
+    never parsed as mathtext or handed to TeX, so a '$' in a name is a dollar sign."""
     import matplotlib
 
     matplotlib.use("Agg")
+    # Every text artist reads these when it is made, tick labels too (made as the figure is drawn).
+    matplotlib.rcParams.update({"text.parse_math": False, "text.usetex": False})
     import matplotlib.pyplot as plt
 
     return plt.subplots(figsize=(width, height))

@@ -17,7 +17,7 @@ from typing import Any
 from hpctrain.checkpoint.naming import MANIFEST, list_dirs, task_dir
 from hpctrain.contract import JobEnvironment
 from hpctrain.ledger.journal import Journal
-from hpctrain.ledger.schema import INTERRUPTED
+from hpctrain.ledger.schema import LOSES_WORK
 
 # Not the job's doing: requeued whenever the spec allows requeue at all.
 EXTERNAL = {"preemption", "timeout", "node_failure", "requeued"}
@@ -170,20 +170,55 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
     return dict(sorted(runs.items()))
 
 
+def loses_work(cause: str | None, checkpointed: bool = True) -> bool:
+    """Whether a run that ended with ``cause`` lost the work since its newest checkpoint: a crash, a node failure,
+    a hang, a kill without notice do; an announced preemption or the time limit do not when their notice saved a
+    stop checkpoint (``checkpointed``)."""
+    return cause in LOSES_WORK or (cause in ("preemption", "timeout") and not checkpointed)
+
+
+@dataclass
+class _Run:
+    """A run as the interval's history sees it: when it started, its newest record, how it ended (if it said)."""
+
+    start: float | None = None
+    last: float = 0.0
+    ended: bool = False
+    lost: bool = False
+
+
+# What a run's own records say of its end: the batch script's, the trainer's requeue on a notice, its last step.
+_ENDS = ("attempt_end", "requeue", "finished")
+
+
 def interruption_history(journal: Journal, task_index: int, in_place_only: bool = False) -> tuple[int, float]:
-    """This task's interruptions so far and the seconds its runs had run until then: the earlier runs that ended
-    interrupted (unless ``in_place_only``), and every failed job step restarted in place (retry.in_place); the
-    current run's time is not in."""
-    starts: dict[int, float] = {}
-    events, exposure = 0, 0.0
-    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "step_restart")):
+    """This task's interruptions that lost work so far, and the seconds its runs ran until then (to their end, else
+    to their newest record: a step restarted in place, a checkpoint). They are the runs that ended so (unless
+    ``in_place_only``; `loses_work`), a run that ended without a word before a later one started among them (killed
+    with no notice), and every failed job step restarted in place (retry.in_place). A run that stopped on a notice
+    and saved, as the trainer's requeue says, ran but lost nothing. The current run's time since its newest record
+    is not in."""
+    runs: dict[int, _Run] = {}
+    events = 0
+    for _, rec in journal.records(kinds=("attempt_start", "step_restart", *_ENDS)):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
             continue
+        run = runs.setdefault(rec["attempt"], _Run())
+        run.last = max(run.last, rec["time"])
         if rec["kind"] == "attempt_start":
-            starts[rec["attempt"]] = rec["time"]
+            run.start = rec["time"]
         elif rec["kind"] == "step_restart":
             events += 1
-        elif rec["attempt"] in starts:
-            exposure += max(0.0, rec["time"] - starts[rec["attempt"]])
-            events += not in_place_only and rec.get("cause") in INTERRUPTED
+        elif not run.ended:
+            run.ended = True
+            run.lost = loses_work(rec.get("cause"), rec.get("checkpointed", True))
+    silent = [n for n in sorted(runs)[:-1] if not runs[n].ended]
+    if silent:  # their newest checkpoint is the last sign of their running
+        for _, rec in journal.records(kinds=("checkpoint",)):
+            if rec.get("task_index", -1) == task_index and rec.get("attempt") in silent:
+                runs[rec["attempt"]].last = max(runs[rec["attempt"]].last, rec["time"])
+    exposure = 0.0
+    for number, run in runs.items():
+        exposure += max(0.0, run.last - run.start) if run.start is not None else 0.0
+        events += not in_place_only and (run.lost or number in silent)
     return events, exposure

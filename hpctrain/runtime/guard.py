@@ -49,6 +49,9 @@ def timeout_margin_s(env: Mapping[str, str] = os.environ) -> float:
     return 2 * JobEnvironment(env).signal_lead_s
 
 
+LIMIT_REACHED_S = 10.0  # a job ending this near its computed end (StartTime + TimeLimit) reached its time limit
+
+
 @dataclass
 class JobNow:
     """This job as Slurm sees it now: its state, requeue count, when its time limit ends (epoch s), and
@@ -66,10 +69,13 @@ def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: flo
     first; a preempted job is requeued, or still RUNNING in its grace time); else 'preemption'."""
     if now is None:
         return "preemption"
-    if now.end_time is not None and now.end_time - time.time() <= timeout_margin_s:
-        return "timeout"
+    left = None if now.end_time is None else now.end_time - time.time()
     if now.state in ("COMPLETING", "CANCELLED") and now.restarts == restarts_at_start:
-        return "cancelled"
+        # Ending without a requeue: its time limit only once that has come (a job whose whole limit is shorter
+        # than the margin, an evaluation job's 2 minutes, was requeued when cancelled).
+        return "timeout" if left is not None and left <= LIMIT_REACHED_S else "cancelled"
+    if left is not None and left <= timeout_margin_s:
+        return "timeout"
     return "preemption"
 
 

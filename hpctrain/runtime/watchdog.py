@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from hpctrain.contract import JobEnvironment, JobPaths
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime import blame
 from hpctrain.runtime.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
@@ -38,6 +40,8 @@ EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on t
 STOPPED = "stopped (process state T)"
 # The task shim's report of a job whose log stayed quiet past [hang] output_s (code that asks no guard).
 QUIET = "hung: the job's log gained nothing"
+# ... and of a rank it found stopped under [hang] output_s: its output stopped with it.
+SILENCED = "hung: its output stopped with it"
 # Writes a watched rank's stacks at once (Java's thread dump signal; USR1 is NCCL's, USR2 the notice).
 DUMP_SIGNAL = signal.SIGQUIT
 # A hung rank's exit status (timeout(1)'s): every rank of a hung step times out, so none is blamed for its node.
@@ -62,7 +66,7 @@ class Watchdog:
     """Arms one timer per phase; `phase()` at each phase's start, `close()` when the rank is done."""
 
     def __init__(self, env: JobEnvironment | None = None) -> None:
-        env = env or JobEnvironment()
+        self.env = env = env or JobEnvironment()
         self.file: IO[str] | None = None
         self.dump_file: IO[str] | None = None
         self.current = ""
@@ -73,7 +77,9 @@ class Watchdog:
             self.file = open(path, "a", encoding="utf-8")
             if self.heartbeat and (dump := stacks_file(env, stopped=True)):
                 self.dump_file = open(dump, "a", encoding="utf-8")
-                faulthandler.register(DUMP_SIGNAL, file=self.dump_file, all_threads=True)
+                # chain: the signal's own action follows the stacks (SIGQUIT's default ends the process), so a
+                # stopped rank continued for its stacks runs none of its code again (hpctrain.launch.rankwatch).
+                faulthandler.register(DUMP_SIGNAL, file=self.dump_file, all_threads=True, chain=True)
             threading.Thread(target=self._exit_when_hung, name="hpctrain-watchdog", daemon=True).start()
             # A rank whose code has returned is not in a step: its exit (other atexit handlers, the modules' teardown,
             # seconds on a loaded machine) is not timed as one.
@@ -115,6 +121,7 @@ class Watchdog:
         while self.file is not None:
             deadline = self.deadline
             if deadline is not None and time.monotonic() > deadline + EXIT_AFTER_S:
+                blame.claim(blame.HANG, self.env)  # before the exit: the peers it fails then blame no node
                 os._exit(HUNG_EXIT)
             time.sleep(0.5)
 
@@ -179,12 +186,14 @@ def hang_report(env: JobEnvironment) -> str | None:
     if env.job_dir is None:
         return None
     found: list[tuple[bool, int, str]] = []
+    quiet: list[tuple[bool, str]] = []  # the task shims' own reports under output_s: a stopped rank's first
     phase = ""
     folder = JobPaths(env.job_dir).stacks_dir
     for path in folder.glob(f"{stacks_prefix(env)}rank*.txt") if folder.is_dir() else []:
         text = path.read_text(encoding="utf-8", errors="replace")
-        if quiet := next((ln for ln in text.splitlines() if QUIET in ln), None):
-            return quiet.removeprefix("hpctrain: ")
+        if line := next((ln for ln in text.splitlines() if QUIET in ln or SILENCED in ln), None):
+            quiet.append((SILENCED not in line, line.removeprefix("hpctrain: ")))
+            continue
         was_stopped = STOPPED in text
         if "most recent call first" not in text and not was_stopped:
             continue  # armed, never fired
@@ -199,6 +208,21 @@ def hang_report(env: JobEnvironment) -> str | None:
         found.append(
             (not was_stopped, rank, f"rank {rank} ({'stopped by a signal, ' * was_stopped}{where or 'no stack'})")
         )
+    if quiet:
+        return "; ".join(line for _, line in sorted(quiet))
     if not found:
         return None
     return f"hung in {phase}: {'; '.join(line for *_, line in sorted(found))}; stacks in {folder}"
+
+
+def unreported_hang(journal: Journal, env: JobEnvironment) -> str | None:
+    """`hang_report` of this job step, unless its journal has a ``hang`` record of it already (one per hang: the
+    batch script's `attempt restart` journals it, and `attempt end` too when no restart followed)."""
+    for _, rec in journal.records(kinds=("hang",)):
+        if (rec.get("attempt"), rec.get("step_restart"), rec.get("task_index", -1)) == (
+            env.run_number,
+            env.step_restarts,
+            env.task_index,
+        ):
+            return None
+    return hang_report(env)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -176,6 +177,16 @@ class SlurmClient:
             slurm_id, _, text = line.partition("|")
             if text == comment:
                 return slurm_id.split("_")[0]
+        return None
+
+    def find_by_name(self, name: str, since: float) -> str | None:
+        """The id of this user's job named ``name`` submitted since ``since`` (epoch seconds): the controller's,
+        else accounting's once the controller has forgotten it; None where neither has one."""
+        for line in self.run("squeue", "-h", "--me", "-t", "all", "--name", name, "-o", "%i").split():
+            return line.split("_")[0]
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since - 60))
+        for line in self.run("sacct", "-X", "-n", "-P", "--name", name, "-S", start, "-o", "JobID").split():
+            return line.split("_")[0]
         return None
 
     def sacctmgr(self, entity: str, *conditions: str, fields: str) -> list[dict[str, str]]:

@@ -86,20 +86,39 @@ def _git(directory: Path, *args: str) -> str | None:
 
 
 def code_state(path: Path | None) -> dict[str, Any]:
-    """The entry point's repository: commit, and whether (and how) tracked files differ from it."""
+    """The entry point's repository: commit, and whether (and how) its files differ from it: tracked files changed,
+    or files git does not ignore that it does not track (a new training script is one)."""
     if path is None:
         return {"entry_point": None}
     top = _git(path.parent, "rev-parse", "--show-toplevel")
     if top is None:
         return {"entry_point": str(path), "repo": None, "file_sha256": _sha256(path.read_bytes())}
-    diff = _git(path.parent, "diff", "HEAD") or ""
+    repo = Path(top.strip())
+    diff = (_git(repo, "diff", "HEAD") or "").encode()
+    untracked = sorted(filter(None, (_git(repo, "ls-files", "-z", "--others", "--exclude-standard") or "").split("\0")))
+    changes = diff + b"".join(f"\0untracked {name}\0{_file_sha256(repo / name)}".encode() for name in untracked)
     return {
         "entry_point": str(path),
-        "repo": top.strip(),
-        "commit": (_git(path.parent, "rev-parse", "HEAD") or "").strip(),
-        "dirty": bool(diff),
-        "diff_sha256": _sha256(diff.encode()) if diff else None,
+        "repo": str(repo),
+        "commit": (_git(repo, "rev-parse", "HEAD") or "").strip(),
+        "dirty": bool(changes),
+        "diff_sha256": _sha256(changes) if changes else None,
     }
+
+
+def _file_sha256(path: Path) -> str:
+    """The file's SHA-256, read in chunks (an untracked file may be large); a link's is that of where it points, as
+    git keeps it; "unreadable" where it cannot be read."""
+    digest = hashlib.sha256()
+    try:
+        if path.is_symlink():
+            return _sha256(os.readlink(path).encode())
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return "unreadable"
+    return digest.hexdigest()
 
 
 def data_snapshot(spec: JobSpec) -> dict[str, Any] | None:

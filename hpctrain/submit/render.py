@@ -96,6 +96,11 @@ def directives(
     return [sbatch_option(o) for o in opts if o]
 
 
+def exact(number: float) -> str:
+    """``number`` in the fewest digits that read back as it ("1234567.7", not ":g"'s "1.23457e+06"); whole: no ".0"."""
+    return str(int(number)) if float(number).is_integer() else repr(float(number))
+
+
 def exports(
     spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths, chunk: ArrayChunk | None
 ) -> list[tuple[str, str]]:
@@ -110,7 +115,7 @@ def exports(
         (contract.SCRIPT_ENV, str(files.script(chunk.index if chunk else 0))),
         (contract.SIGNAL_LEAD_ENV, str(site.defaults.signal_lead_s)),
         (contract.SEED_ENV, str(spec.seed)),
-        *([(contract.HANG_OUTPUT_ENV, f"{quiet_s:g}")] if quiet_s else []),
+        *([(contract.HANG_OUTPUT_ENV, exact(quiet_s))] if quiet_s else []),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
     ]

@@ -16,6 +16,7 @@ from typing import Any
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.config.site import SiteConfig
+from hpctrain.config.types import MAX_ARG_STRLEN
 from hpctrain.contract import PARAMS_ENV, JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
@@ -33,7 +34,6 @@ HISTORY_DAYS = 30  # the ledger's runs of jobs alike that "auto" checkpoint inte
 
 OnRecord = Callable[[int, ArrayChunk | None], None]
 OnFiles = Callable[[JobPaths], None]
-MAX_ARG_STRLEN = 32 * 4096  # Linux: the most bytes one argument or environment entry may hold, its NUL included
 
 
 @dataclass

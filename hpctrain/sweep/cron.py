@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 import sys
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -20,6 +21,10 @@ CARRIED = ("PATH", CONF_ENV, *LOGIN_ENV)
 SCRON_DEFAULTS = ("--job-name=hpctrain-sweep-tick", "--ntasks=1", "--cpus-per-task=1", "--time=10")
 # An sbatch option on a #SCRON line: one word, --name or --name=value (scrontab splits the line at blanks).
 SCRON_OPTION = re.compile(r"--[a-z][a-z-]*(=[^\s]+)?")
+# What no value may bring into a cron line, quoted or not: line breaks and separators (cron ends a line at "\n", other
+# readers of the table at \r \v \f \x1c-\x1e \x85 U+2028 U+2029 too), other control and format (invisible)
+# characters, and surrogates (bytes of a file name that are not UTF-8).
+UNSAFE = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 def schedule(every_minutes: int) -> str:
@@ -35,14 +40,29 @@ def carried(environ: Mapping[str, str], site_variables: Iterable[str]) -> dict[s
     return {name: environ[name] for name in dict.fromkeys(names) if environ.get(name)}
 
 
+def line_safe(value: str, where: str) -> str:
+    """``value``, refused in one line naming ``where`` (it came from there) if it holds an UNSAFE character."""
+    bad = next((c for c in value if unicodedata.category(c) in UNSAFE), None)
+    if bad is not None:
+        raise ConfigError(
+            f"{where} {value!r} holds U+{ord(bad):04X} (a line break, separator or control character), which a "
+            "cron or scrontab line cannot carry: use one without it"
+        )
+    return value
+
+
 def tick_command(workdir: Path, log: Path, site: str | None, env: Mapping[str, str]) -> str:
     """The shell command that runs, in ``workdir`` with the variables ``env`` (`carried`), this interpreter's hpctrain
     tick of every active sweep, appending to ``log`` one line before (the time) and after (the exit status) its
-    output, as scripts/sweep-tick-cron does. Ticks that overlap take turns on the lock beside the ledger."""
+    output, as scripts/sweep-tick-cron does. Ticks that overlap take turns on the lock beside the ledger. A value that
+    a cron line cannot carry (`line_safe`) is refused, naming where it came from."""
     q = shlex.quote
-    log = log.expanduser().absolute()
-    assignments = [f"{name}={q(value)}" for name, value in env.items()]
-    tick = shlex.join([sys.executable, "-m", "hpctrain", "sweep", "tick", *(["--site", site] if site else [])])
+    log = Path(line_safe(str(log.expanduser().absolute()), "--log"))
+    workdir = Path(line_safe(str(workdir), "the working directory"))
+    assignments = [f"{name}={q(line_safe(value, f'${name} (carried to the tick)'))}" for name, value in env.items()]
+    site_args = ["--site", line_safe(site, "--site")] if site else []
+    interpreter = line_safe(sys.executable, "this interpreter's path")
+    tick = shlex.join([interpreter, "-m", "hpctrain", "sweep", "tick", *site_args])
     return (
         f'mkdir -p {q(str(log.parent))} && cd {q(str(workdir))} && {{ echo "== $(date -Is) sweep tick"; '
         f'{" ".join([*assignments, tick])}; echo "== exit $?"; }} >>{q(str(log))} 2>&1'
@@ -70,5 +90,6 @@ def scrontab_entry(
             raise ConfigError(
                 f"--scron-option {option!r}: give one sbatch option as --name or --name=value, without blanks"
             )
+        line_safe(option, "--scron-option")
     command = tick_command(workdir, log, site, env)
     return f"#SCRON {' '.join([*SCRON_DEFAULTS, *options])}\n{schedule(every_minutes)} {command}"

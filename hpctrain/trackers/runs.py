@@ -11,7 +11,6 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.evaluations import DONE
 from hpctrain.ledger.rows import JobRow
 from hpctrain.report.compare import settings
 
@@ -53,7 +52,7 @@ def chosen_jobs(
     """The jobs named (each must be in the ledger), a sweep's, those submitted since a day, or else every job of
     the site."""
     ids = list(job_ids)
-    if sum(map(bool, (ids, sweep, since))) > 1:
+    if sum(map(bool, (ids, sweep is not None, since is not None))) > 1:
         raise HpctrainError("give JOB ids, --sweep or --since, not more than one")
     if ids:
         jobs = [ledger.jobs.get(i) for i in ids]
@@ -61,11 +60,11 @@ def chosen_jobs(
         if missing:
             raise HpctrainError(f"job {', '.join(missing)}: no such ledger id (see `hpctrain status --all`)")
         return [j for j in jobs if j is not None]
-    if sweep:
+    if sweep is not None:
         if ledger.sweeps.get(sweep) is None:
             raise HpctrainError(f"sweep {sweep!r}: no such sweep in the ledger")
         return ledger.jobs.of_sweep(sweep)
-    if since:
+    if since is not None:
         try:
             day = datetime.fromisoformat(since).timestamp()
         except ValueError:
@@ -113,14 +112,31 @@ def _params(job: JobRow, params: dict[str, Any]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in settings(job, params).items()}
 
 
-def evaluations_after(ledger: Ledger, run: Run, after: float) -> list[tuple[int, str, dict[str, float], float]]:
-    """(step, evaluator, metrics, done_at) of the run's evaluations done after ``after``, oldest first."""
+@dataclass(frozen=True)
+class Point:
+    """One value of a run: a metric's at a step, or an evaluation result (``<evaluator>/<name>``) at the checkpoint's
+    step; ``seq`` is its place in the ledger's order of arrival (an evaluation's results share theirs)."""
+
+    seq: int
+    name: str
+    step: int
+    value: float
+    at: float  # seconds since the epoch
+    evaluation: bool = False
+
+
+def points_after(ledger: Ledger, run: Run, seq: int = 0) -> list[Point]:
+    """The run's values that reached the ledger after ``seq``, in that order (an evaluation's by name)."""
+    job = run.job
     found = [
-        (e["step"], e["evaluator"], json.loads(e["metrics_json"]), e["done_at"] or 0.0)
-        for e in ledger.evaluations.of_job(run.job["id"])
-        if e["task_index"] == run.task_index
-        and e["state"] == DONE
-        and e["metrics_json"]
-        and (e["done_at"] or 0) > after
+        Point(s, name, step, value, at if at is not None else job["submitted_at"] or 0.0)
+        for s, name, step, value, at in ledger.metrics.after(job["id"], run.task_index, seq)
     ]
-    return sorted(found, key=lambda e: e[3])
+    for e in ledger.evaluations.done_after(job["id"], run.task_index, seq):
+        values = json.loads(e["metrics_json"] or "{}")
+        found += [
+            Point(e["seq"], f"{e['evaluator']}/{name}", e["step"], float(value), e["done_at"] or 0.0, True)
+            for name, value in sorted(values.items())
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+    return sorted(found, key=lambda p: (p.seq, p.name))

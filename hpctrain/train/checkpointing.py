@@ -24,7 +24,7 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.attempts import interruption_history
 from hpctrain.train.engine import StepResult
 from hpctrain.train.evaluation import EvalSchedule
-from hpctrain.train.saves import SaveSchedule
+from hpctrain.train.saves import SaveSchedule, earlier_measurements
 from hpctrain.train.state import load_local_state, local_state, placements
 
 
@@ -89,9 +89,9 @@ class TrainCheckpoints:
             evaluation.checkpoint_due = self.schedule.due
 
     def save_schedule(self, rank: int, memory: bool = False) -> SaveSchedule:
-        """The file-system tier's schedule, or the ``memory`` tier's; "auto" learns from the interruptions of jobs
-        like this one in the ledger when it was submitted, and of this task so far (its journal): for the memory
-        tier, only the job steps restarted in place, on the site's prior for failures."""
+        """The file-system tier's schedule, or the ``memory`` tier's; "auto" learns from the interruptions that lost
+        work of jobs like this one in the ledger when it was submitted, and of this task so far (its journal), on
+        the site's prior: for the memory tier, only the job steps restarted in place, on the prior for failures."""
         policy, env, journal = self.spec.checkpoint, JobEnvironment(), Journal.from_env()
         events, seconds = (
             interruption_history(journal, env.task_index, in_place_only=memory) if journal is not None else (0, 0.0)
@@ -99,15 +99,16 @@ class TrainCheckpoints:
         if env.job_dir is not None and (alike := JobPaths(env.job_dir).interruptions_file).is_file():
             ledger = json.loads(alike.read_text())
             events, seconds = events + ledger["in_place" if memory else "events"], seconds + ledger["exposure_s"]
-        preemptible = self.spec.resources.preemptible and not memory
-        hours = self.site.preemptible_mtbi_hours if preemptible else self.site.mtbi_hours
+        measured = earlier_measurements(journal, env.task_index, memory) if journal is not None else None
         return SaveSchedule(
             policy,
             (events, seconds),
-            hours * 3600,
+            self.site.prior_mtbi_s(self.spec.resources.preemptible and not memory),
             journal if rank == 0 else None,
             self.alerts.slow_save_factor,
             memory=memory,
+            max_interval_s=self.site.max_interval_minutes * 60,
+            measured=measured,
         )
 
     def resume(self) -> int:

@@ -1,12 +1,14 @@
 """At which steps the reference trainer saves to the file system: every ``checkpoint.every_steps``; every
 ``every_minutes`` (in steps of the measured step time); or ``"auto"``, the interval that loses the least time to
-interruptions plus saves (hpctrain.checkpoint.interval) from the measured saves and the interruptions of this
-job, on the site's prior (``checkpoint.mtbi_hours``) until it has its own. The memory tier
+interruptions plus saves (hpctrain.checkpoint.interval) from the measured saves and the interruptions that lost
+work of this job and of jobs alike, on the site's prior (``checkpoint.mtbi_hours``), at most the site's
+``max_interval_minutes``. The memory tier
 (``memory_every_steps``) likewise, from its own saves and the interruptions it serves: job steps restarted in
 place, on the site's ``mtbi_hours`` (a failure's rate; preemptions end the allocation, and its memory with it).
 
-An interval in minutes or "auto" is chosen WARMUP_STEPS steps in (where "auto" saves first, to measure a save)
-and again after each save: at the same step on every rank, from measurements reduced over the ranks (the slowest
+An interval in minutes or "auto" is chosen WARMUP_STEPS steps in (where "auto" saves first, to measure a save,
+unless an earlier start of this task measured one: a job step restarted in place, or a requeued run, goes on from
+its journaled measurements) and again after each save: at the same step on every rank, from measurements reduced over the ranks (the slowest
 rank's), so that every rank saves at the same steps. Rank 0 journals each choice that changes the interval
 (``checkpoint_interval``: `hpctrain show` lists it with why).
 
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from hpctrain.checkpoint.interval import InterruptionRate, Interval, choose_interval
+from hpctrain.checkpoint.interval import MAX_INTERVAL_S, InterruptionRate, Interval, choose_interval
 from hpctrain.config.job import CheckpointPolicy
 from hpctrain.config.site import Alerts
 from hpctrain.parallel.collective import all_reduce_floats
@@ -45,10 +47,14 @@ class SaveSchedule:
         slow_factor: float = Alerts().slow_save_factor,
         clock: Callable[[], float] = time.monotonic,
         memory: bool = False,
+        max_interval_s: float = MAX_INTERVAL_S,
+        measured: tuple[float, float, float] | None = None,
     ) -> None:
-        """``history``: this task's interruptions and the seconds its earlier runs ran (runtime.attempts); the
-        ``journal`` is rank 0's, None elsewhere; a commit ``slow_factor`` times the usual one is slow. With
-        ``memory``, the memory tier's schedule (``memory_every_steps``; its slow saves are not the file system's)."""
+        """``history``: the interruptions that lost work and the seconds run before this process (runtime.attempts);
+        the ``journal`` is rank 0's, None elsewhere; a commit ``slow_factor`` times the usual one is slow. With
+        ``memory``, the memory tier's schedule (``memory_every_steps``; its slow saves are not the file system's).
+        "auto" saves at most ``max_interval_s`` apart. ``measured``: (a save's blocked seconds, its seconds to commit,
+        a step's seconds) as an earlier start of this task measured them (`earlier_measurements`)."""
         every, minutes = (policy.memory_every_steps, None) if memory else (policy.every_steps, policy.every_minutes)
         self.every = every if isinstance(every, int) else None
         self.minutes = minutes if isinstance(minutes, (int, float)) else None
@@ -56,6 +62,7 @@ class SaveSchedule:
         self.memory = memory
         self.events, self.earlier_s = history
         self.prior_mtbi_s, self.journal, self.slow_factor, self.clock = prior_mtbi_s, journal, slow_factor, clock
+        self.max_interval_s = max_interval_s
         self.started = clock()
         self.step_times: deque[float] = deque(maxlen=KEPT)
         self.blocked: deque[float] = deque(maxlen=KEPT)
@@ -64,12 +71,16 @@ class SaveSchedule:
         self.next_save: int | None = None
         self.next_choice: int | None = None
         self.journaled: Interval | None = None
+        if measured is not None:
+            for kept, value in zip((self.blocked, self.commits, self.step_times), measured):
+                kept.append(value)
 
     def begin(self, start_step: int) -> None:
-        """The run trains on from ``start_step``: an interval in minutes or "auto" is chosen WARMUP_STEPS later."""
+        """The run trains on from ``start_step``: an interval in minutes or "auto" is chosen WARMUP_STEPS later
+        ("auto" saves there first where no save was measured)."""
         if self.auto or self.minutes is not None:
             self.next_choice = start_step + WARMUP_STEPS
-            self.next_save = self.next_choice if self.auto else None
+            self.next_save = self.next_choice if self.auto and not self.blocked else None
 
     def due(self, step: int) -> bool:
         """Whether the file-system tier saves at ``step`` (the same answer on every rank)."""
@@ -132,7 +143,7 @@ class SaveSchedule:
             interval = Interval(steps, steps * step_s, cost_s, commit_s, step_s, rate.mtbi_s)
             why = f"every {steps} steps: {self.minutes:g} minutes at {step_s:.3f} s a step"
         else:
-            interval = choose_interval(cost_s, commit_s, step_s, rate)
+            interval = choose_interval(cost_s, commit_s, step_s, rate, self.max_interval_s)
             why = interval.why(rate)
         self.next_save = self.next_choice = step + interval.steps
         self._journal(step, interval, why, rate)
@@ -162,3 +173,16 @@ class SaveSchedule:
 
 def _median(values: deque[float] | list[float]) -> float:
     return statistics.median(values) if values else 0.0
+
+
+def earlier_measurements(journal: Any, task_index: int, memory: bool) -> tuple[float, float, float] | None:
+    """The newest measurements an earlier start of this task journaled with its interval for this tier: (a save's
+    blocked seconds, its seconds to commit, a step's seconds); None before any."""
+    tier = "memory" if memory else "file system"
+    newest = None
+    for _, rec in journal.records(kinds=("checkpoint_interval",)):
+        if rec.get("task_index", -1) == task_index and rec.get("tier", "file system") == tier:
+            newest = rec
+    if newest is None or "cost_s" not in newest:
+        return None
+    return float(newest["cost_s"]), float(newest["commit_s"]), float(newest["step_s"])

@@ -1,12 +1,15 @@
 """A site with two login nodes (helpers.hosts: their own host names, /tmp and /dev/shm; the home directory, job
 folders and cluster shared) and the ledger at its default path in the home directory: a job submitted on one is
 seen and followed from the other, writers on both lose nothing, a writer killed mid-transaction on either leaves
-a ledger that reads and writes, and ticks from both submit each trial once."""
+a ledger that reads and writes, and ticks from both submit each trial once. The home is a local disk, or a real
+network file system: GlusterFS (helpers.gluster), which login2 sees through a client of its own, the ledger
+accepted there once `doctor --ledger` has probed it from login2 and a compute node (issue 60)."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -17,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.ledger import Ledger
+
 from helpers.cli import HPCTRAIN
+from helpers.gluster import gluster_up, second_client
 from helpers.hosts import host_env, on_host
+from helpers.lanes import LANE
 from helpers.paths import TESTS
 from helpers.sweep import sweep_spec
 from helpers.waiting import wait_until
@@ -39,17 +46,37 @@ account = "teama"
 """
 
 
-@pytest.fixture
-def home():
-    """A home directory both hosts see (under /var/tmp: each host has a /tmp of its own)."""
-    folder = Path(tempfile.mkdtemp(prefix="hpctrain-hosts-", dir="/var/tmp"))
+BINDS: dict[Path, list[tuple[Path, Path]]] = {}  # a home on Gluster: how login2 sees it through its own client
+
+
+GLUSTER_LANES = pytest.mark.skipif(LANE not in ("", "24.11"), reason=(
+    "CI time, not on this lane: the file system's and hpctrain's, not Slurm's (run on the host and 24.11)"))
+
+
+@pytest.fixture(params=["local disk", pytest.param("gluster", marks=GLUSTER_LANES)])
+def home(request):
+    """A home directory both hosts see (under /var/tmp: each host has a /tmp of its own), or on GlusterFS, probed
+    from login2."""
+    on_gluster = request.param == "gluster"
+    folder = Path(tempfile.mkdtemp(prefix="hpctrain-hosts-", dir=gluster_up() / "safe" / "a" if on_gluster else "/var/tmp"))
+    if on_gluster:
+        BINDS[folder] = second_client("safe")
+        probed = on("login2", folder, "doctor", "--ledger", "--json")
+        checks = {c["name"]: c for c in json.loads(probed.stdout)}
+        assert probed.returncode == 0 and checks["ledger probe"]["verdict"] == "PASS", probed.stdout + probed.stderr
     yield folder
+    BINDS.pop(folder, None)
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def on(host: str, home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`hpctrain ARGS` on login host ``host``, run from ``home``."""
-    return subprocess.run(on_host(host, *HPCTRAIN, *args), env=host_env(home), cwd=home, capture_output=True,
+def host(name: str, home: Path, *argv: str) -> list[str]:
+    """``argv`` as run on login host ``name``, with ``home`` as this test's."""
+    return on_host(name, *argv, binds=BINDS.get(home, []) if name == "login2" else [])
+
+
+def on(name: str, home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`hpctrain ARGS` on login host ``name``, run from ``home``."""
+    return subprocess.run(host(name, home, *HPCTRAIN, *args), env=host_env(home), cwd=home, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -58,7 +85,7 @@ def ledger_of(home: Path) -> Path:
 
 
 def test_a_job_submitted_on_one_login_host_is_seen_and_followed_from_the_other(dev_cluster, home):
-    names = [subprocess.run(on_host(h, "sh", "-c", "hostname; ls /tmp | wc -l"), capture_output=True, text=True,
+    names = [subprocess.run(host(h, home, "sh", "-c", "hostname; ls /tmp | wc -l"), capture_output=True, text=True,
                             check=True).stdout.split() for h in HOSTS]
     assert names == [["login1", "0"], ["login2", "0"]]  # the hosts are apart: own names, empty /tmp of their own
     (home / "job.toml").write_text(JOB.format(home=home))
@@ -79,30 +106,39 @@ def test_a_job_submitted_on_one_login_host_is_seen_and_followed_from_the_other(d
     assert shown.returncode == 0 and json.loads(shown.stdout)["job"]["state"] == "COMPLETED", shown.stderr
     checks = {c["name"]: c for c in json.loads(on("login2", home, "doctor", "--json").stdout)}
     assert checks["ledger"]["verdict"] == "PASS" and checks["ledger"]["detail"].startswith(f"{ledger_of(home)} ")
+    if home in BINDS:  # the doctor probes again, and names the mode and the probe
+        assert checks["ledger probe"]["verdict"] == "PASS", checks["ledger probe"]
+        assert "fuse.glusterfs: rollback journal, synchronous=FULL, safe for several hosts (probed " in checks[
+            "ledger"]["detail"]
+    else:
+        assert "ledger probe" not in checks
 
 
 def test_writers_on_both_hosts_lose_nothing_and_a_killed_one_leaves_a_ledger_that_works(dev_cluster, home):
     ledger = ledger_of(home)
     assert on("login1", home, "status").returncode == 0  # makes the ledger at the default path
-    writers = [subprocess.Popen(on_host(HOSTS[n % 2], *WRITER, str(ledger), str(n)),
+    # Gluster commits some 20-40 transactions a second on this machine under CI's load: a quarter of the writes
+    # keeps the test near a minute (8 x 1,000 there: 0 lost, measured by hand, see issue 60's note).
+    writes = WRITES // 4 if home in BINDS else WRITES
+    writers = [subprocess.Popen(host(HOSTS[n % 2], home, *WRITER, str(ledger), str(n), str(writes)),
                                 env=host_env(home, PYTHONPATH=str(TESTS)), stderr=subprocess.PIPE, text=True)
                for n in range(8)]
-    errors = [w.communicate(timeout=300)[1] for w in writers]
-    assert [w.returncode for w in writers] == [0] * 8, errors
-    assert count_loads(ledger) == (8 * WRITES, 8 * WRITES)
+    errors = [w.communicate(timeout=600)[1] for w in writers]
+    assert [w.returncode for w in writers] == [0] * 8, "\n".join(errors)
+    assert count_loads(ledger) == (8 * writes, 8 * writes)
     # kill -9 mid-write on either host: what was committed stays, the file checks out, and it takes writes again
     rng = random.Random(7)
-    for n, host in enumerate(HOSTS, start=8):
+    for n, name in enumerate(HOSTS, start=8):
         before = count_loads(ledger)[0]
-        victim = subprocess.Popen(on_host(host, *WRITER, str(ledger), str(n), "100000"),
+        victim = subprocess.Popen(host(name, home, *WRITER, str(ledger), str(n), "100000"),
                                   env=host_env(home, PYTHONPATH=str(TESTS)))
-        wait_until(lambda: count_loads(ledger)[0] > before + 50, 60, 0.05, f"the writer on {host} to write")
+        wait_until(lambda: count_loads(ledger)[0] > before + 50, 60, 0.05, f"the writer on {name} to write")
         time.sleep(rng.uniform(0, 0.2))
         victim.kill()
         victim.wait()
         with sqlite3.connect(ledger) as db:
             assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
-        again = subprocess.run(on_host(HOSTS[1 - HOSTS.index(host)], *WRITER, str(ledger),
+        again = subprocess.run(host(HOSTS[1 - HOSTS.index(name)], home, *WRITER, str(ledger),
                                        str(n + 10), "20"), env=host_env(home, PYTHONPATH=str(TESTS)), capture_output=True,
                                text=True, timeout=120)
         assert again.returncode == 0, again.stderr
@@ -110,12 +146,15 @@ def test_writers_on_both_hosts_lose_nothing_and_a_killed_one_leaves_a_ledger_tha
 
 
 def test_ticks_from_both_hosts_at_once_submit_each_trial_once(dev_cluster, home):
+    if home in BINDS:
+        pytest.skip("on Gluster 8 ticks at once outlast 5 minutes under CI's load (a tick there is 12x a local "
+                    "disk's: benchmarks/ledger_modes.py); passed alone on the host and 24.11 (issue 60)")
     stop = home / "stop"
     spec = sweep_spec(home, "hosts", 'method = "random"\nmax_trials = 8\nmax_parallel = 8\n'
                       '[search]\nx = { type = "uniform", low = -2.0, high = 2.0 }', steps=3000, step_s=0.1,
                       stop_file=stop)
     assert on("login1", home, "sweep", "start", str(spec), "--no-tick").returncode == 0
-    ticks = [subprocess.Popen(on_host(HOSTS[n % 2], *HPCTRAIN, "sweep", "tick"), env=host_env(home), cwd=home,
+    ticks = [subprocess.Popen(host(HOSTS[n % 2], home, *HPCTRAIN, "sweep", "tick"), env=host_env(home), cwd=home,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in range(8)]
     outs = [t.communicate(timeout=300) for t in ticks]
     stop.touch()
@@ -137,3 +176,49 @@ def count_loads(ledger: Path) -> tuple[int, int]:
 def trial_states(home: Path) -> set[str]:
     with sqlite3.connect(ledger_of(home), timeout=60) as db:
         return {row[0] for row in db.execute("SELECT state FROM trials")}
+
+
+@GLUSTER_LANES
+def test_on_a_gluster_home_with_default_options_the_probe_fails_naming_them_and_nothing_writes_the_ledger(
+        dev_cluster):
+    """Gluster's defaults keep locks across clients but serve stale reads under them (../shared/notes/sites.md):
+    unprobed, the ledger is refused there; probed, the probe fails and names the options that fix it; every
+    command refuses it in one line, and no ledger file is made."""
+    folder = Path(tempfile.mkdtemp(prefix="hpctrain-hosts-", dir=gluster_up() / "plain" / "a"))
+    BINDS[folder] = second_client("plain")
+    try:
+        (folder / "job.toml").write_text(JOB.format(home=folder))
+        unprobed = on("login1", folder, "submit", "job.toml")
+        assert unprobed.returncode != 0 and len(unprobed.stderr.strip().splitlines()) == 1, unprobed.stderr
+        assert "cannot live on" in unprobed.stderr and "until probed (fuse.glusterfs keeps file locks across hosts" \
+            in unprobed.stderr and "run `hpctrain doctor --ledger`" in unprobed.stderr
+        probed = on("login2", folder, "doctor", "--ledger", "--json")
+        checks = {c["name"]: c for c in json.loads(probed.stdout)}
+        assert probed.returncode == 1 and checks["ledger probe"]["verdict"] == "FAIL", probed.stdout
+        assert re.search(r"read stale data in \d+ of 100 turns", checks["ledger probe"]["detail"])
+        fix = ("volume options `group db-workload` and `performance.open-behind off`, and mounts with "
+               "`-o direct-io-mode=enable,attribute-timeout=0,entry-timeout=0`")
+        assert checks["ledger"]["verdict"] == "FAIL" and fix in checks["ledger"]["detail"]
+        for name, args in (("login1", ("submit", "job.toml")), ("login2", ("status",)), ("login1", ("sweep", "tick"))):
+            refused = on(name, folder, *args)
+            assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+            assert "reads under its locks were stale" in refused.stderr and fix in refused.stderr
+        assert not ledger_of(folder).exists()
+    finally:
+        BINDS.pop(folder, None)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_ledger_made_on_a_local_disk_then_copied_to_the_home_works_from_both_hosts(dev_cluster, home, tmp_path):
+    """A ledger made in WAL mode on a local disk, copied to the home: on Gluster's direct-io mounts SQLite cannot map
+    a WAL index, and opening it failed as "disk I/O error"; it now leaves WAL as it is opened there."""
+    made = tmp_path / "made.db"
+    with Ledger(made) as ledger:
+        ledger.jobs.record({"name": "made-here", "site": "dev", "state": "COMPLETED"})
+    ledger_of(home).parent.mkdir(parents=True, exist_ok=True)  # the probe's doctor made one on Gluster: replaced
+    shutil.copy(made, ledger_of(home))
+    for name in HOSTS:
+        listed = on(name, home, "status", "--all", "--json", "--no-refresh")
+        assert listed.returncode == 0 and [r["name"] for r in json.loads(listed.stdout)] == ["made-here"], listed.stderr
+    with sqlite3.connect(ledger_of(home)) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == ("delete" if home in BINDS else "wal")

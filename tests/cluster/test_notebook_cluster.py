@@ -75,7 +75,9 @@ def test_a_session_is_reached_used_shown_and_ends_when_idle(isolated_ledger, tmp
     # `status` lists it with where it listens and its idle time.
     listed = {r["id"]: r for r in json.loads(run_cli("status", "--json").stdout)}
     assert listed[job_id]["state"] == "RUNNING"
-    assert listed[job_id]["session"]["url"] == session.url() and listed[job_id]["session"]["idle_s"] >= 0
+    assert listed[job_id]["session"]["url"] == session.url(token=False) and listed[job_id]["session"]["idle_s"] >= 0
+    assert listed[job_id]["session"]["token_file"] == str(session.file) and session.token not in run_cli(
+        "status", "--json").stdout + run_cli("status").stdout
 
     # The lab's page, as a browser on the login side shows it: its shell, panels and launcher drawn.
     shot = tmp_path / "lab.png"

@@ -6,11 +6,13 @@ import json
 import pytest
 
 from helpers.cli import run_cli
+from helpers.lanes import lanes
 from helpers.paths import REPO
 
 pytestmark = pytest.mark.slurm
 
 
+@lanes(why="a torch.distributed check in an srun step, alike on every release")
 def test_doctor_nccl_on_dev_cluster(dev_cluster, tmp_path):
     out = run_cli("doctor", "--nccl", "--json")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -5,7 +5,6 @@ Debian 12's slurm-client 22.05 (the host's there) has not."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -15,9 +14,11 @@ import pytest
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
 from hpctrain.sweep import install
+from hpctrain.sweep.install import BEGIN, END
 
 from helpers.cli import HPCTRAIN, run_cli
-from helpers.sweep import sweep_spec
+from helpers.lanes import lanes
+from helpers.sweep import kept_table, sweep_spec
 from helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -27,11 +28,9 @@ GRID = 'method = "grid"\nmax_parallel = 2\n[search]\nx = {{ type = "choice", val
 @pytest.fixture
 def scrontab():
     """The user's scrontab, given back as it was after the test."""
-    if shutil.which("scrontab") is None:
-        pytest.skip("no scrontab command here (Debian 12's slurm-client 22.05 has none): the Slurm lanes run this test")
-    saved = install.read("scrontab")
-    yield
-    install.write("scrontab", saved)
+    with kept_table("scrontab", "no scrontab command here (Debian 12's slurm-client 22.05 has none): the Slurm lanes "
+                    "run this test"):
+        yield
 
 
 def tick_runs(since: str) -> list[list[str]]:
@@ -41,6 +40,7 @@ def tick_runs(since: str) -> list[list[str]]:
     return [row for row in (line.split("|") for line in out.stdout.splitlines()) if row[2] != "None assigned"]
 
 
+@lanes("26.05", why="24.11 runs the scrontab install and tick test; the overlap is hpctrain's ledger")
 def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster, isolated_ledger, tmp_path, scrontab):
     # Trials of 40 s, two at a time: each sweep is still running at the scrontab job's next minute.
     specs = [sweep_spec(tmp_path, "scron-a", GRID.format(values="[0.0, 0.5, 1.0, 1.5]"), steps=400),
@@ -101,6 +101,40 @@ def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster
                              capture_output=True, text=True)
     assert removed.returncode == 0 and "taken out" in removed.stdout, removed.stderr
     assert "hpctrain" not in install.read("scrontab")
+
+
+def test_a_refused_value_leaves_the_scrontab_as_it_was_and_a_normal_install_ticks(dev_cluster, tmp_path, scrontab):
+    """A working directory or --log that would add an entry of its own to the table (57.1) is refused, installing
+    or removing, and the table stays as it was; installed from a plain directory, the entry ticks, and goes again."""
+    mine = "# hpctrain cluster test: a line of the user's own\n"
+    install.write("scrontab", mine)
+    marker = tmp_path / "marker"
+    hostile = tmp_path / f"x\n* * * * * touch {marker} #"
+    hostile.mkdir(parents=True)
+    log = tmp_path / "tick.log"
+    for cwd, args in ((hostile, []), (tmp_path, ["--log", f"{tmp_path}/l\u2028* * * * * touch {marker} #"])):
+        for more in ([], ["--dry-run"]):
+            refused = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--every", "1", *args, *more],
+                                     cwd=cwd, capture_output=True, text=True)
+            assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+            assert len(refused.stderr.splitlines()) == 1 and "cannot carry" in refused.stderr, refused.stderr
+        assert install.read("scrontab") == mine
+    removed = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--remove"], cwd=hostile,
+                             capture_output=True, text=True)
+    assert removed.returncode == 0 and "already without" in removed.stdout, removed.stderr
+    assert install.read("scrontab") == mine
+
+    done = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--every", "1", "--log", str(log)],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    table = install.read("scrontab").split("\n")
+    assert table[:3] == [mine[:-1], "", BEGIN] and table[-2:] == [END, ""] and len(table) == 7, table
+    wait_until(lambda: log.exists() and "== exit" in log.read_text(), 150, 1, "the scrontab job's first tick")
+    assert "== exit 0" in log.read_text() and not marker.exists()
+    removed = subprocess.run([*HPCTRAIN, "sweep", "install-tick", "--scrontab", "--remove"], cwd=tmp_path,
+                             capture_output=True, text=True)
+    assert removed.returncode == 0 and "taken out" in removed.stdout, removed.stderr
+    assert install.read("scrontab") == mine
 
 
 def _states(ledger_path: Path) -> set[str]:

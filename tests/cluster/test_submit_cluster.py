@@ -276,8 +276,9 @@ def test_cancel_and_show(dev_cluster, isolated_ledger):
 
 
 def test_checkpoints_every_auto_steps_get_the_interruptions_of_jobs_alike(dev_cluster, isolated_ledger):
-    """At submit, the ledger's runs of the last 30 days in the same partition and QOS on as many GPUs: a preempted
-    run of an earlier job alike counts, over its running time."""
+    """At submit, the ledger's runs of the last 30 days in the same partition and QOS on as many GPUs: a run of an
+    earlier job alike preempted without a word (it journaled no stop saved on a notice) counts, over its running
+    time."""
     spec = {"name": "auto-ckpt", "command": ["true"], "launcher": "none", "checkpoint": {"every_steps": "auto"},
             "resources": {"gpus_per_node": 1, "mem": "100M", "time": "10"}}
     first = submit_spec(spec, isolated_ledger)

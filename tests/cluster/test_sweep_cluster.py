@@ -15,6 +15,7 @@ from hpctrain.slurm.states import TERMINAL
 
 from helpers.cli import HPCTRAIN, run_cli
 from helpers.cluster import DEV_CLUSTER
+from helpers.lanes import lanes
 from helpers.sweep import sweep_spec
 from helpers.waiting import wait_until
 
@@ -88,6 +89,7 @@ def test_a_tick_with_slurmctld_down_fails_in_one_line_and_changes_nothing(dev_cl
         assert [t["number"] for t in Table(ledger, "trials").rows()] == [0, 1]
 
 
+@lanes(why="pruning is optuna's and hpctrain's; its scancel is every other test's")
 def test_early_stopping_cancels_trials_behind_the_median(dev_cluster, isolated_ledger, tmp_path):
     """Five trials with flat curves at loss x + const: at each step, x = 3.3 and 4.3 are worse than the median
     of the others and are cancelled; once they stop reporting, 2.3 is worse than the median of 0.3 and 1.3 and

@@ -15,6 +15,7 @@ from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
+from helpers.lanes import lanes
 from helpers.train import TINY_MODEL, reference_losses
 from helpers.waiting import wait_until
 
@@ -46,6 +47,7 @@ grad_accum = 2
 """
 
 
+@lanes(why="training numerics; the preemption and requeue tests cover each release")
 def test_two_node_layouts_match_a_single_process(dev_cluster, isolated_ledger, tmp_path):
     site = load_site("dev")
     model = "\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())

@@ -296,3 +296,18 @@ typed_text = st.one_of(
     st.sampled_from(SHELL),
     st.integers(256, 5000).map(lambda n: "é" * n),
 )
+
+
+# Hostile text (issue 57's payload families), for the commands and spec fields of the post-training layer.
+LINE_BREAKS = "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"  # every break str.splitlines() knows, cron's own first
+word = st.text(st.characters(codec="ascii", categories=["L", "N"]), min_size=1, max_size=6)
+hostile_text = st.one_of(
+    st.tuples(word, st.sampled_from(LINE_BREAKS), st.sampled_from(["* * * * * touch /tmp/m #", "MAILTO=x", "x"])).map(
+        "".join),  # line breaks, what follows one a cron entry of its own
+    st.sampled_from(["[/]", "[bold]b[/bold]", "[link=http://x]l[/link]", ":smile:", "[red", "\\[x]"]),  # rich markup
+    st.sampled_from(["$x^2$", "$\\frac{a}{$", "$$", "a$b$c", "$\\undefined$"]),  # matplotlib mathtext
+    st.one_of(st.text(st.characters(categories=["Cc"]), min_size=1, max_size=4),  # control characters, escapes
+              st.sampled_from(["\x1b]0;title\x07", "\x1b[2J", "\x9b1m", "\x00"])).map(lambda s: f"a{s}b"),
+    st.sampled_from(["\udcff", "a\udc80b", "\ud800"]),  # non-UTF-8 bytes (as surrogateescape reads them), surrogates
+    st.integers(1_000, 300_000).map(lambda n: "x" * n),  # huge
+)

@@ -20,6 +20,25 @@ STEPS_PER_JOB = 1000  # of the jobs with metrics (the rest journaled none)
 ACTIVE = 50  # jobs running or pending now, the newest ones
 
 
+def traced(ledger: Ledger, read: Callable[[], object]) -> tuple[list[str], int]:
+    """The statements ``read`` ran on the ledger (their parameters in them) and the SQLite VM steps they took: work
+    counted by SQLite itself, the same on an idle machine and a loaded one."""
+    conn, ran, steps = ledger.db.conn, [], [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0
+
+    conn.set_trace_callback(ran.append)
+    conn.set_progress_handler(step, 1)
+    try:
+        read()
+    finally:
+        conn.set_progress_handler(None, 0)
+        conn.set_trace_callback(None)
+    return ran, steps[0]
+
+
 def spec_of(name: str, i: int) -> str:
     """A job's spec as the ledger keeps it (JSON)."""
     return json.dumps({"name": name, "command": ["python", "train.py", "--run", str(i)], "seed": i,

@@ -28,10 +28,12 @@ def job_with_checkpoints(ledger: Ledger, root: Path, name: str, steps: tuple[int
     return job_id
 
 
-def record_checkpoint(ledger: Ledger, job_id: int, task_index: int, directory: Path, step: int) -> None:
-    """A small real checkpoint of ``step`` committed in ``directory``, and its row as the job's task journaled it."""
+def record_checkpoint(ledger: Ledger, job_id: int, task_index: int, directory: Path, step: int,
+                      state: dict[str, Any] | None = None) -> None:
+    """A real checkpoint of ``step`` (``state``, by default a small one) committed in ``directory``, and its row as
+    the job's task journaled it."""
     with Checkpointer(directory, retention=Retention(keep_last=100), journal=None) as ck:
-        ck.save(step, {"w": np.full(4, float(step), dtype=np.float32)})
+        ck.save(step, state or {"w": np.full(4, float(step), dtype=np.float32)})
     ledger.checkpoints.record({"job_id": job_id, "task_index": task_index, "step": step,
                                "path": str(directory / f"step_{step:08d}"), "state": "committed",
                                "created_at": time.time(), "bytes": None, "duration_s": None,

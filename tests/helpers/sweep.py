@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
+
+from hpctrain.sweep import install
 
 from helpers.paths import REPO
 
@@ -28,3 +36,17 @@ launcher = "none"
 resources = {{ mem = "100M", time = "00:05:00", account = "teama" }}
 ''')
     return path
+
+
+@contextmanager
+def kept_table(table: install.Table, missing: str) -> Iterator[None]:
+    """The user's cron ``table`` given back as it was after the test (skipped, saying ``missing``, without the
+    command)."""
+    if shutil.which(table) is None:
+        pytest.skip(missing)
+    saved = install.read(table)
+    yield
+    if saved:
+        install.write(table, saved)
+    else:
+        subprocess.run([table, "-r"], capture_output=True)

@@ -87,9 +87,10 @@ class Resolution:
 def venv_with(python: str, folder: Path, requirement: str) -> Path:
     """A venv of ``python`` in ``folder`` with ``requirement`` installed by uv: its bin directory. uv installs in
     about 3 s what pip takes 35 CPU-seconds for (the mlflow stack); what pip itself resolves for every extra on every
-    Python is tested apart (the ``resolutions`` fixture)."""
+    Python is tested apart (the ``resolutions`` fixture). pip's find-links (a local torch wheel) are uv's too."""
+    links = [arg for link in os.environ.get("PIP_FIND_LINKS", "").split() for arg in ("--find-links", link)]
     for cmd in ([UV, "venv", "-q", "-p", python, str(folder)],
-                [UV, "pip", "install", "-q", "-p", str(folder / "bin" / "python"), requirement]):
+                [UV, "pip", "install", "-q", *links, "-p", str(folder / "bin" / "python"), requirement]):
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, f"{' '.join(map(str, cmd))}: {done.stderr[-3000:]}"
     return folder / "bin"

@@ -160,6 +160,22 @@ def test_retention_counts_only_valid_checkpoints_so_the_newest_valid_survives(tm
     assert latest_valid(tmp_path) == tmp_path / "step_00000003"
 
 
+def test_retention_deletes_nothing_while_a_registration_holds_the_pins(tmp_path, monkeypatch):
+    """The pin lock held elsewhere (a registration deciding): the save keeps every checkpoint, the next one retries."""
+    import hpctrain.checkpoint.retention as retention
+    from hpctrain.files import exclusive_lock
+
+    monkeypatch.setattr(retention, "PIN_WAIT_S", 0.2, raising=False)
+    (tmp_path / ".pinned").mkdir()
+    with Checkpointer(tmp_path, retention=Retention(keep_last=1), journal=None) as ck:
+        ck.save(1, {"w": np.ones(4)})
+        with exclusive_lock(tmp_path / ".pinned" / ".lock", 1):
+            ck.save(2, {"w": np.ones(4)})
+        assert [d.step for d in list_dirs(tmp_path)] == [1, 2]
+        ck.save(3, {"w": np.ones(4)})
+    assert [d.step for d in list_dirs(tmp_path)] == [3]
+
+
 def test_retention_never_deletes_a_checkpoint_of_a_newer_format(tmp_path):
     with Checkpointer(tmp_path, retention=Retention(keep_last=1), journal=None) as ck:
         ck.save(1, {"w": np.ones(4)})

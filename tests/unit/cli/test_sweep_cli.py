@@ -86,6 +86,7 @@ def test_report_writes_importance_or_says_why_not(isolated_ledger, tmp_path, val
         assert plot.read_bytes().startswith(b"\x89PNG")
 
 
+DEV_CONF = "${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}/etc/slurm.conf"
 SLURM_UP = "#!/bin/sh\necho 'Slurmctld(primary) at fake is UP'\n"
 
 
@@ -98,7 +99,9 @@ def test_the_cron_line_ticks_in_a_bare_cron_environment(isolated_ledger, tmp_pat
     for command, script in (("scontrol", SLURM_UP), ("sacct", "#!/bin/sh\n")):
         (bin_dir / command).write_text(script)
         (bin_dir / command).chmod(0o755)
-    (work / "site.toml").write_text((REPO / "site_configs" / "dev.toml").read_text())
+    (tmp_path / "slurm.conf").touch()  # the fake commands' configuration: no dev cluster needed
+    site = (REPO / "site_configs" / "dev.toml").read_text()
+    (work / "site.toml").write_text(site.replace(DEV_CONF, str(tmp_path / "slurm.conf")))
     log = tmp_path / "logs" / "tick.log"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     line = subprocess.run([*[sys.executable, "-m", "hpctrain"], "sweep", "cron", "--site", "site.toml", "--every", "10",

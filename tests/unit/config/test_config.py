@@ -202,6 +202,14 @@ def test_site_paths_expand_defaults(monkeypatch):
     assert str(load_site("dev").paths.checkpoints) == "/var/tmp/hpctrain-dev/checkpoints"
 
 
+def test_a_path_under_the_home_of_no_user_is_one_error_line(tmp_path):
+    """Found by the typed-input cluster test: a spec's workdir "~0" (no user "0") crashed with Path's RuntimeError."""
+    spec = tmp_path / "job.toml"
+    spec.write_text('name = "x"\ncommand = ["true"]\nworkdir = "~no-such-user-0/run"\n')
+    with pytest.raises(ConfigError, match="workdir: .*~no-such-user-0: no user of that name has a home directory"):
+        load_job_spec(spec)
+
+
 def test_cli_prints_config_errors_one_per_line(tmp_path):
     path = write(tmp_path, DEV.replace('qos = "normal"', 'qos = "bogus"', 1), "site.toml")
     out = run_cli("doctor", "--site", str(path))

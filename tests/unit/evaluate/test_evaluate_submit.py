@@ -58,8 +58,8 @@ def test_heldout_and_the_specs_own_evaluators():
 
 def test_the_evaluation_job_is_the_training_spec_made_small(ledger):
     job = ledger.jobs.known(1)
-    spec = eval_job_spec(job, Target(1, -1, 50, Path("/ck/step_00000050")), "ppl", ["python", "ppl.py"], gpus=1)
-    assert spec.name == "gpt-tiny-eval" and spec.launcher == "none"
+    spec = eval_job_spec(job, Target(1, -1, 50, Path("/ck/step_00000050")), "ppl", ["python", "ppl.py"], 1, "k1")
+    assert spec.name == "gpt-tiny-eval-k1" and spec.launcher == "none"
     assert spec.command == ["python", "-m", "hpctrain.evaluate", "--of", "1", "--task", "-1", "--step", "50",
                             "--checkpoint=/ck/step_00000050", "--evaluator", "ppl", "--", "python", "ppl.py"]
     r = spec.resources
@@ -92,7 +92,7 @@ def following(ledger, monkeypatch, **policy) -> list[tuple[int, str]]:
     Table(ledger, "jobs").update(1, {"spec_json": json.dumps(spec)})
     submitted = []
 
-    def fake(ledger, site, job, target, name, command, gpus):
+    def fake(ledger, site, job, target, name, command, gpus, client=None):
         key = (target.job_id, target.task_index, target.step, name)
         assert ledger.evaluations.request(*key, str(target.checkpoint))
         eval_job = Table(ledger, "jobs").insert({"name": "eval", "site": "dev", "state": "RUNNING"})
@@ -101,7 +101,7 @@ def following(ledger, monkeypatch, **policy) -> list[tuple[int, str]]:
         return submit.Requested(target, name, eval_job)
 
     monkeypatch.setattr(submit, "submit_one", fake)
-    submit.follow(ledger, load_site("dev"), 1)
+    list(submit.follow(ledger, load_site("dev"), 1))
     return submitted
 
 

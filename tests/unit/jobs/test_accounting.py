@@ -184,6 +184,16 @@ def test_the_upgrade_to_v16_sums_the_runs_kept_before_it(tmp_path):
     conn.executescript("DROP TRIGGER usage_minutes_kept; DROP TRIGGER usage_minutes_dropped; DROP TABLE usage_minutes; "
                        f"DROP TRIGGER run_usage_reopened; {v11_trigger}; DROP TABLE job_usage; "
                        "ALTER TABLE run_usage DROP COLUMN rerun_h; ALTER TABLE run_usage DROP COLUMN interactive_h; "
+                       # what the migrations after 17 made (the ids' AUTOINCREMENT stays: its step skips it then)
+                       "DROP TRIGGER model_versions_once; DROP INDEX evaluations_state; "
+                       "ALTER TABLE evaluations DROP COLUMN submission_key; DROP TRIGGER metrics_seq_new; "
+                       "DROP TRIGGER metrics_seq_changed; DROP TRIGGER evaluations_seq_new; "
+                       "DROP TRIGGER evaluations_seq_changed; DROP INDEX metrics_seq; DROP TABLE ledger_info; "
+                       "ALTER TABLE metrics DROP COLUMN seq; ALTER TABLE evaluations DROP COLUMN seq; "
+                       "ALTER TABLE tracker_exports RENAME COLUMN sent_seq TO metrics_rowid; "
+                       "ALTER TABLE tracker_exports ADD COLUMN evaluations_at REAL NOT NULL DEFAULT 0; "
+                       "DROP INDEX jobs_eval_on_checkpoint; DROP TRIGGER metric_tails_new; "
+                       "DROP TRIGGER metric_tails_changed; DROP TABLE metric_tails; DROP TABLE journal_seen; "
                        "PRAGMA user_version = 15")
     conn.close()
     with Ledger(path) as ledger:

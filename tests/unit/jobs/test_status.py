@@ -119,3 +119,27 @@ def test_status_shows_every_active_submission_an_array_split_in_parts_as_one(tmp
     assert (big["id"], big["slurm_job_id"], big["state"], big["tasks"], big["task_states"]) == (
         first, "900,901", "RUNNING", 5, "COMPLETED:1,PENDING:2,RUNNING:2")
     assert (big["restarts"], big["preemptions"]) == (1, 1)
+
+
+def test_a_poll_that_sees_a_job_end_decides_its_runs(tmp_path):
+    """Slurm 24.11 runs a job that ignored a preemption's notice again, then once more after it completed (the third
+    run exits at once): `status` alone, with no reconcile, leaves none of its runs undecided."""
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.ledger import Ledger
+    from hpctrain.ledger.table import Table
+
+    class Slurm:
+        def sacct(self, ids, fields):
+            return parse_parsable_with_header(
+                "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+                "12|PREEMPTED|0:15|2026-11-27T06:00:00|2026-11-27T06:00:01|2026-11-27T06:10:00|n1||None\n"
+                "12|COMPLETED|0:0|2026-11-27T06:10:00|2026-11-27T06:10:05|2026-11-27T06:20:00|n2||None\n"
+                "12|COMPLETED|0:0|2026-11-27T06:20:00|2026-11-27T06:20:09|2026-11-27T06:20:10|n2||None\n")
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "12", "state": "RUNNING",
+                                      "spec_json": "{}"})
+        Poller(ledger, Slurm(), "dev").refresh()
+        assert ledger.jobs.get(1)["state"] == "COMPLETED"
+        assert [(a["attempt"], a["requeued"], a["decision"]) for a in ledger.attempts.of_job(1)] == [
+            (0, 1, "requeued by Slurm"), (1, 1, "requeued by Slurm"), (2, 0, "no more runs: COMPLETED")]

@@ -1,5 +1,6 @@
 """hpctrain launch: rendezvous and task variables from Slurm's environment."""
 
+import json
 import os
 import shlex
 import signal
@@ -207,3 +208,30 @@ def test_a_node_whose_ranks_failed_first_in_two_steps_is_excluded(tmp_path):
             f'"task_index": -1}}')
     assert excluded_nodes(journal, env, 2) == {"n2": "its ranks failed first in 2 steps"}
     assert excluded_nodes(journal, env, 3) == excluded_nodes(journal, env, 0) == {}  # retry.exclude_node_after
+
+
+def test_the_peers_of_a_rank_killed_as_hung_blame_no_node(tmp_path):
+    """Rank 0 on n1 is killed as hung (its log quiet past [hang] output_s); its peer on n2 then fails on the connection
+    reset, before its own watchdog would end it: the hang was decided first, so no rank is the step's first failure."""
+    journal = Journal(tmp_path / "journal")
+    with (tmp_path / "slurm-77.out").open("w") as log:
+        hung = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c",
+                               "import time; print('step 0', flush=True); time.sleep(3600)"],
+                              env={**_task_env(tmp_path, 0), "HPCTRAIN_HANG_OUTPUT_S": "1"}, stdout=log, timeout=60)
+    assert hung.returncode == HUNG_EXIT
+    assert _shim(_task_env(tmp_path, 1), "raise SystemExit('RuntimeError: Connection reset by peer')") == 1
+    assert list(journal.records(kinds=("rank_failed",))) == []
+
+
+def test_a_step_that_hung_blames_no_node_whatever_failed_in_it(tmp_path):
+    """Two hung steps whose first failures were journaled on n2 (a journal written before hangs were decided first):
+    n2 is not left out; a third step in which n2's rank failed on its own counts once."""
+    journal = Journal(tmp_path / "journal")
+    env = JobEnvironment({"SLURM_JOB_ID": "5", "HPCTRAIN_JOURNAL_DIR": str(journal.dir)})
+    journal.dir.mkdir()
+    for i, (kind, step_restart) in enumerate([("rank_failed", 0), ("hang", 0), ("rank_failed", 1), ("hang", 1),
+                                               ("rank_failed", 2)]):
+        (journal.dir / f"{i:02d}-{kind}.json").write_text(json.dumps(
+            {"kind": kind, "host": "n2", "step_restart": step_restart, "attempt": 0, "task_index": -1}))
+    assert excluded_nodes(journal, env, 2) == {}
+    assert excluded_nodes(journal, env, 1) == {"n2": "its ranks failed first in 1 steps"}

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from hpctrain.contract import JobEnvironment
 from hpctrain.runtime.watchdog import HUNG_EXIT, STOPPED, hang_report
@@ -58,6 +59,30 @@ def test_a_stopped_rank_is_continued_to_write_its_stacks_and_named_as_stopped(tm
     assert re.fullmatch(r"hung in phase step, timeout 1 s: rank 0 \(stopped by a signal, <string>:(5 in train_step|9 in "
                         rf"<module>)\); stacks in {re.escape(str(tmp_path / 'stacks'))}", hang_report(JobEnvironment(env)))
     wait_until(lambda: not os.path.exists(f"/proc/{rank}"), 10, 0.1, "the rank to be gone")
+
+
+COUNTED = LOOP.replace("    train_step()\n", "    train_step()\n    steps.write('.')\n    steps.flush()\n").replace(
+    "guard = PreemptionGuard()", "guard = PreemptionGuard()\nsteps = open('steps', 'a')")
+
+
+def test_a_stopped_rank_runs_none_of_its_code_again_when_continued_for_its_stacks(tmp_path):
+    """Issue 58.6: continued so that it could write its stacks, a stopped rank ran its own code until the shim killed
+    it, and trained a step more. Its stacks now end it: as many steps after the stop as before."""
+    env = job_env(tmp_path, step_s=1)
+    shim = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", COUNTED],
+                            env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+    rank = int(shim.stdout.readline())
+    wait_until(lambda: (tmp_path / "steps").exists() and len((tmp_path / "steps").read_text()) >= 5, 30, 0.05,
+               "a few steps")
+    os.kill(rank, signal.SIGSTOP)
+    # The stop takes effect when the rank next enters the kernel: counted once it has (state T), not before.
+    wait_until(lambda: Path(f"/proc/{rank}/stat").read_text().rpartition(")")[2].split()[0] == "T", 10, 0.001,
+               "the rank to stop")
+    stopped_at = len((tmp_path / "steps").read_text())
+    assert shim.wait(60) == HUNG_EXIT
+    assert len((tmp_path / "steps").read_text()) == stopped_at
+    assert "most recent call first" in (tmp_path / "stacks" / "run0.0-stopped-rank0.txt").read_text()
+    assert not list(tmp_path.glob("core*"))
 
 
 def test_a_rank_that_keeps_beating_runs_to_its_end(tmp_path):
@@ -124,3 +149,52 @@ Current thread 0x02 (most recent call first):
     assert _innermost_frame(dump) == "loop.py:9 in <module>"
     own_only = dump.split("Current thread")[0] + 'Current thread 0x02:\n  File "/x/hpctrain/runtime/guard.py", line 5 in f\n'
     assert _innermost_frame(own_only) == "guard.py:5 in f"
+
+
+BUFFERED = """\
+import time
+from pathlib import Path
+for step in range(80):
+    print("step", step)  # no flush: block-buffered when stdout is not a terminal
+    time.sleep(0.05)
+"""
+
+
+def quiet_env(tmp_path, **hang) -> dict[str, str]:
+    env = job_env(tmp_path, step_s=0)
+    (tmp_path / "spec.json").write_text(json.dumps({"name": "loop", "command": ["python"], "hang": hang}))
+    return {**{k: v for k, v in env.items() if k != "PYTHONUNBUFFERED"}, "HPCTRAIN_HANG_OUTPUT_S": str(hang["output_s"])}
+
+
+def test_a_loop_whose_prints_are_not_flushed_is_not_hung(tmp_path):
+    """`[hang] output_s = 2` and a loop that prints a line every 50 ms, for 4 s, without flushing: its Python runs
+    unbuffered, so the log grows as it prints; the loop runs to its end with every line in the log."""
+    log = tmp_path / "slurm-77.out"
+    with log.open("w") as out:
+        done = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", BUFFERED],
+                              env=quiet_env(tmp_path, output_s=2), stdout=out, stderr=subprocess.STDOUT, timeout=60)
+    assert done.returncode == 0, log.read_text()
+    assert log.read_text() == "".join(f"step {step}\n" for step in range(80))
+
+
+def test_a_spec_can_keep_its_output_buffered(tmp_path):
+    code = "import os; print(os.environ.get('PYTHONUNBUFFERED'), os.environ.get('PYTHONFAULTHANDLER'))"
+    for hang, expected in (({"output_s": 30}, "1 1\n"), ({"output_s": 30, "buffered_output": True}, "None 1\n")):
+        done = subprocess.run([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code],
+                              env=quiet_env(tmp_path, **hang), capture_output=True, text=True, timeout=60)
+        assert done.stdout == expected, done.stderr
+
+
+def test_a_rank_stopped_under_output_s_is_named_with_its_stacks(tmp_path):
+    """`[hang] output_s = 2`, rank 1 (its shim does not watch the log) stopped by SIGSTOP: its shim ends it after half
+    of output_s, before rank 0's would find the log quiet; its stacks go to its output, the report names it."""
+    env = {**quiet_env(tmp_path, output_s=2), "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "2"}
+    code = "import os, time\ndef training():\n    print(os.getpid(), flush=True)\n    time.sleep(3600)\ntraining()\n"
+    shim = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", code], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    os.kill(int(shim.stdout.readline()), signal.SIGSTOP)
+    out, _ = shim.communicate(timeout=60)
+    assert shim.returncode == HUNG_EXIT
+    assert "Fatal Python error: Aborted" in out and " in training" in out  # stopped in it, at any load
+    assert re.match(rf"rank 1 hung: its output stopped with it: {re.escape(STOPPED)} for \d+ s \(half of \[hang\] "
+                    r"output_s\): its stacks to the log", hang_report(JobEnvironment(env)))

@@ -151,8 +151,9 @@ def test_summaries_count_runs_requeued_on_a_preemption_notice_as_preempted(tmp_p
 
 def test_interruptions_of_jobs_alike_count_runs_that_lost_work_over_their_running_time(tmp_path):
     """What checkpoints every "auto" steps learn from at submit: the runs ended lately of jobs in the same partition
-    and QOS on as many GPUs; preempted, failed or hung ones are interruptions, a time limit or a completion is not,
-    and so is each job step restarted in place (what the memory tier's "auto" learns from, counted apart)."""
+    and QOS on as many GPUs; failed or hung ones, and runs preempted without a word, lose work; a preemption whose
+    notice saved (issue 56.11), a time limit or a completion does not; and so does each job step restarted in place
+    (what the memory tier's "auto" learns from, counted apart)."""
     with Ledger(tmp_path / "l.db") as ledger:
         alike = ledger.jobs.record({"name": "a", "site": "dev", "partition": "gpu", "qos": "low"})
         for attempt, state, cause, ran in ((0, "PREEMPTED", None, 3600), (1, "REQUEUED", "preemption", 1800),
@@ -168,7 +169,7 @@ def test_interruptions_of_jobs_alike_count_runs_that_lost_work_over_their_runnin
         for restart in (0, 1, 2):  # run 4 restarted its job step twice in place before it completed
             ledger.segments.started({"job_id": alike, "task_index": -1, "attempt": 4, "step_restart": restart},
                                     main_at=None, loaded_at=None, resumed_from=0, tier=None)
-        assert ledger.attempts.interruptions("dev", "gpu", "low", 8, since=5_000.0) == (6, 2, 14400.0)
+        assert ledger.attempts.interruptions("dev", "gpu", "low", 8, since=5_000.0) == (5, 2, 14400.0)
         assert ledger.attempts.interruptions("dev", "cpu", "low", 8, since=5_000.0) == (0, 0, 0.0)
 
 
@@ -188,12 +189,14 @@ def keys(row_type: type) -> set[str]:
 
 
 def test_row_types_are_the_tables_columns(tmp_path):
-    """Every table but run_usage, job_usage and usage_minutes (their SQL) and SQLite's own has its row type, and what the table classes take
-    are its columns."""
+    """Every table but run_usage, job_usage, usage_minutes, ledger_info, metric_tails and journal_seen (their SQL) and
+    SQLite's own has
+    its row type, and what the table classes take are its columns."""
     with Ledger(tmp_path / "l.db") as ledger:
         columns = {t: {c.name for c in ledger.db.table(t).columns} for t in ledger.db.table_names()
                    if not t.startswith("sqlite_")}  # SQLite's own: the planner's statistics
-    assert set(columns) == set(ROW_TYPES) | {"run_usage", "job_usage", "usage_minutes"}
+    assert set(columns) == set(ROW_TYPES) | {"run_usage", "job_usage", "usage_minutes", "ledger_info", "metric_tails",
+                                              "journal_seen"}
     assert {t: keys(row_type) for t, row_type in ROW_TYPES.items()} == {t: columns[t] for t in ROW_TYPES}
     assert keys(rows.SubmittedJob) == columns["jobs"] and keys(rows.LoggedEvent) == columns["events"] | {"data"}
     assert [t for t, table in WRITE_TYPES.items() if not keys(t) <= columns[table]] == []
@@ -236,7 +239,54 @@ def test_an_evaluation_is_asked_for_once_and_keeps_its_last_outcome(tmp_path):
         assert not ledger.evaluations.request(job, -1, 50, "heldout", "/ck/step_00000050")
         ledger.evaluations.failed(job, -1, 50, "heldout", "evaluator heldout: killed", at=5.0)
         ledger.evaluations.done(job, -1, 50, "heldout", {"eval/loss": 2.5}, at=9.0)  # its requeued run got there
-        ledger.evaluations.request(job, -1, 100, "ppl", "/ck/step_00000100")
-        ledger.evaluations.withdraw(job, -1, 100, "ppl")  # its sbatch failed: asked for again next time
         (row,) = ledger.evaluations.of_job(job)
     assert (row["state"], row["metrics_json"], row["error"], row["done_at"]) == ("done", '{"eval/loss": 2.5}', None, 9.0)
+
+
+def test_an_evaluation_request_lives_from_requested_to_an_end_and_is_asked_again_once_failed(tmp_path):
+    """requested (committed before its sbatch) -> submitted -> failed when its job ended without a result (its
+    journal read); a failed or expired request may be asked again, with a new submission key; an open one not."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        eval_job = ledger.jobs.record({"name": "a-eval-k1", "site": "dev"})
+        assert ledger.evaluations.request(job, -1, 5, "heldout", "/ck", "a-eval-k1", again=("failed", "expired"))
+        ledger.evaluations.linked(job, -1, 5, "heldout", eval_job)
+        assert not ledger.evaluations.request(job, -1, 5, "heldout", "/ck", "a-eval-k2", again=("failed", "expired"))
+        ledger.evaluations.submitted(job, -1, 5, "heldout", eval_job)
+        ledger.jobs.set_state(eval_job, "FAILED", ended_at=10.0)
+        assert ledger.evaluations.close_ended({"FAILED"}) == []  # its journal not read since its end yet
+        ledger.jobs.journals_read([eval_job], 11.0)
+        assert ledger.evaluations.close_ended({"FAILED"}) == [(job, -1, 5, "heldout")]
+        row = ledger.evaluations.get(job, -1, 5, "heldout")
+        assert row is not None and row["state"] == "failed" and "ended FAILED without a result" in row["error"]
+        assert ledger.evaluations.request(job, -1, 5, "heldout", "/ck", "a-eval-k2", again=("failed", "expired"))
+        row = ledger.evaluations.get(job, -1, 5, "heldout")
+        assert row is not None and (row["state"], row["submission_key"], row["eval_job_id"]) == ("requested",
+                                                                                                "a-eval-k2", None)
+        ledger.evaluations.unsubmitted(job, -1, 5, "heldout", "expired", "killed before sbatch")
+        assert ledger.evaluations.get(job, -1, 5, "heldout")["state"] == "expired"
+
+
+def test_requests_asked_for_before_the_lifecycle_are_submitted_once_they_have_a_job(tmp_path):
+    """Migrating: a request with its job becomes submitted; one without stays requested (settled by `eval`)."""
+    import sqlite3
+
+    from hpctrain.ledger.schema import MIGRATIONS
+
+    path = tmp_path / "l.db"
+    with Ledger(path) as ledger:
+        job = ledger.jobs.record({"name": "a", "site": "dev"})
+        ledger.evaluations.request(job, -1, 5, "heldout", "/ck")
+        ledger.evaluations.request(job, -1, 6, "heldout", "/ck")
+        ledger.evaluations.linked(job, -1, 5, "heldout", job)
+    (migration,) = [m for m in MIGRATIONS if any("submission_key" in s for s in m if isinstance(s, str))]
+    db = sqlite3.connect(path)  # as the migration finds it
+    db.execute("UPDATE evaluations SET state = 'requested'")
+    db.execute("ALTER TABLE evaluations DROP COLUMN submission_key")
+    db.execute("DROP INDEX evaluations_state")
+    for statement in migration:
+        db.execute(statement)
+    db.commit()
+    db.close()
+    with Ledger(path) as ledger:
+        assert [e["state"] for e in ledger.evaluations.of_job(job)] == ["submitted", "requested"]

@@ -162,6 +162,35 @@ def test_the_literal_check_sees_code_but_not_docstrings():
     assert [n.value for n in string_literals(tree)] == ["HPCTRAIN_X"]
 
 
+MARKUP = re.compile(r"\[/[^\]]*\]")  # a closing tag of rich markup: "[/]", "[/bold]"
+
+
+def rich_text_uses(name: str, tree: ast.Module) -> list[str]:
+    """Where a command module could print user text as rich markup or raw escapes, past cli.output's literal console:
+    a console or text made of its own, a markup function, a string with markup tags."""
+    found = [f"{name}:{n.lineno}: from {n.module} import" for n in ast.walk(tree)
+             if isinstance(n, ast.ImportFrom) and n.module in ("rich.console", "rich.markup")]
+    found += [f"{name}:{n.lineno}: {ast.unparse(n.func)}()" for n in ast.walk(tree) if isinstance(n, ast.Call)
+              and ast.unparse(n.func).split(".")[0] in ("Console", "Text")]
+    found += [f"{name}:{n.lineno}: {n.value[:60]!r}" for n in string_literals(tree) if MARKUP.search(n.value)]
+    return found
+
+
+def test_the_cli_prints_through_its_literal_console_only():
+    """Ledger and user text is never read as markup nor printed with raw escapes: commands print with
+    cli.output.make_console (markup off, control characters shown) and style with its ``styled``."""
+    offenders = [use for name, tree in modules().items() if name.startswith("cli.") and name != "cli.output"
+                 for use in rich_text_uses(name, tree)]
+    assert offenders == []
+
+
+def test_the_rich_text_check_sees_consoles_texts_and_markup():
+    tree = ast.parse('from rich.console import Console\nConsole().print(f"[bold]{x}[/]")\nText.assemble(x)\n'
+                     'Text(x)\nprint("a[1]")\n')
+    assert sorted(u.split(": ", 1)[1] for u in rich_text_uses("m", tree)) == [
+        "'[/]'", "Console()", "Text()", "Text.assemble()", "from rich.console import"]
+
+
 SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|WHERE|JOIN|PRAGMA|CREATE)\b|\w+ (=|IN|IS) \(?\?")
 
 
@@ -187,7 +216,7 @@ def test_the_database_check_sees_sql_and_the_database_object():
     assert len(database_uses("m", tree)) == 5
 
 
-TABLES = set(re.findall(r"CREATE TABLE (\w+)", "\n".join(s for migration in MIGRATIONS for s in migration)))
+TABLES = set(re.findall(r"CREATE TABLE (\w+)", "\n".join(s for migration in MIGRATIONS for s in migration if isinstance(s, str))))
 
 
 def is_ledger(node: ast.expr) -> bool:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hpctrain.ledger import Ledger
-from hpctrain.registry.aliases import decide, history, promote, rollback
+from hpctrain.registry.aliases import basis, decide, history, promote, rollback, undo
 from hpctrain.registry.gate import Gate
 from hpctrain.registry.names import RegistryError
 from hpctrain.registry.versions import register
@@ -48,7 +48,9 @@ def test_promotion_rollback_and_history_on_the_command_line(three_versions):
     forced = run_cli("model", "promote", "gpt", "3", "--alias", "production", "--force", "--why", "hotfix tokenizer")
     assert forced.returncode == 0 and "(force; eval/loss - vs 1.5); the gate refused: gpt:3 has no" in forced.stdout
     back = run_cli("model", "rollback", "gpt", "--alias", "production", "--why", "bad outputs")
-    assert back.returncode == 0 and "gpt@production: version 3 -> version 2 (rollback)" in back.stdout
+    assert back.returncode == 0 and back.stdout == (  # not re-gated, and says why in the same line
+        "gpt@production: version 3 -> version 2 (rollback; not re-gated: version 2 passed the gate when move 2 "
+        "promoted it)\n")
     shown = run_cli("model", "show", "gpt@production")
     assert shown.returncode == 0 and shown.stdout.startswith("gpt:2 (production)")
     moves = json.loads(run_cli("model", "history", "gpt", "--json").stdout)
@@ -58,6 +60,8 @@ def test_promotion_rollback_and_history_on_the_command_line(three_versions):
     assert moves[2]["gate_json"]["refusal"].startswith("gpt:3 has no heldout result")
     assert moves[1]["gate_json"]["candidate"] == 1.5 and moves[1]["gate_json"]["current"] == 2.0
     assert all(m["by"] and m["at"] for m in moves) and moves[3]["undoes"] == moves[2]["id"]
+    assert moves[3]["gate_json"]["regated"] is False and moves[3]["gate_json"]["candidate"] == 1.5
+    assert moves[3]["gate_json"]["basis"].startswith("not re-gated: version 2 passed the gate")
     table = run_cli("model", "history", "gpt")
     assert table.returncode == 0 and "hotfix tokenizer" in table.stdout and "rollback" in table.stdout
     listed = run_cli("model", "ls")
@@ -69,11 +73,42 @@ def test_rollbacks_walk_back_through_the_promotions_and_then_stop(three_versions
         for version in (1, 2):
             promote(ledger, decide(ledger, "gpt", version, "production"))
         assert rollback(ledger, "gpt", "production")["to_version"] == 1
-        assert rollback(ledger, "gpt", "production")["to_version"] is None
+        assert basis(rollback(ledger, "gpt", "production")) == "the alias is removed"
         assert ledger.registry.alias("gpt", "production") is None
         with pytest.raises(RegistryError, match="nothing to roll back"):
             rollback(ledger, "gpt", "production")
         assert [m["action"] for m in history(ledger, "gpt", "production")] == ["promote"] * 2 + ["rollback"] * 2
+
+
+def test_a_rollback_of_a_named_move_undoes_it_once(three_versions):
+    """``--undo MOVE``: only the newest promotion standing; run again, the rollback that undid it, nothing changed."""
+    with Ledger(three_versions) as ledger:
+        for version in (1, 2):
+            promote(ledger, decide(ledger, "gpt", version, "production"))
+        with pytest.raises(RegistryError, match="move 1 is not the newest promotion standing [(]move 2 is[)]"):
+            undo(ledger, "gpt", "production", move=1)
+        done, now = undo(ledger, "gpt", "production", move=2)
+        assert now and (done["undoes"], done["to_version"]) == (2, 1)
+        assert undo(ledger, "gpt", "production", move=2) == (done, False)
+        with pytest.raises(RegistryError, match=f"move {done['id']} is none of its promotions"):
+            undo(ledger, "gpt", "production", move=done["id"])
+        assert [m["action"] for m in history(ledger, "gpt")] == ["promote", "promote", "rollback"]
+    again = run_cli("model", "rollback", "gpt", "--alias", "production", "--undo", "2")
+    assert again.returncode == 0 and again.stdout == (
+        "gpt@production: move 2 is rolled back already (move 3: version 2 -> version 1)\n")
+    header = next(line for line in run_cli("model", "history", "gpt").stdout.splitlines() if " when " in line)
+    assert header.split()[:4] == ["┃", "move", "┃", "when"]  # the number --undo takes
+
+
+def test_a_rollback_names_the_forced_promotion_it_returns_to(three_versions):
+    """Back to a version that was forced there: not re-gated either, and the line says it came by force, and why."""
+    with Ledger(three_versions) as ledger:
+        promote(ledger, decide(ledger, "gpt", 3, "production"), why="hotfix", force=True)
+        promote(ledger, decide(ledger, "gpt", 2, "production"))
+        promote(ledger, decide(ledger, "gpt", 1, "staging"))
+    back = run_cli("model", "rollback", "gpt", "--alias", "production")
+    assert back.stdout == ("gpt@production: version 2 -> version 3 (rollback; not re-gated: version 3 was forced "
+                           "there by move 1 (hotfix))\n")
 
 
 def test_of_two_promotions_decided_at_once_one_wins_and_the_other_changes_nothing(three_versions):
@@ -107,6 +142,7 @@ def test_a_threshold_refuses_what_is_not_good_enough_even_with_nothing_to_beat(i
     (["promote", "gpt", "1", "--alias", "Production"], "alias 'Production'"),
     (["promote", "gpt", "1", "--alias", "latest"], "alias 'latest'"),
     (["rollback", "gpt", "--alias", "production"], "gpt@production: nothing to roll back"),
+    (["rollback", "gpt", "--alias", "production", "--undo", "1"], "gpt@production: move 1 is none of its promotions"),
     (["history", "nope"], "model 'nope': not registered"),
 ])
 def test_bad_moves_are_one_line_and_change_nothing(three_versions, args, message):

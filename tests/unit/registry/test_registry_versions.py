@@ -82,14 +82,16 @@ def test_bad_references_and_names_are_one_line_and_change_nothing(isolated_ledge
 def test_a_checkpoint_registers_once_per_model_and_a_gone_one_not_at_all(isolated_ledger, tmp_path):
     with Ledger(isolated_ledger) as ledger:
         job = job_with_checkpoints(ledger, tmp_path, "run-a", (2, 4))
-        register(ledger, "gpt", job)
-        with pytest.raises(RegistryError, match="is gpt:1 already"):
-            register(ledger, "gpt", job)
+        first = register(ledger, "gpt", job)
+        assert register(ledger, "gpt", job) == first  # the version it is already
         for p in (tmp_path / "run-a" / "step_00000002").iterdir():
             p.unlink() if p.is_file() else None
         with pytest.raises(Exception, match="cannot register it"):
             register(ledger, "gpt", job, step=2)
         assert len(ledger.registry.versions("gpt")) == 1
+    assert pins(tmp_path / "run-a" / "step_00000002") == []  # the failed registration's pin is gone
+    again = run_cli("model", "register", "gpt", str(job))
+    assert again.returncode == 0 and again.stdout.startswith("gpt:1 is already job 1 step 4, ")
 
 
 def test_references_parse():

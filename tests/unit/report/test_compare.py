@@ -130,8 +130,8 @@ def test_json_table_and_errors_on_the_command_line(ledger_path, tmp_path):
     for args, error in ((["99"], "hpctrain: error: job 99: no such ledger id (see `hpctrain status --all`)\n"),
                         (["--sweep", "nope"], "hpctrain: error: sweep 'nope': not in the ledger "
                                               "(see `hpctrain sweep status`)\n"),
-                        (["1", "--metric", ":max"], "hpctrain: error: --metric ':max': expected NAME or NAME:min or "
-                                                    "NAME:max\n")):
+                        (["1", "--metric", ":max"], "hpctrain: error: --metric ':max': expected NAME, NAME@min or "
+                                                    "NAME@max\n")):
         bad = run_cli("compare", *args, env=env)
         assert (bad.returncode, bad.stderr) == (2, error)
     usage = run_cli("compare", env=env)
@@ -158,3 +158,29 @@ def test_the_page_overlays_every_runs_curves_by_step_and_by_gpu_hour(ledger_path
 def test_no_runs_is_one_line(ledger_path):
     with Ledger(ledger_path) as ledger, pytest.raises(HpctrainError, match="no runs to compare"):
         compare_runs(ledger, load_site("dev"), [], {})
+
+
+def test_evaluation_results_compare_as_evaluator_metric(tmp_path):
+    """`--metric heldout:loss` reads the evaluation jobs' results (one value per evaluated checkpoint), '@max' the
+    highest; the older ':max' still works where it cannot name an evaluator's metric, and is refused where it can."""
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        job = _job(ledger, "gpt", LINEAGE)
+        _run(ledger, job, -1, ("completed",), 1.0)
+        for step, loss, top1 in ((25, 2.5, 0.4), (50, 2.25, 0.5), (75, 2.75, 0.45)):
+            ledger.evaluations.done(job, -1, step, "heldout", {"loss": loss, "acc@1": top1}, T0)
+    env = {"HPCTRAIN_LEDGER": str(tmp_path / "ledger.db")}
+    out = run_cli("compare", str(job), "--metric", "heldout:loss", "--metric", "heldout:acc@1@max",
+                  "--metric", "loss:max", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["metrics"] == {"heldout:loss": "min", "heldout:acc@1": "max", "loss": "max"}
+    results = data["runs"][0]["results"]
+    assert results["heldout:loss"] == {"last_step": 75, "last": 2.75, "best_step": 50, "best": 2.25, "points": 3}
+    assert results["heldout:acc@1"]["best"] == 0.5 and results["loss"]["best_step"] == 1
+    page = tmp_path / "page.html"
+    table = run_cli("compare", str(job), "--metric", "heldout:loss", "--html", str(page), env=env)
+    assert "2.75 @ 75" in table.stdout and "2.25 @ 50" in table.stdout
+    assert "heldout:loss vs step" in plot_images(page.read_text())  # drawn as the held-out points they are
+    ambiguous = run_cli("compare", str(job), "--metric", "heldout:max", env=env)
+    assert ambiguous.returncode == 2 and ambiguous.stderr.startswith(
+        "hpctrain: error: --metric 'heldout:max' is ambiguous: write heldout@max") and ambiguous.stderr.count("\n") == 1

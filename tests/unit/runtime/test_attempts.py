@@ -289,7 +289,8 @@ def undecided(ledger) -> list[tuple]:
 
 def test_runs_that_nothing_decides_on_are_decided(tmp_path):
     """A job cancelled before it started has a run in sacct and no batch script to decide on it; a run Slurm
-    requeued by itself is followed by the next: reconcile's supervision decides both, the running run stays open."""
+    requeued by itself is followed by the next: a poll decides both, as reconcile's supervision does; the running
+    run stays open."""
     with Ledger(tmp_path / "l.db") as ledger:
         Table(ledger, "jobs").insert_all([
             {"name": "never", "site": "dev", "slurm_job_id": "11", "state": "PENDING", "spec_json": "{}"},
@@ -298,8 +299,8 @@ def test_runs_that_nothing_decides_on_are_decided(tmp_path):
             "11|CANCELLED|0:0|2026-11-27T06:00:00|None|2026-11-27T06:05:00|None assigned||None\n"
             "12|PREEMPTED|0:15|2026-11-27T06:00:00|2026-11-27T06:00:01|2026-11-27T06:10:00|n1||None\n"
             "12|RUNNING|0:0|2026-11-27T06:10:00|2026-11-27T06:11:00|Unknown|n2||None\n")
-        Poller(ledger, slurm, "dev").refresh()
-        assert ledger.jobs.get(1)["state"] == "CANCELLED" and undecided(ledger) == [(1, -1, 0), (2, -1, 0), (2, -1, 1)]
+        Poller(ledger, slurm, "dev").refresh()  # `status`'s poll decides them as reconcile would
+        assert ledger.jobs.get(1)["state"] == "CANCELLED" and undecided(ledger) == [(2, -1, 1)]
         assert supervise(ledger, slurm, "dev") == []
         assert undecided(ledger) == [(2, -1, 1)]
         assert [(a["requeued"], a["decision"]) for a in ledger.attempts.of_job(1) + ledger.attempts.of_job(2)[:1]] == [

@@ -116,9 +116,9 @@ def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_
         return JobSpec(name="j", command=["true"], hang=hang)
 
     monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
-    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 0, "step_s": 0, "output_s": 0}
+    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 0, "step_s": 0, "output_s": 0, "buffered_output": False}
     job_site(tmp_path, monkeypatch, "startup_s = 600\nstep_s = 120\noutput_s = 900")
-    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 600, "step_s": 120, "output_s": 900}
-    assert watchdog.hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30, "output_s": 900}
+    assert watchdog.hang_timeouts(spec({})).model_dump() == {"startup_s": 600, "step_s": 120, "output_s": 900, "buffered_output": False}
+    assert watchdog.hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30, "output_s": 900, "buffered_output": False}
     # 0: off
-    assert watchdog.hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120, "output_s": 900}
+    assert watchdog.hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120, "output_s": 900, "buffered_output": False}

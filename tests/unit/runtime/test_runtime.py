@@ -1,5 +1,6 @@
 """The in-job guard and requeue target, in one process (the cluster tests cover real preemption)."""
 
+import json
 import os
 import signal
 import time
@@ -60,6 +61,10 @@ def test_cancel_is_told_from_preemption_by_the_job_state():
     # At its time limit a completing job timed out; unknown state: preemption (requeue is the safe side).
     assert stop_cause(JobNow("COMPLETING", 0, time.time() + 5), 0, 120) == "timeout"
     assert stop_cause(None, 0, 120) == "preemption"
+    # The notice before the limit (USR2 while running); a cancel of a job whose whole limit is within the margin.
+    assert stop_cause(JobNow("RUNNING", 0, time.time() + 60), 0, 120) == "timeout"
+    assert stop_cause(JobNow("COMPLETING", 0, time.time() + 100), 0, 120) == "cancelled"
+    assert stop_cause(JobNow("CANCELLED", 0, time.time() + 100), 0, 120) == "cancelled"
 
 
 def test_usr1_is_left_alone():
@@ -92,3 +97,12 @@ def test_finish_journals_the_work_done_unless_the_loop_stopped_on_a_notice(tmp_p
         finally:
             guard.uninstall()
     assert finished() == ["the training loop ran to its end"]
+
+
+def test_a_loop_reads_its_hyperparameters_with_its_trials_parameters_applied(tmp_path):
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"name": "own", "hyperparameters": {"lr": 0.1, "steps": 60}}))
+    env = {"HPCTRAIN_SPEC": str(spec), "HPCTRAIN_PARAMS": json.dumps({"lr": 0.01, "parallel.micro_batch": 4})}
+    assert JobEnvironment(env).hyperparameters == {"lr": 0.01, "steps": 60}  # a dotted key sets another field
+    assert JobEnvironment({"HPCTRAIN_SPEC": str(spec)}).hyperparameters == {"lr": 0.1, "steps": 60}
+    assert JobEnvironment({}).hyperparameters == {}

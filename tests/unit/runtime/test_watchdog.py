@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 from hpctrain.contract import JobEnvironment
-from hpctrain.runtime.watchdog import HUNG_EXIT, hang_report
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.watchdog import HUNG_EXIT, hang_report, unreported_hang
 
 RANK = """\
 import time
@@ -24,9 +25,9 @@ w.close()
 """
 
 
-def run_rank(tmp_path, restart: str, timeout: float, last: float) -> tuple[int, dict[str, str]]:
+def run_rank(tmp_path, restart: str, timeout: float, last: float, **slurm: str) -> tuple[int, dict[str, str]]:
     env = {**os.environ, "HPCTRAIN_JOB_DIR": str(tmp_path), "RANK": "1", "SLURM_RESTART_COUNT": "0",
-           "HPCTRAIN_STEP_RESTART": restart}
+           "HPCTRAIN_STEP_RESTART": restart, **slurm}
     done = subprocess.run([sys.executable, "-c", RANK.format(timeout=timeout, last=last)], env=env, timeout=60,
                           capture_output=True, text=True)
     return done.returncode, env
@@ -44,3 +45,17 @@ def test_a_rank_that_keeps_going_is_not_reported(tmp_path):
     assert rc == 0
     assert hang_report(JobEnvironment(env)) is None
     assert hang_report(JobEnvironment({"HPCTRAIN_JOB_DIR": str(tmp_path / "none")})) is None
+
+
+def test_a_hang_is_decided_before_the_rank_exits_and_journaled_once(tmp_path):
+    """The watchdog makes its step's failure marker as a hang before it exits (the peers that fail on the connection
+    it leaves find it made); the batch script journals the hang once, however many times it asks."""
+    rc, env = run_rank(tmp_path, "0", timeout=0.5, last=30, SLURM_JOB_ID="77", SLURM_STEP_ID="0")
+    assert rc == HUNG_EXIT
+    job = JobEnvironment(env)
+    assert (tmp_path / "failed" / job.step_id).read_text().startswith("hang: rank 1 on ")
+    journal = Journal(tmp_path / "journal")
+    report = unreported_hang(journal, job)
+    assert report is not None and report.startswith("hung in phase step")
+    journal.write("hang", attempt=job.run_number, step_restart=job.step_restarts, message=report)
+    assert unreported_hang(journal, job) is None

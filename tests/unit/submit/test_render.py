@@ -103,6 +103,12 @@ def test_a_failed_step_restarts_in_the_allocation_only_when_the_spec_asks(site):
                                                                                             FILES, "1")
 
 
+@pytest.mark.parametrize("seconds, exported", [(1234567.7, "1234567.7"), (900, "900"), (0.1, "0.1")])
+def test_the_quiet_output_limit_is_exported_with_every_digit(site, seconds, exported):
+    script = render_script(spec(hang={"output_s": seconds}), site, PLACEMENT, FILES, "1")
+    assert f"export HPCTRAIN_HANG_OUTPUT_S={exported}\n" in script
+
+
 def test_spare_nodes_are_allocated_and_the_step_runs_on_the_others(site):
     script = render_script(spec(resources={"nodes": 2, "spare_nodes": 1, "gpus_per_node": 2}, retry={"in_place": 1}),
                            site, PLACEMENT, FILES, "1")

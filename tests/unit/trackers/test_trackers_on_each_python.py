@@ -22,11 +22,11 @@ from tensorboard.backend.event_processing import event_accumulator as ea
 client = MlflowClient(tracking_uri=sys.argv[1])
 runs = client.search_runs([client.get_experiment_by_name("hpctrain").experiment_id])
 points = sum(len(client.get_metric_history(r.info.run_id, k)) for r in runs for k in r.data.metrics)
-acc = ea.EventAccumulator(sys.argv[2], size_guidance={ea.TENSORS: 0})
+acc = ea.EventAccumulator(sys.argv[2], size_guidance={ea.SCALARS: 0})
 acc.Reload()
 print(json.dumps({"runs": sorted(r.info.run_name for r in runs), "points": points,
                   "aliases": sorted(client.get_registered_model("gpt").aliases),
-                  "scalars": sum(len(acc.Tensors(t)) for t in acc.Tags()["tensors"])}))
+                  "scalars": sum(len(acc.Scalars(t)) for t in acc.Tags()["scalars"])}))
 """
 
 

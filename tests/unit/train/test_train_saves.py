@@ -19,7 +19,7 @@ from hpctrain.ledger.table import Table
 from hpctrain.errors import ConfigError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime.attempts import interruption_history
-from hpctrain.train.saves import WARMUP_STEPS, SaveSchedule
+from hpctrain.train.saves import WARMUP_STEPS, SaveSchedule, earlier_measurements
 
 from helpers.paths import REPO
 from helpers.train import TINY_MODEL, pack_text_dataset, torchrun, trainer_spec
@@ -69,7 +69,25 @@ def test_auto_saves_at_the_warmup_then_at_dalys_interval_for_the_measured_save(t
     first = next(r for _, r in journal.records(kinds=["checkpoint_interval"]))
     assert first["steps"] == expected.steps and first["mtbi_s"] == pytest.approx(3600, rel=0.01)
     assert first["message"].startswith(f"checkpoints every {expected.steps} steps (")
-    assert "interruptions one every 1.00 h (3 in 3.0 h seen" in first["message"]
+    assert "interruptions that lose work one every 1.00 h (3 in 3.0 h seen" in first["message"]
+
+
+def test_a_restart_goes_on_from_the_journaled_measurements_without_a_warmup_save(tmp_path):
+    """Issue 56's real run: each of 18 restarts in place began with a save at its warm-up, 13 saves more than the
+    best fixed interval made; an earlier start's measured save, commit and step times now stand in for it."""
+    journal = Journal(tmp_path)
+    first = SaveSchedule(CheckpointPolicy(every_steps="auto"), history=(3, 3 * 3600.0), prior_mtbi_s=3600,
+                         journal=journal)
+    first_saves = run(first, 0, 100, step_s=0.5, blocked_s=0.2)
+    assert first_saves[0] == WARMUP_STEPS
+    measured = earlier_measurements(journal, -1, memory=False)
+    assert measured == pytest.approx((0.2, 0.2, 0.5), abs=0.01)  # a save blocks its whole commit here
+    assert earlier_measurements(journal, -1, memory=True) is None and earlier_measurements(journal, 3, False) is None
+    restarted = SaveSchedule(CheckpointPolicy(every_steps="auto"), history=(4, 3 * 3600.0), prior_mtbi_s=3600,
+                             measured=measured)
+    expected = choose_interval(*measured, InterruptionRate(4, 3 * 3600.0, prior_s=3600))
+    assert run(restarted, 100, 400, step_s=0.5, blocked_s=0.2)[:2] == [
+        100 + WARMUP_STEPS + expected.steps, 100 + WARMUP_STEPS + 2 * expected.steps]
 
 
 class Clock:
@@ -128,7 +146,8 @@ def test_interruptions_are_the_runs_that_lost_work_and_the_steps_restarted_in_pl
         journal.write("attempt_end", attempt=attempt, time=end, cause=cause)
     journal.write("step_restart", attempt=3, time=9600.0)
     journal.write("attempt_start", attempt=3, time=9500.0, task_index=2)  # another array task's
-    assert interruption_history(journal, -1) == (3, 3600.0 + 3600.0 + 1000.0)
+    # the preemption's notice saved and the time limit's: the node failure and the step restarted in place lost work
+    assert interruption_history(journal, -1) == (2, 3600.0 + 3600.0 + 1000.0)
     assert interruption_history(journal, -1, in_place_only=True) == (1, 3600.0 + 3600.0 + 1000.0)
 
 
@@ -162,7 +181,7 @@ def test_a_spec_gives_every_steps_or_every_minutes_not_both(tmp_path):
 def test_the_trainer_saves_where_auto_chose_and_journals_why(tmp_path):
     """2 ranks, every_steps = "auto": the first save at the warm-up's end, the next one Daly's interval later (the
     site's prior of one interruption a day, and the 10 in 10 hours the ledger had of jobs alike at submit: one in
-    3 h, far past this run's end), the choice journaled once."""
+    1.2 h, far past this run's end), the choice journaled once."""
     index = pack_text_dataset(tmp_path / "data", TINY_MODEL["seq_len"], count=100, shard_bytes=4096).path
     spec = tmp_path / "auto.toml"
     spec.write_text(trainer_spec("gpt-auto", seed=3, index=index, ckpt=tmp_path / "ck", every_steps='"auto"',
@@ -178,9 +197,9 @@ def test_the_trainer_saves_where_auto_chose_and_journals_why(tmp_path):
     assert [d.step for d in list_dirs(tmp_path / "ck")] == [WARMUP_STEPS]
     (chosen,) = [r for _, r in Journal(tmp_path / "journal").records(kinds=["checkpoint_interval"])]
     assert chosen["step"] == WARMUP_STEPS and chosen["steps"] > 5
-    # (the prior's day and the ledger's 10 hours, and this run's seconds) over (1 + 10) interruptions
-    assert (86400 + 36000) / 11 < chosen["mtbi_s"] < (86400 + 36000 + 600) / 11
-    assert "interruptions one every 3.09 h (10 in 10.0 h seen, prior one in 24 h)" in chosen["message"]
+    # (the prior's day weighted 1/11, the ledger's 10 hours, and this run's seconds) over (1/11 + 10) interruptions
+    assert (86400 / 11 + 36000) / (1 / 11 + 10) < chosen["mtbi_s"] < (86400 / 11 + 36000 + 600) / (1 / 11 + 10)
+    assert "interruptions that lose work one every 1.21 h (10 in 10.0 h seen, prior one in 24 h)" in chosen["message"]
 
 
 def test_the_trainers_memory_tier_saves_where_its_auto_chose(tmp_path):
