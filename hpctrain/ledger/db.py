@@ -101,6 +101,7 @@ class Ledger:
         """A new ledger file gets ``mode`` (owner-only by default: jobs, specs and lineage are private);
         SQLite gives its -wal and -shm files the same."""
         self.path = Path(path).expanduser()
+        self._reading = False  # a read transaction of `reading` is open
         self.storage = storage_for(self.path)  # before anything is written: a refused place gets no file
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,20 +207,53 @@ class Ledger:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """A write transaction (BEGIN IMMEDIATE); nested calls become savepoints."""
+        """A write transaction (BEGIN IMMEDIATE); nested calls become savepoints. Within `reading` the read
+        transaction ends first and begins again after: a read never upgrades to a write, which two processes doing
+        it at once would deadlock on (SQLite answers one of them "database is locked" without waiting)."""
         conn = self.db.conn
-        if conn.in_transaction:
+        if conn.in_transaction and not self._reading:
             with self.db.atomic():
                 yield self.db
             return
-        conn.execute("BEGIN IMMEDIATE")
+        resume_reading = self._end_reading()
         try:
-            yield self.db
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if resume_reading:
+                conn.execute("BEGIN")
+                self._reading = True
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Many reads in one read transaction: on a shared file system each statement outside a transaction takes
+        and drops the file's lock and checks the file again, each a round trip to the server (hundreds in a
+        `status`), and here all of them share one. Inside another transaction it adds nothing."""
+        conn = self.db.conn
+        if conn.in_transaction:
+            yield
+            return
+        conn.execute("BEGIN")  # deferred: the first read takes the shared lock
+        self._reading = True
+        try:
+            yield
+        finally:
+            self._end_reading()
+
+    def _end_reading(self) -> bool:
+        """End the read transaction of `reading`, if one is open; whether one was."""
+        if not self._reading:
+            return False
+        self._reading = False
+        if self.db.conn.in_transaction:
+            self.db.conn.execute("COMMIT")  # nothing was written: this only drops the shared lock
+        return True
 
     def event(self, kind: str, message: str = "", job_id: int | None = None, **data: Any) -> int:
         """Append to the event log (submissions, choices, requeues, quarantines, ...): `Events.add` with the data
