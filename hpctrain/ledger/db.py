@@ -200,6 +200,7 @@ class Ledger:
     def _revive(self) -> None:
         """A new connection where the file system failed under the old one (`_begin_write`)."""
         if self._lost:
+            self.path.stat()  # while the server is away: its error, which says so (SQLite's would not)
             self.db = sqlite_utils.Database(self._connect())
             self._lost = False
 

@@ -57,10 +57,11 @@ def _primary(exc: sqlite3.Error) -> int | None:
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether ``exc`` may pass if tried again: the file system under the ledger failed a read, a write, a lock or
-    an open (SQLite's I/O and cannot-open errors, the OS's answers while a server is away)."""
+    """Whether ``exc`` may pass if tried again: the file system under the ledger failed a read, a write or a lock
+    (SQLite's I/O errors), or answered as while its server is away (the OS's errors above). Not SQLite's "unable to
+    open": a folder this user may not write says the same, and waiting would not change it."""
     if isinstance(exc, sqlite3.Error):
-        return _primary(exc) in (_IOERR, _CANTOPEN)
+        return _primary(exc) == _IOERR
     return isinstance(exc, OSError) and exc.errno in _AWAY
 
 

@@ -73,8 +73,11 @@ def test_gpu_hours_match_sacct_including_a_requeued_job(dev_cluster, isolated_le
         ids[name] = submit_cli(spec, tmp_path)
     with Ledger(isolated_ledger) as ledger:
         slurm = {n: ledger.jobs.get(i)["slurm_job_id"] for n, i in ids.items()}
-    wait_until(lambda: subprocess.run(["squeue", "-h", "-t", "R", "-j", slurm["requeued"]], capture_output=True,
-                                      text=True).stdout.strip(), 60, 0.5, "the job to run")
+    # Running in accounting too, not only in squeue: on a loaded machine slurmdbd may learn of the start late (seen
+    # once on 26.05 at a load of 40: the requeued run counted 0 lost GPU-hours).
+    wait_until(lambda: subprocess.run(["sacct", "-X", "-n", "-P", "-o", "State", "-j", slurm["requeued"]],
+                                      capture_output=True, text=True).stdout.split() == ["RUNNING"], 60, 0.5,
+               "the job to run in accounting")
     time.sleep(3)  # some work to lose: the run has no checkpoint
     subprocess.run(["scontrol", "requeue", slurm["requeued"]], check=True)
 
