@@ -90,6 +90,7 @@ def test_each_checkpoint_is_evaluated_once_and_the_results_are_in_the_ledger(dev
 
 
 @lanes("24.11", why="24.11 is the release this once failed on alone (its preemption records)")
+@pytest.mark.timeout(1800)  # its waits catch hangs only: 4 ranks restart in about 4 min at CI's load
 def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cluster, isolated_ledger, tmp_path):
     """A preemptible job with `[eval] on_checkpoint`, driven by reconciles as cron would, is preempted twice by QOS
     high jobs, and an evaluation job running then with it (requeued by Slurm, it evaluates again from the start).
@@ -139,11 +140,11 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
 
         seen = 0
         for k, evaluating in ((1, False), (2, True)):
-            wait_until(lambda: ready(seen, evaluating), 300, 0.5, f"the job to run on past step {seen} ({k})")
+            wait_until(lambda: ready(seen, evaluating), 600, 0.5, f"the job to run on past step {seen} ({k})")
             seen = newest()
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
-            wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 120, 0.5, f"preemption {k}")
-        wait_until(lambda: (tick(), not evaluations_running())[1], 120, 0.5, "the evaluation jobs' preemption")
+            wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 600, 0.5, f"preemption {k}")
+        wait_until(lambda: (tick(), not evaluations_running())[1], 600, 0.5, "the evaluation jobs' preemption")
         gate.touch()
 
         def all_done() -> bool:
