@@ -23,32 +23,33 @@ def job_alerts(
 ) -> dict[int, list[str]]:
     """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
     now = now or time.time()
-    out: dict[int, list[str]] = {}
-    for job in jobs:
-        if job["state"] != "RUNNING":
-            continue
-        found = []
-        if (inexact := ledger.events.last(job["id"], RESUME_NOT_BITWISE)) and (said := inexact["message"]):
-            found.append(said)
-        started = ledger.attempts.last_start(job["id"])  # this run's start
-        # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
-        # it restarts with each run.
-        if (last := ledger.metrics.last_time(job["id"])) is not None:
-            since = max(last, started or last)
-            if now - since > limits.stall_minutes * 60:
-                found.append(
-                    f"stalled: no training step for {(now - since) / 60:.0f} min"
-                    + ("" if since == last else " (none since the run started)")
-                )
-        wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
-        if wait is not None and wait > limits.data_wait_fraction:
-            found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
-        if (slow := latest(ledger, job["id"])) and slow[1]:
-            found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
-        found += checkpoint_alerts(ledger, job["id"], limits, now, started)
-        if found:
-            out[job["id"]] = found
-    return out
+    with ledger.reading():
+        found = {job["id"]: _alerts(ledger, job, limits, now) for job in jobs if job["state"] == "RUNNING"}
+    return {job_id: said for job_id, said in found.items() if said}
+
+
+def _alerts(ledger: Ledger, job: Mapping[str, Any], limits: Alerts, now: float) -> list[str]:
+    """The alerts of one running job."""
+    found = []
+    if (inexact := ledger.events.last(job["id"], RESUME_NOT_BITWISE)) and (said := inexact["message"]):
+        found.append(said)
+    started = ledger.attempts.last_start(job["id"])  # this run's start
+    # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
+    # it restarts with each run.
+    if (last := ledger.metrics.last_time(job["id"])) is not None:
+        since = max(last, started or last)
+        if now - since > limits.stall_minutes * 60:
+            found.append(
+                f"stalled: no training step for {(now - since) / 60:.0f} min"
+                + ("" if since == last else " (none since the run started)")
+            )
+    wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
+    if wait is not None and wait > limits.data_wait_fraction:
+        found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
+    if (slow := latest(ledger, job["id"])) and slow[1]:
+        found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
+    found += checkpoint_alerts(ledger, job["id"], limits, now, started)
+    return found
 
 
 def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float, started: float | None) -> list[str]:

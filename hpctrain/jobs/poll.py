@@ -39,13 +39,17 @@ class Poller:
             # slurmdbd down: the controller still knows pending, running and recently ended jobs.
             found = sacct.by_job(self.client.squeue_states(ids))
             self.warning = f"{exc}; job states from squeue until accounting is back (no attempt history)"
+        news = []
+        for job in jobs:
+            rows = found.get(job["slurm_job_id"], [])
+            digest = sacct.digest(rows) if self.warning is None else None
+            if rows and (digest is None or digest != job["sacct_digest"]):
+                news.append((job, rows, digest))  # else nothing new since the last poll: nothing to read or write
+        if not news and (self.warning is not None or not self.ledger.attempts.any_left_over(self.site, NO_MORE_RUNS)):
+            return 0  # the usual poll of a status: no write lock taken
         changed, digests = 0, {}
         with self.ledger.transaction():
-            for job in jobs:
-                rows = found.get(job["slurm_job_id"], [])
-                digest = sacct.digest(rows) if self.warning is None else None
-                if not rows or (digest is not None and digest == job["sacct_digest"]):
-                    continue  # nothing new since the last poll: nothing to read or write
+            for job, rows, digest in news:
                 tasks = sacct.histories(rows).get(job["slurm_job_id"], {})
                 if job["is_array"]:  # a row under the array's own id without a task index names no task
                     tasks.pop(-1, None)

@@ -60,16 +60,17 @@ def read_journals(ledger: Ledger, journals: list[Journal]) -> int:
     before the listing, so a record renamed in meanwhile changes it again); how many were new. An mtime younger than
     SETTLED_S is not noted: a record written within the file system's timestamp granularity, or under a clock a
     little behind ours, might leave it as it was."""
-    seen = ledger.ingested.seen([str(j.dir) for j in journals])
     records = 0
-    for journal in journals:
-        try:
-            mtime = journal.dir.stat().st_mtime_ns
-        except OSError:
-            mtime = None  # not made yet (the job has not started), or unreadable: listed as ever
-        if mtime is not None and seen.get(str(journal.dir)) == mtime:
-            continue
-        records += ingest_journal(ledger, journal)
-        if mtime is not None and time.time_ns() - mtime > SETTLED_S * 1e9:
-            ledger.ingested.saw(str(journal.dir), mtime)
+    with ledger.reading():
+        seen = ledger.ingested.seen([str(j.dir) for j in journals])
+        for journal in journals:
+            try:
+                mtime = journal.dir.stat().st_mtime_ns
+            except OSError:
+                mtime = None  # not made yet (the job has not started), or unreadable: listed as ever
+            if mtime is not None and seen.get(str(journal.dir)) == mtime:
+                continue
+            records += ingest_journal(ledger, journal)
+            if mtime is not None and time.time_ns() - mtime > SETTLED_S * 1e9:
+                ledger.ingested.saw(str(journal.dir), mtime)
     return records

@@ -108,24 +108,28 @@ class Attempts:
         """Decide the runs nothing else decides on: a run that another run of its task followed was requeued; the
         last run of a plain job or array task now in one of ``no_more_runs`` (cancelled before it started, ...)
         runs no more. They leave `attempts_undecided`, which then holds the live runs only. Returns how many."""
-        marks = ",".join("?" * len(no_more_runs))
-        later = "EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.task_index = a.task_index AND b.attempt > a.attempt)"
-        of_site = "EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id AND j.site = ?)"
-        ended = (
-            "EXISTS (SELECT 1 FROM jobs j LEFT JOIN array_tasks t ON t.job_id = j.id AND t.task_index = a.task_index "
-            f"WHERE j.id = a.job_id AND j.site = ? AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN "
-            f"({marks}) ELSE t.state IN ({marks}) END)"
-        )
-        undecided = "UPDATE attempts AS a INDEXED BY attempts_undecided SET requeued = {}, decision = {} WHERE requeued IS NULL AND "
+        if not self.any_left_over(site, no_more_runs):
+            return 0  # the usual answer, read without taking the write lock
+        (requeued_where, requeued_args), (stopped_where, stopped_args) = _left_over(site, no_more_runs)
+        undecided = "UPDATE attempts AS a INDEXED BY attempts_undecided SET requeued = {}, decision = {} WHERE "
         with self.ledger.transaction() as db:
-            requeued = db.execute(
-                undecided.format(1, "'requeued by Slurm'") + f"{later} AND {of_site}", [site]
-            ).rowcount
+            requeued = db.execute(undecided.format(1, "'requeued by Slurm'") + requeued_where, requeued_args).rowcount
             stopped = db.execute(
-                undecided.format(0, "'no more runs: ' || a.state") + f"NOT {later} AND {ended}",
-                [site, *no_more_runs, *no_more_runs],
+                undecided.format(0, "'no more runs: ' || a.state") + stopped_where, stopped_args
             ).rowcount
         return requeued + stopped
+
+    def any_left_over(self, site: str, no_more_runs: Collection[str]) -> bool:
+        """Whether `decide_left_over` has runs to decide (read without taking the write lock)."""
+        (requeued_where, requeued_args), (stopped_where, stopped_args) = _left_over(site, no_more_runs)
+        return (
+            self.ledger.db.execute(
+                f"SELECT EXISTS (SELECT 1 FROM attempts AS a INDEXED BY attempts_undecided WHERE {requeued_where}) "
+                f"OR EXISTS (SELECT 1 FROM attempts AS a INDEXED BY attempts_undecided WHERE {stopped_where})",
+                [*requeued_args, *stopped_args],
+            ).fetchone()[0]
+            == 1
+        )
 
     def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> Interruptions:
         """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
@@ -176,3 +180,20 @@ class Attempts:
 
     def _facts(self, sql: str, params: dict[str, Any]) -> list[RunFacts]:
         return cast("list[RunFacts]", list(self.ledger.db.query(sql, params)))
+
+
+def _left_over(site: str, no_more_runs: Collection[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+    """The conditions (and their arguments) of the undecided runs that were requeued, and of those that run no more
+    (`Attempts.decide_left_over`)."""
+    marks = ",".join("?" * len(no_more_runs))
+    later = "EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.task_index = a.task_index AND b.attempt > a.attempt)"
+    of_site = "EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id AND j.site = ?)"
+    ended = (
+        "EXISTS (SELECT 1 FROM jobs j LEFT JOIN array_tasks t ON t.job_id = j.id AND t.task_index = a.task_index "
+        f"WHERE j.id = a.job_id AND j.site = ? AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN "
+        f"({marks}) ELSE t.state IN ({marks}) END)"
+    )
+    return (
+        (f"requeued IS NULL AND {later} AND {of_site}", [site]),
+        (f"requeued IS NULL AND NOT {later} AND {ended}", [site, *no_more_runs, *no_more_runs]),
+    )

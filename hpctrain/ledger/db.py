@@ -21,10 +21,11 @@ import os
 import sqlite3
 import sys
 import threading
+import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.attempts import Attempts
@@ -32,6 +33,7 @@ from hpctrain.ledger.checkpoints import Checkpoints
 from hpctrain.ledger.evaluations import Evaluations
 from hpctrain.ledger.events import Events
 from hpctrain.ledger.exports import TrackerExports
+from hpctrain.ledger.failures import transient
 from hpctrain.ledger.ingested import Ingested
 from hpctrain.ledger.jobs import Jobs
 from hpctrain.ledger.metrics import Metrics
@@ -45,6 +47,9 @@ from hpctrain.ledger.sweeps import Sweeps
 from hpctrain.ledger.usage import RunUsage
 
 BUSY_TIMEOUT_S = 60.0
+# How long a network home's server may be away (restarting, failing over) before a command says so; each retry
+# is a stat or an open, so pausing long between them costs nothing.
+AWAY_S, AWAY_PAUSE_S = 60.0, 0.5
 # Rows of each index that ANALYZE samples: planner statistics in milliseconds on a ledger of any size.
 ANALYSIS_LIMIT = 1000
 SQLITE_HEADER = b"SQLite format 3\x00"
@@ -55,6 +60,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 # hold two ledgers on one file: the executor's job watcher keeps its own for the process's life.
 _OPEN_HERE: defaultdict[tuple[int, int] | None, set[int]] = defaultdict(set)
 _OPEN_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 def _file_id(path: Path) -> tuple[int, int] | None:
@@ -94,13 +100,48 @@ def _leave_wal(path: Path) -> None:
         conn.close()
 
 
+def _until_back(path: Path, away_s: float, op: Callable[[], T]) -> T:
+    """``op()``, tried again while it fails in a way the file system may recover from, for up to ``away_s``; then
+    one line saying so."""
+    deadline = time.monotonic() + away_s
+    while True:
+        try:
+            return op()
+        except (sqlite3.Error, OSError) as exc:
+            if not transient(exc):
+                raise
+            if time.monotonic() >= deadline:
+                why = exc.strerror if isinstance(exc, OSError) else str(exc)
+                raise LedgerError(
+                    f"{path}: the file system holding the ledger failed for {away_s:.0f} s ({why}): check that it is "
+                    "mounted and its server reachable, then run this again; the ledger itself is not damaged"
+                ) from None
+        time.sleep(AWAY_PAUSE_S)
+
+
 class Ledger:
     """Open (creating and migrating as needed) the ledger at ``path``."""
 
-    def __init__(self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S, mode: int = 0o600):
+    def __init__(
+        self, path: str | Path, busy_timeout_s: float = BUSY_TIMEOUT_S, mode: int = 0o600, away_s: float = AWAY_S
+    ):
         """A new ledger file gets ``mode`` (owner-only by default: jobs, specs and lineage are private);
-        SQLite gives its -wal and -shm files the same."""
+        SQLite gives its -wal and -shm files the same. A file system that does not answer (a network home's server
+        restarting) is waited for up to ``away_s``, here and at the start of each write."""
         self.path = Path(path).expanduser()
+        self._reading = False  # a read transaction of `reading` is open
+        self._lost = False  # the connection was closed after the file system failed under it: a new one is due
+        self._busy_timeout_s, self._away_s = busy_timeout_s, away_s
+        _until_back(self.path, away_s, lambda: self._open(mode))
+        self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
+        self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
+        self.usage, self.events = RunUsage(self), Events(self)
+        self.site_cache, self.ingested = SiteCache(self), Ingested(self)
+        self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
+
+    def _open(self, mode: int) -> None:
+        """Open (creating and migrating as needed); an error the file system may recover from is raised as it
+        came, to be tried again (`_until_back`), any other as a LedgerError."""
         self.storage = storage_for(self.path)  # before anything is written: a refused place gets no file
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,15 +150,13 @@ class Ledger:
                     _create_or_check(self.path, mode)
                     if self.storage.journal_mode != "wal":
                         _leave_wal(self.path)
-                conn = sqlite3.connect(self.path, timeout=busy_timeout_s)
+                conn = self._connect(foreign_keys=False)  # off: a migration may rebuild a table others reference
                 self._file = _file_id(self.path)
                 _OPEN_HERE[self._file].add(id(self))
             self.db = sqlite_utils.Database(conn)
             try:
                 self._set_journal_mode()
-                conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
-                conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
-                self._migrate()  # foreign keys off: a migration may rebuild a table that others reference
+                self._migrate()
                 conn.execute("PRAGMA foreign_keys=ON")
                 if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_stat1'").fetchone():
                     self.analyze()  # a ledger from before v15, or new: what the planner knows of it is made once
@@ -125,14 +164,45 @@ class Ledger:
                 self._release()
                 raise
         except sqlite3.DatabaseError as exc:
+            if transient(exc):
+                raise
             raise LedgerError(f"{self.path}: cannot open ledger: {exc}") from None
         except OSError as exc:
+            if transient(exc):
+                raise
             raise LedgerError(f"{self.path}: cannot create ledger: {exc.strerror}") from None
-        self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
-        self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
-        self.usage, self.events = RunUsage(self), Events(self)
-        self.site_cache, self.ingested = SiteCache(self), Ingested(self)
-        self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
+
+    def _connect(self, foreign_keys: bool = True) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout_s)
+        conn.execute(f"PRAGMA synchronous={self.storage.synchronous}")
+        conn.execute(f"PRAGMA analysis_limit={ANALYSIS_LIMIT}")
+        if foreign_keys:
+            conn.execute("PRAGMA foreign_keys=ON")
+        return conn
+
+    def _begin_write(self) -> None:
+        """BEGIN IMMEDIATE, waiting up to ``away_s`` for a file system that failed. A connection whose file failed is
+        replaced when it is this process's only one on the file: its descriptor may stay dead after the server is
+        back (Gluster reopens no file that held locks), and closing it cannot drop another one's locks."""
+
+        def begin() -> None:
+            self._revive()
+            try:
+                self.db.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if transient(exc) and _OPEN_HERE.get(self._file) == {id(self)}:
+                    self.db.close()
+                    self._lost = True
+                raise
+
+        _until_back(self.path, self._away_s, begin)
+
+    def _revive(self) -> None:
+        """A new connection where the file system failed under the old one (`_begin_write`)."""
+        if self._lost:
+            self.path.stat()  # while the server is away: its error, which says so (SQLite's would not)
+            self.db = sqlite_utils.Database(self._connect())
+            self._lost = False
 
     def _set_journal_mode(self) -> None:
         """The mode `storage` chose. SQLite keeps the old one while another process has the file open: a local
@@ -154,7 +224,7 @@ class Ledger:
         when another process holds the write lock: the next close does it."""
         conn = self.db.conn
         try:
-            if conn.total_changes:
+            if not self._lost and conn.total_changes:
                 conn.execute("PRAGMA busy_timeout = 0")
                 conn.execute("PRAGMA optimize")
         except sqlite3.OperationalError:
@@ -206,20 +276,53 @@ class Ledger:
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[sqlite_utils.Database]:
-        """A write transaction (BEGIN IMMEDIATE); nested calls become savepoints."""
-        conn = self.db.conn
-        if conn.in_transaction:
+        """A write transaction (BEGIN IMMEDIATE); nested calls become savepoints. Within `reading` the read
+        transaction ends first and begins again after: a read never upgrades to a write, which two processes doing
+        it at once would deadlock on (SQLite answers one of them "database is locked" without waiting)."""
+        if not self._lost and self.db.conn.in_transaction and not self._reading:
             with self.db.atomic():
                 yield self.db
             return
-        conn.execute("BEGIN IMMEDIATE")
+        resume_reading = self._end_reading()
         try:
-            yield self.db
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            self._begin_write()
+            conn = self.db.conn  # a new one where the file system failed under the old
+            try:
+                yield self.db
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        finally:
+            if resume_reading and not self._lost:
+                self.db.conn.execute("BEGIN")
+                self._reading = True
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Many reads in one read transaction: on a shared file system each statement outside a transaction takes
+        and drops the file's lock and checks the file again, each a round trip to the server (hundreds in a
+        `status`), and here all of them share one. Inside another transaction it adds nothing."""
+        if not self._lost and self.db.conn.in_transaction:
+            yield
+            return
+        self._revive()
+        self.db.conn.execute("BEGIN")  # deferred: the first read takes the shared lock
+        self._reading = True
+        try:
+            yield
+        finally:
+            self._end_reading()
+
+    def _end_reading(self) -> bool:
+        """End the read transaction of `reading`, if one is open; whether one was."""
+        if not self._reading:
+            return False
+        self._reading = False
+        if self.db.conn.in_transaction:
+            self.db.conn.execute("COMMIT")  # nothing was written: this only drops the shared lock
+        return True
 
     def event(self, kind: str, message: str = "", job_id: int | None = None, **data: Any) -> int:
         """Append to the event log (submissions, choices, requeues, quarantines, ...): `Events.add` with the data

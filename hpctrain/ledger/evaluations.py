@@ -96,15 +96,17 @@ class Evaluations:
         """Submitted evaluations whose job has ended (a state of ``final``) without a result, its journal read since
         its end, made failed ("evaluation job 12 (slurm 345) ended TIMEOUT without a result"); a result that
         comes later still replaces it. Returns their keys."""
+        sql = (
+            "SELECT e.job_id, e.task_index, e.step, e.evaluator, j.id AS eval_job, j.slurm_job_id, j.state, "
+            "j.ended_at FROM evaluations e JOIN jobs j ON j.id = e.eval_job_id "
+            f"WHERE e.state = ? AND j.state IN ({_marks(final)}) AND j.journal_read_at >= j.ended_at"
+        )
+        args = [SUBMITTED, *sorted(final)]
+        if not self.ledger.db.execute(sql, args).fetchone():
+            return []  # the usual answer, read without taking the write lock
         with self.ledger.transaction() as db:
-            found = db.query(
-                "SELECT e.job_id, e.task_index, e.step, e.evaluator, j.id AS eval_job, j.slurm_job_id, j.state, "
-                "j.ended_at FROM evaluations e JOIN jobs j ON j.id = e.eval_job_id "
-                f"WHERE e.state = ? AND j.state IN ({_marks(final)}) AND j.journal_read_at >= j.ended_at",
-                [SUBMITTED, *sorted(final)],
-            )
             closed = []
-            for r in list(found):
+            for r in list(db.query(sql, args)):
                 pk = (r["job_id"], r["task_index"], r["step"], r["evaluator"])
                 why = f"evaluation job {r['eval_job']} (slurm {r['slurm_job_id']}) ended {r['state']} without a result"
                 self._rows.update(pk, {"state": FAILED, "error": why, "done_at": r["ended_at"]})

@@ -5,6 +5,7 @@ lose the records written since."""
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 
 # SQLite's primary result codes (https://sqlite.org/rescode.html) by the text SQLite gives each: Python 3.10's
@@ -44,12 +45,30 @@ _LINES = {
 }
 
 
-def describe(exc: sqlite3.Error) -> str:
-    """The line that says what ``exc``, raised by SQLite on the ledger, means and what to do."""
+# What the OS answers while a network file system's server is away (restarting, unreachable): it may come back.
+_AWAY = {errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.ETIMEDOUT, errno.EHOSTDOWN, errno.EHOSTUNREACH}
+
+
+def _primary(exc: sqlite3.Error) -> int | None:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:
         code = next((c for text, c in _CODE_OF_TEXT.items() if str(exc).startswith(text)), None)
-    line = _LINES.get(code & 0xFF) if code is not None else None
+    return code & 0xFF if code is not None else None
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether ``exc`` may pass if tried again: the file system under the ledger failed a read, a write or a lock
+    (SQLite's I/O errors), or answered as while its server is away (the OS's errors above). Not SQLite's "unable to
+    open": a folder this user may not write says the same, and waiting would not change it."""
+    if isinstance(exc, sqlite3.Error):
+        return _primary(exc) == _IOERR
+    return isinstance(exc, OSError) and exc.errno in _AWAY
+
+
+def describe(exc: sqlite3.Error) -> str:
+    """The line that says what ``exc``, raised by SQLite on the ledger, means and what to do."""
+    code = _primary(exc)
+    line = _LINES.get(code) if code is not None else None
     if line is None:
         return f"SQLite failed on the ledger ({getattr(exc, 'sqlite_errorname', type(exc).__name__)}: {exc})"
     return line.format(exc)

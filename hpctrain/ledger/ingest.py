@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from hpctrain.ledger.db import Ledger
@@ -13,6 +14,7 @@ from hpctrain.ledger.rows import AttemptFields, NewCheckpoint, SegmentKey
 Handler = Callable[[Ledger, dict[str, Any]], None]
 
 _CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "host", "rank")
+BATCH = 200  # records per write transaction: few lock round trips, and no writer waits long behind one
 
 
 def _checkpoint(ledger: Ledger, rec: dict[str, Any]) -> None:
@@ -141,30 +143,35 @@ HANDLERS: dict[str, Handler] = {
 
 
 def ingest_journal(ledger: Ledger, journal: Journal) -> int:
-    """Fold every record not yet ingested; returns how many were new. Safe to run concurrently."""
+    """Fold every record not yet ingested, up to `BATCH` per write transaction (on a shared file system each
+    is lock and sync round trips to the server); returns how many were new. Safe to run concurrently."""
     key = str(journal.dir.resolve())
     done = ledger.ingested.names(key)
+    fresh = [(name, journal.read(name)) for name in journal.names() if name not in done]
     new = 0
-    for name in journal.names():
-        if name in done:
-            continue  # never read again: a long job's journal holds many records
-        rec = journal.read(name)
+    for start in range(0, len(fresh), BATCH):
         with ledger.transaction():
-            if ledger.ingested.has(key, name):
-                continue  # another reconcile got there first
-            rec.setdefault("time", time.time())
-            try:
-                HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
-            except (KeyError, TypeError, ValueError) as exc:
-                _event(
-                    ledger,
-                    {
-                        "kind": "journal_error",
-                        "time": time.time(),
-                        "job_id": rec.get("job_id"),
-                        "message": f"{journal.dir / name}: {exc!r}",
-                    },
-                )
-            ledger.ingested.add(key, name, rec.get("kind", "?"))
-        new += 1
+            for name, rec in fresh[start : start + BATCH]:
+                if ledger.ingested.has(key, name):
+                    continue  # another reconcile got there first
+                _fold(ledger, key, name, rec, journal.dir / name)
+                new += 1
     return new
+
+
+def _fold(ledger: Ledger, key: str, name: str, rec: dict[str, Any], path: Path) -> None:
+    """One record (file ``path``) into the ledger, or a `journal_error` event saying why it could not be."""
+    rec.setdefault("time", time.time())
+    try:
+        HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
+    except (KeyError, TypeError, ValueError) as exc:
+        _event(
+            ledger,
+            {
+                "kind": "journal_error",
+                "time": time.time(),
+                "job_id": rec.get("job_id"),
+                "message": f"{path}: {exc!r}",
+            },
+        )
+    ledger.ingested.add(key, name, rec.get("kind", "?"))

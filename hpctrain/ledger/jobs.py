@@ -148,6 +148,8 @@ class Jobs:
     def journals_read(self, ids: Collection[int], at: float) -> None:
         """Note that the journals of these ended jobs were read at ``at``."""
         ids = list(ids)
+        if not ids:
+            return  # no write transaction: on a shared file system each is lock and sync round trips
         with self.ledger.transaction():
             for i in range(0, len(ids), 500):
                 part = ids[i : i + 500]

@@ -70,9 +70,11 @@ def tick_all(
         on_warning(refreshed.warning)
     if sweep_ids is None:
         sweep_ids = ledger.sweeps.active()
+    with ledger.reading():
+        for sweep_id in sweep_ids:
+            store.load(ledger, sweep_id)  # an unknown name: the whole tick fails, in one line, before any is ticked
     results = []
     for sweep_id in sweep_ids:
-        store.load(ledger, sweep_id)  # an unknown name: the whole tick fails, in one line
         try:
             results.append(tick(ledger, client, site, sweep_id))
         except HpctrainError as exc:
@@ -91,12 +93,13 @@ def _failed(ledger: Ledger, sweep_id: str, exc: HpctrainError) -> TickResult:
 
 def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -> TickResult:
     """One sweep's decisions on states already refreshed from Slurm (see `tick_all`)."""
-    sweep = store.load(ledger, sweep_id)
+    with ledger.reading():  # the ledger's side in one read; Slurm is called only after it
+        sweep = store.load(ledger, sweep_id)
+        if sweep.state != "ACTIVE":
+            return TickResult(sweep.id, state=sweep.state)
+        rows = store.refresh(ledger, sweep)
     result = TickResult(sweep.id, state=sweep.state)
-    if sweep.state != "ACTIVE":
-        return result
     spec = sweep.spec
-    rows = store.refresh(ledger, sweep)
     if spec.early_stopping is not None:
         result.stopped = _early_stop(ledger, client, sweep, rows)
     result.resubmitted = _retry_failed(ledger, sweep, rows)

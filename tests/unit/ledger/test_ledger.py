@@ -1,5 +1,6 @@
 """The ledger: schema, migrations, WAL and concurrent writers from several processes."""
 
+import contextlib
 import multiprocessing as mp
 import sqlite3
 import subprocess
@@ -115,12 +116,28 @@ def test_metrics_upsert_is_idempotent(tmp_path):
 
 
 def _writer(path: str, worker: int, n: int) -> None:
+    """Odd workers write from inside `Ledger.reading`, as status and the tick do: a read transaction that
+    upgraded to a write would be refused ("database is locked", no waiting) while another process writes."""
     ledger = Ledger(path)
     for i in range(n):
-        with ledger.transaction():  # read-then-write, the pattern that fails without BEGIN IMMEDIATE
-            count = ledger.db.execute("SELECT count(*) FROM events").fetchone()[0]
-            ledger.event("load", f"{worker}:{i}", seen=count)
+        with ledger.reading() if worker % 2 else contextlib.nullcontext():
+            ledger.db.execute("SELECT count(*) FROM jobs").fetchone()
+            with ledger.transaction():  # read-then-write, the pattern that fails without BEGIN IMMEDIATE
+                count = ledger.db.execute("SELECT count(*) FROM events").fetchone()[0]
+                ledger.event("load", f"{worker}:{i}", seen=count)
+            ledger.db.execute("SELECT count(*) FROM events").fetchone()
     ledger.close()
+
+
+def test_a_write_inside_reading_commits_at_once_and_reading_goes_on(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger, Ledger(tmp_path / "l.db") as other:
+        with ledger.reading():
+            assert ledger.db.conn.in_transaction
+            with ledger.transaction():
+                ledger.event("a", "written inside a read")
+            assert ledger.db.conn.in_transaction  # reading again
+            assert [r["kind"] for r in Table(other, "events").rows()] == ["a"]  # committed, not held
+        assert not ledger.db.conn.in_transaction
 
 
 def test_concurrent_processes_lose_no_rows(tmp_path):
