@@ -27,13 +27,15 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
     """``jobs`` job rows over the ``days`` before ``now``: 60 % plain (1 to 40 runs each, 1 in 12 cancelled before
     it started), 25 % arrays of heavy-tailed size, 15 % sweeps of 20 trials; the newest ``active`` still active,
     among them BIG_ARRAYS submissions of ``active_tasks`` tasks in all and ACTIVE_SWEEPS sweeps; 1,000 loss points for one plain job in 50
-    and LONG_JOBS points for three of the newest ended ones. Settled as reconcile would have, without planner statistics.
-    Returns the ids to time: the longest job, and the first part of an active big array."""
+    and LONG_JOBS points for three of the newest ended ones; one ended sweep of MAX_ARRAY trials, BIG_SWEEP_POINTS
+    points each. Settled as reconcile would have, without planner statistics. Returns the ids to time: the longest
+    job, the first part of an active big array, and the big sweep's job (its sweep: ``sweep-<id>``)."""
     rnd = random.Random(seed)
     first_at = now - days * DAY
     rows: dict[str, list[tuple]] = {table: [] for table in COLUMNS}
     jid = 0
     long_jobs = {jobs - active - 1 - k: n for k, n in enumerate(LONG_JOBS)}
+    big_sweep = jobs - active - 1 - len(LONG_JOBS)
     per_array = active_tasks // BIG_ARRAYS
     big = set(range(jobs - active, jobs - active + BIG_ARRAYS))
     sweeping = set(range(jobs - active + BIG_ARRAYS, jobs - active + BIG_ARRAYS + ACTIVE_SWEEPS))
@@ -52,6 +54,10 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
             elif i in sweeping:
                 jid += 1
                 _array(rows, rnd, jid, jid, submitted, TRIALS, live=True, sweep=True)
+            elif i == big_sweep:
+                jid += 1
+                picked["big_sweep"] = jid
+                _array(rows, rnd, jid, jid, submitted, MAX_ARRAY, live=False, sweep=True, points=BIG_SWEEP_POINTS)
             else:
                 jid += 1
                 kind = 0.0 if i in long_jobs else rnd.random()
@@ -72,6 +78,7 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
 
 
 TRIALS = 20
+BIG_SWEEP_POINTS = 100  # loss points of each of the big sweep's trials
 ACTIVE_SWEEPS = 3  # of TRIALS trials each, all of them in flight (max_parallel): a tick submits nothing
 # An active sweep's spec as `hpctrain sweep` registers it (hpctrain.sweep.store).
 SWEEP_SPEC = {"method": "random", "search": {"lr": {"type": "loguniform", "low": 1e-4, "high": 1e-3}}, "metric": "loss",
@@ -126,7 +133,7 @@ def _plain(rows, rnd: random.Random, jid: int, submitted: float, live: bool, poi
 
 
 def _array(rows, rnd: random.Random, jid: int, group: int, submitted: float, size: int, live: bool,
-           sweep: bool = False) -> None:
+           sweep: bool = False, points: int = 0) -> None:
     size = max(size, 1)
     started = submitted + 60
     ended = None if live else started + rnd.uniform(600, 4 * 3600)
@@ -149,6 +156,11 @@ def _array(rows, rnd: random.Random, jid: int, group: int, submitted: float, siz
             end = None if state == "RUNNING" and last else (ended or started + 600) - (runs - 1 - n) * 60
             _run(rows, jid, t, n, state if last else "PREEMPTED", started + n * 60, end, last,
                  live and state != "COMPLETED")
+        if points:
+            rows["segments"].append((jid, t, runs - 1, 0, started, started + 30, 0, None, points, 60.0, points,
+                                     started + 90, 0))
+            rows["metrics"] += [(jid, t, "loss", s, 5.5 / (1 + s / 100) + t * 1e-4, 0, started + 30 + s)
+                                for s in range(1, points + 1)]
     _job(rows, jid, group, submitted, "RUNNING" if live else ("COMPLETED" if all(s == "COMPLETED" for s in states)
                                                             else "FAILED"), started, ended, True, sweep_id)
 
