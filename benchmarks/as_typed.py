@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
 from helpers.heavy_ledger import AnsweringSlurm  # noqa: E402
-from ledger_scale import heavy_ledger_of  # noqa: E402
+from ledger_scale import heavy_ledger_of, set_statistics  # noqa: E402
 
 HPCTRAIN = Path(sys.executable).with_name("hpctrain")
 COLUMNS = 120
@@ -155,11 +155,7 @@ def main() -> None:
         results: dict[tuple[str, bool], list[tuple[float, float, int, int]]] = {}
         for analysed in (False, True):
             with Ledger(path) as ledger:
-                if analysed:
-                    ledger.analyze()
-                else:
-                    ledger.db.conn.execute("DROP TABLE IF EXISTS sqlite_stat1")
-                    ledger.db.conn.commit()
+                set_statistics(ledger, analysed)
             for name, (argv, _, _) in typed_commands.items():
                 typed(argv, env, cpu_log)  # warm-up: page cache, and what a first run writes
                 results[name, analysed] = [typed(argv, env, cpu_log) for _ in range(args.repeats)]

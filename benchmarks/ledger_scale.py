@@ -99,6 +99,18 @@ def heavy_ledger_of(jobs: int, days: float) -> tuple[Path, float, dict[str, int]
     return path, made["now"], made["ids"]
 
 
+def set_statistics(ledger: Ledger, analysed: bool) -> None:
+    """Fresh planner statistics, or none (as users' ledgers were): an empty sqlite_stat1, which opening the ledger
+    leaves as it is (it analyses only where the table is missing)."""
+    if analysed:
+        ledger.analyze()
+        return
+    conn = ledger.db.conn
+    conn.execute("DELETE FROM sqlite_stat1")
+    conn.commit()
+    conn.execute("ANALYZE sqlite_schema")  # the planner forgets what opening the ledger made
+
+
 def _heavy_child(path: Path, now: float, ids: dict[str, int], name: str, analysed: bool, repeats: int):
     """In a process of its own: the command's median seconds and the process's peak RSS (MiB)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -106,13 +118,7 @@ def _heavy_child(path: Path, now: float, ids: dict[str, int], name: str, analyse
 
     run = heavy_commands(load_site("dev"), ids)[name]
     with Ledger(path) as ledger:
-        conn = ledger.db.conn
-        if analysed:
-            ledger.analyze()
-        else:
-            conn.execute("DELETE FROM sqlite_stat1")
-            conn.commit()
-            conn.execute("ANALYZE sqlite_schema")  # the planner forgets what opening the ledger made
+        set_statistics(ledger, analysed)
         seconds = median_seconds(run, ledger, now, repeats)
     # This process's own peak (VmHWM): ru_maxrss would count the parent's memory the spawn forked before its exec.
     peak_kb = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
