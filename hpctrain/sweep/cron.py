@@ -15,8 +15,10 @@ from hpctrain.errors import ConfigError
 from hpctrain.slurm import CONF_ENV
 
 # What a tick run here has that cron would not give it: cron starts commands with PATH=/usr/bin:/bin and little else,
-# a scrontab job with what Slurm sets. The variables the site config refers to are carried too (`carried`).
-CARRIED = ("PATH", CONF_ENV, *LOGIN_ENV)
+# a scrontab job with what Slurm sets. The variables the site config refers to are carried too (`carried`), and the
+# state folder where one is set: the ledger's probe records are there (`hpctrain.ledger.probes`), and a tick on a
+# compute node that missed them would refuse a ledger on a network file system the user's doctor had accepted.
+CARRIED = ("PATH", CONF_ENV, *LOGIN_ENV, "XDG_STATE_HOME")
 # The tick's job under scrontab: one CPU for a few minutes (a tick takes seconds; while one runs, Slurm submits no next).
 SCRON_DEFAULTS = ("--job-name=hpctrain-sweep-tick", "--ntasks=1", "--cpus-per-task=1", "--time=10")
 # An sbatch option on a #SCRON line: one word, --name or --name=value (scrontab splits the line at blanks).

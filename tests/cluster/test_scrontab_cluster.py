@@ -1,11 +1,17 @@
 """Sweeps ticked from Slurm's scrontab (`hpctrain sweep install-tick --scrontab`: a job on a compute node each
 minute) while a login node's ticks overlap it: every trial is submitted once and runs once, and a trial submitted
-from the tick's job inherits none of that job's Slurm variables. Needs the scrontab command: the lanes have it,
-Debian 12's slurm-client 22.05 (the host's there) has not."""
+from the tick's job inherits none of that job's Slurm variables; the ledger on a local disk, or on the Gluster home
+that `doctor --ledger` accepted (issue 60: the tick on the compute node finds that verdict through the state folder
+its entry carries). Needs the scrontab command: the lanes have it, Debian 12's slurm-client 22.05 (the host's there)
+has not."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import sqlite3
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +23,8 @@ from hpctrain.sweep import install
 from hpctrain.sweep.install import BEGIN, END
 
 from helpers.cli import HPCTRAIN, run_cli
+from helpers.gluster import gluster_up, second_client
+from helpers.hosts import on_host
 from helpers.lanes import lanes
 from helpers.sweep import kept_table, sweep_spec
 from helpers.waiting import wait_until
@@ -33,6 +41,32 @@ def scrontab():
         yield
 
 
+@pytest.fixture(params=[
+    pytest.param("local disk", marks=lanes("26.05", why="24.11 runs it with the ledger on the Gluster home")),
+    pytest.param("gluster", marks=lanes("24.11", why="the file system's, not Slurm's: 26.05 runs it on a local disk")),
+])
+def ledger_at(request, isolated_ledger, monkeypatch):
+    """The test's ledger: on a local disk, or on the safe Gluster volume with the state folder beside it (set in
+    this shell only, as a user's profile would), accepted there by `doctor --ledger` from a second login host."""
+    if request.param == "local disk":
+        yield isolated_ledger
+        return
+    folder = Path(tempfile.mkdtemp(prefix="hpctrain-scron-", dir=gluster_up() / "safe" / "a"))
+    path = folder / "ledger.db"
+    monkeypatch.setenv("HPCTRAIN_LEDGER", str(path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder / "state"))
+    # probed from a second login host, which sees the volume through a Gluster client of its own (helpers.hosts)
+    probed = subprocess.run(on_host("login2", *HPCTRAIN, "doctor", "--ledger", "--json", binds=second_client("safe")),
+                            capture_output=True, text=True, timeout=300)
+    checks = {c["name"]: c for c in json.loads(probed.stdout)}
+    assert probed.returncode == 0 and checks["ledger probe"]["verdict"] == "PASS", probed.stdout + probed.stderr
+    yield path
+    with sqlite3.connect(path, timeout=60) as db:
+        ids = [r[0] for r in db.execute("SELECT slurm_job_id FROM jobs WHERE slurm_job_id IS NOT NULL")]
+    subprocess.run(["scancel", *ids], capture_output=True)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def tick_runs(since: str) -> list[list[str]]:
     """The scrontab tick job's runs since ``since`` that got a node, in accounting: JobID, State, NodeList."""
     out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-o", "JobID,State,NodeList", "--name",
@@ -40,8 +74,7 @@ def tick_runs(since: str) -> list[list[str]]:
     return [row for row in (line.split("|") for line in out.stdout.splitlines()) if row[2] != "None assigned"]
 
 
-@lanes("26.05", why="24.11 runs the scrontab install and tick test; the overlap is hpctrain's ledger")
-def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster, isolated_ledger, tmp_path, scrontab):
+def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster, tmp_path, scrontab, ledger_at):
     # Trials of 40 s, two at a time: each sweep is still running at the scrontab job's next minute.
     specs = [sweep_spec(tmp_path, "scron-a", GRID.format(values="[0.0, 0.5, 1.0, 1.5]"), steps=400),
              sweep_spec(tmp_path, "scron-b", GRID.format(values="[0.0, 1.0, 2.0]"), steps=400)]
@@ -73,14 +106,14 @@ def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster
         time.sleep(3)
         text = log.read_text()
         settled = text.count("== exit") == text.count(" sweep tick\n")
-        return text if settled and text.count("== exit 0") >= 2 and _states(isolated_ledger) == {"completed"} else None
+        return text if settled and text.count("== exit 0") >= 2 and _states(ledger_at) == {"completed"} else None
 
     ticks = wait_until(ticked_to_the_end, 300, 0, "both sweeps to end and the scrontab job to tick again")
     assert ticks.count("== exit 0") == ticks.count(" sweep tick\n"), ticks
     ran = tick_runs(since)
     assert len(ran) >= 2 and all(node.startswith("n") for _, _, node in ran), ran
 
-    with Ledger(isolated_ledger) as ledger:
+    with Ledger(ledger_at) as ledger:
         trials = Table(ledger, "trials").rows(order_by="sweep_id, number")
         jobs = {j["id"]: j for s in ("scron-a", "scron-b") for j in ledger.jobs.of_sweep(s)}
     assert [(t["sweep_id"], t["number"]) for t in trials] == [("scron-a", n) for n in range(4)] + [
@@ -88,7 +121,7 @@ def test_scrontab_and_login_ticks_overlapping_submit_each_trial_once(dev_cluster
     # Each trial in one job (array task) of its own sweep, run once, numbered as a first run (a trial submitted
     # from the tick's job would otherwise take that job's SLURM_RESTART_COUNT as its own), and so in accounting.
     assert len({(t["job_id"], t["task_index"]) for t in trials}) == 7
-    with Ledger(isolated_ledger) as ledger:
+    with Ledger(ledger_at) as ledger:
         runs = [[a["attempt"] for a in ledger.attempts.of_task(t["job_id"], t["task_index"])] for t in trials]
     assert runs == [[0]] * 7, runs
     for job in jobs.values():

@@ -164,16 +164,19 @@ def test_a_table_command_missing_here_is_one_line_naming_the_other(tmp_path):
 
 def test_the_entry_carries_the_variables_the_site_config_refers_to(tables, tmp_path, monkeypatch):
     """Cron and scrontab give the tick little of this shell's environment: a site config's ${VAR:-default} would
-    resolve to its default there (the dev site's slurm.conf of another cluster). Only what its paths expand."""
+    resolve to its default there (the dev site's slurm.conf of another cluster). Only what its paths expand, and
+    the state folder (where the ledger's probe records are)."""
     site = tmp_path / "site.toml"
     site.write_text("# paths below may use $SECRET_TOKEN's folder\n" + (REPO / "site_configs" / "dev.toml").read_text())
     monkeypatch.setenv("HPCTRAIN_DEV_ROOT", "/var/tmp/dev root")
     monkeypatch.setenv("SECRET_TOKEN", "tok-1f2e")  # named in a comment only: no path expands it, none carries it
     monkeypatch.delenv("HPCTRAIN_SITE_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # the ledger's probe records (issue 60)
     done = install_tick(tmp_path, "--scrontab", "--site", str(site))
     assert done.returncode == 0, done.stderr
     command = (tables / "scrontab").read_text().splitlines()[2]
     assert " HPCTRAIN_DEV_ROOT='/var/tmp/dev root' " in command and "HPCTRAIN_SITE_DIR" not in command
+    assert f" XDG_STATE_HOME={tmp_path / 'state'} " in command
     assert "tok-1f2e" not in (tables / "scrontab").read_text()
     assert f"sweep tick --site {site};" in command
 
