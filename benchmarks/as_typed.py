@@ -143,6 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", default=[], metavar="TEXT", help="the commands whose names hold TEXT")
     args = parser.parse_args()
     path, now, ids = heavy_ledger_of(args.jobs, 365)
     with tempfile.TemporaryDirectory(prefix="hpctrain-typed-") as tmp:
@@ -151,7 +152,8 @@ def main() -> None:
         env = {**os.environ, "PATH": f"{folder / 'bin'}:{os.environ['PATH']}", "HPCTRAIN_LEDGER": str(path),
                "HPCTRAIN_SITE": "dev", "COLUMNS": str(COLUMNS), "TERM": "xterm-256color", "HOME": str(folder)}
         env.pop("SLURM_CONF", None)
-        typed_commands = commands(ids, now, folder)
+        typed_commands = {name: command for name, command in commands(ids, now, folder).items()
+                          if not args.only or any(text in name for text in args.only)}
         results: dict[tuple[str, bool], list[tuple[float, float, int, int]]] = {}
         for analysed in (False, True):
             with Ledger(path) as ledger:

@@ -100,13 +100,38 @@ class Metrics:
             )
         )
 
-    def points(self, job_id: int) -> Iterator[tuple[str, int, int, float]]:
-        """(name, task, step, value) of every reported value, by name, task and step."""
-        yield from self.ledger.db.execute(
-            "SELECT name, task_index, step, value FROM metrics WHERE job_id = ? AND value IS NOT NULL "
-            "ORDER BY name, task_index, step",
-            [job_id],
-        )
+    def points(self, job_id: int, most: int | None = None) -> Iterator[tuple[str, int, int, float]]:
+        """(name, task, step, value) of every reported value, by task, name and step. With ``most``, a series of more
+        than ``most`` values gives what a plot can show of it, chosen in SQL: of each of ``most // 2`` equal ranges
+        of its steps the lowest and the highest value (at their own steps, so that a spike stays), and its first
+        and last values (a report's facts)."""
+        for task, name in self.series(job_id):
+            for step, value in self._series_points(job_id, task, name, most):
+                yield name, task, step, value
+
+    def _series_points(self, job_id: int, task: int, name: str, most: int | None) -> list[tuple[int, float]]:
+        series, args = "job_id = ? AND task_index = ? AND name = ?", [job_id, task, name]
+        key = series + " AND value IS NOT NULL"
+        db = self.ledger.db
+        # counted on the primary key alone (its values unread): a bound a little high where some are NULL
+        if most is not None and db.execute(f"SELECT count(*) FROM metrics WHERE {series}", args).fetchone()[0] > most:
+            lo, hi = db.execute(f"SELECT min(step), max(step) FROM metrics WHERE {key}", args).fetchone()
+            width = -(-(hi - lo + 1) // max(1, most // 2))
+            picked: dict[int, float] = {}
+            # a range at a time, each an index range (a GROUP BY on the range sorted every value first: 1.5x the time);
+            # SQLite gives the bare column `step` the row of the min() or max()
+            for first in range(lo, hi + 1, width):
+                for extreme in ("min", "max"):
+                    step, value = db.execute(
+                        f"SELECT step, {extreme}(value) FROM metrics WHERE {key} AND step BETWEEN ? AND ?",
+                        [*args, first, first + width - 1],
+                    ).fetchone()
+                    if step is not None:  # a range with no value: gaps in the steps
+                        picked[step] = value
+            for end in (lo, hi):
+                picked.update(db.execute(f"SELECT step, value FROM metrics WHERE {key} AND step = ?", [*args, end]))
+            return sorted(picked.items())
+        return db.execute(f"SELECT step, value FROM metrics WHERE {key} ORDER BY step", args).fetchall()
 
     def summary(self, job_id: int, task_index: int, lower_is_better: Mapping[str, bool]) -> dict[str, MetricSummary]:
         """Per metric name of a run (a job's task, -1 for a plain job): its last step and value, and its best value

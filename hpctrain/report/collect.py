@@ -15,6 +15,9 @@ from hpctrain.ledger.rows import AttemptRow, CheckpointRow, EvaluationRow, JobRo
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
 Curves = dict[int, tuple[list[int], list[float]]]
+# The points of a curve a report draws at most: a plot is some 1,000 pixels wide, and 2,000 ranges of steps drawn by
+# their lowest and highest values look as all of them do (500,000 points took 1 s to read and more to draw).
+PLOT_POINTS = 4000
 
 
 @dataclass
@@ -28,12 +31,13 @@ class JobData:
 
 
 def job_data(ledger: Ledger, job_id: int) -> JobData:
-    """A job's row, attempts, checkpoints, metric curves and (redacted) environment."""
+    """A job's row, attempts, checkpoints, metric curves (a long one as the lows and highs a plot can show:
+    `Metrics.points`) and (redacted) environment."""
     job = ledger.jobs.get(job_id)
     if job is None:
         raise HpctrainError(f"job {job_id}: no such ledger id (see `hpctrain status --all`)")
     metrics: dict[str, Curves] = defaultdict(dict)
-    for name, task, step, value in ledger.metrics.points(job_id):
+    for name, task, step, value in ledger.metrics.points(job_id, most=PLOT_POINTS):
         add_point(metrics[name], task, step, value)
     return JobData(
         job,
