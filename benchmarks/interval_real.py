@@ -2,8 +2,8 @@
 fixed intervals, the reference trainer on the dev cluster interrupted at a set rate by crashes and by announced
 preemptions (issue 56.11: only the crashes lose work).
 
-    scripts/dev-cluster up && .venv/bin/python benchmarks/interval_real.py [--steps 2000] [--mtbi-steps 200]
-                                                                         [--preempt-steps 300] [--fixed 20 80]
+    scripts/dev-cluster up && .venv/bin/python benchmarks/interval_real.py [--steps 1500] [--mtbi-steps 200]
+                              [--preempt-steps 300] [--fixed 20 40 60] [--seeds 7 8]
 
 Each run: preemption_resume's tiny GPT (2 ranks tp=2, QOS low) trains --steps steps with synchronous saves (a save
 blocks its step: the cost an interval trades against lost work) and retry.in_place. Interruptions come after an
@@ -177,12 +177,13 @@ def run(name: str, every: str, seed: int, args: argparse.Namespace, work: Path, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--mtbi-steps", type=float, default=200.0, help="mean steps trained between crashes")
     parser.add_argument("--preempt-steps", type=float, default=300.0,
                         help="mean steps trained between announced preemptions (0: none)")
-    parser.add_argument("--fixed", type=int, nargs="+", default=[20, 80], help="fixed intervals; the first: the spec's")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[7], help="the interruptions' draws, one run each")
+    parser.add_argument("--fixed", type=int, nargs="+", default=[20, 40, 60],
+                        help="fixed intervals; the first: the spec's")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[7, 8], help="the interruptions' draws, one run each")
     args = parser.parse_args()
     work, index = workspace("hpctrain-bench-interval-")
     names = [f"every {every}" for every in args.fixed] + ["auto"]
