@@ -112,8 +112,9 @@ def undo(
         found = _undoing(ledger, model, alias, move)
         if found is not None:
             return found, False
-    seen = ledger.registry.seen(model, alias)
-    last = ledger.registry.last_move_standing(model, alias)
+    with ledger.reading():  # one snapshot: a twin's rollback committed between two reads read as nothing to undo
+        seen = ledger.registry.seen(model, alias)
+        last = ledger.registry.last_move_standing(model, alias)
     if seen[0] is None or last is None or last["to_version"] != seen[0]:
         raise RegistryError(f"{model}@{alias}: nothing to roll back (see `hpctrain model history {model}`)")
     if move is not None and last["id"] != move:

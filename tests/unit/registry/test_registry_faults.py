@@ -16,7 +16,8 @@ import pytest
 
 from hpctrain.checkpoint.pins import PINS, pin_records, pins
 from hpctrain.ledger import Ledger
-from hpctrain.registry.aliases import decide, gate_numbers, promote
+from hpctrain.registry.aliases import decide, gate_numbers, promote, rollback
+from hpctrain.registry.names import RegistryError
 from hpctrain.registry.versions import register
 
 from helpers.faults import Fault, Forker, Run, Snapshot, kill_at_every_step
@@ -283,6 +284,27 @@ def test_two_rollbacks_at_once_undo_each_move_once(forker, world):
         said = sorted(ok(r, "gpt@production: ").split(" (")[0] for r in runs)
         assert said == ["gpt@production: move 3 is rolled back already", "gpt@production: version 3 -> version 2"]
         assert registry_holds(world) == [*promoted, ("rollback", 3, 2)]
+
+
+def test_a_twins_rollback_committed_between_the_reads_of_a_rollback_is_a_moved_alias(world):
+    """The interleaving two rollbacks at once met now and then (CI, 2026-12-03): the twin commits its rollback of
+    move 3 after this one read where the alias was (version 3) and before it read which promotion stands. Read
+    apart, version 3 against move 2 standing said "nothing to roll back"; read in one snapshot, this one is refused
+    as decided on an alias that moved, and the next rollback undoes move 2."""
+    versions_with_losses(world, (3.0, 2.0, 1.0), promoted=(1, 2, 3))
+    with Ledger(world / "ledger.db") as ledger, Ledger(world / "ledger.db") as twin:
+        read_standing = ledger.registry.last_move_standing
+
+        def twin_first(model: str, alias: str):
+            ledger.registry.last_move_standing = read_standing  # the twin comes once
+            rollback(twin, model, alias)
+            return read_standing(model, alias)
+
+        ledger.registry.last_move_standing = twin_first
+        with pytest.raises(RegistryError, match="moved from version 3 to version 2"):
+            rollback(ledger, "gpt", "production")
+        assert rollback(ledger, "gpt", "production")["to_version"] == 1
+    assert registry_holds(world)[3:] == [("rollback", 3, 2), ("rollback", 2, 1)]
 
 
 def test_two_exports_to_one_folder_at_once_end_with_one_whole_export(forker, world):
