@@ -66,8 +66,10 @@ def read_journals(ledger: Ledger, journals: list[Journal]) -> int:
         for journal in journals:
             try:
                 mtime = journal.dir.stat().st_mtime_ns
+            except FileNotFoundError:
+                continue  # not made yet: the job has not started
             except OSError:
-                mtime = None  # not made yet (the job has not started), or unreadable: listed as ever
+                mtime = None  # unreadable: listed as ever
             if mtime is not None and seen.get(str(journal.dir)) == mtime:
                 continue
             records += ingest_journal(ledger, journal)

@@ -10,14 +10,15 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError, SlurmTimeout
-from hpctrain.slurm.parse import parse_kv_lines, parse_parsable, parse_parsable_with_header
+from hpctrain.slurm.parse import Parsable, parse_kv_lines, parse_parsable, parse_parsable_with_header
 from hpctrain.slurm.version import SlurmFeatures, SlurmVersion
 
 if TYPE_CHECKING:
@@ -85,23 +86,31 @@ class SlurmClient:
             # looks for itself (its default, then slurmd's configless copy and the controller's DNS record).
             named = "the site config's slurm.conf" if self.conf is not None else "$SLURM_CONF"
             raise SlurmError(f"{command}: Slurm's configuration file {conf} ({named}) does not exist")
-        try:
-            proc = subprocess.run(
-                argv,
-                input=input,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=self.timeout_s,
-            )
-        except FileNotFoundError:
-            raise SlurmError(f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)") from None
-        except subprocess.TimeoutExpired:
-            raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
-        said = (proc.stderr or proc.stdout).splitlines()
+        # The answer goes to a file, read at once: a pipe is read a few hundred bytes per wake-up, which for
+        # sacct's thousands of rows cost more than parsing them.
+        with tempfile.TemporaryFile() as answer:
+            try:
+                proc = subprocess.run(
+                    argv,
+                    input=input,
+                    stdout=answer,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env=env,
+                    timeout=self.timeout_s,
+                )
+            except FileNotFoundError:
+                raise SlurmError(
+                    f"{command}: command not found (is this a Slurm login node? set slurm.bin_dir)"
+                ) from None
+            except subprocess.TimeoutExpired:
+                raise SlurmTimeout(f"{command}: no answer within {self.timeout_s:g}s (is slurmctld up?)") from None
+            answer.seek(0)
+            stdout = answer.read().decode(errors="replace")
+        said = (proc.stderr or stdout).splitlines()
         if proc.returncode != 0 and not (harmless and said and all(harmless.match(ln) for ln in said)):
-            raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or proc.stdout)}")
-        return proc.stdout
+            raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or stdout)}")
+        return stdout
 
     # Queries used across hpctrain. Each is exactly one command run.
 
@@ -219,12 +228,12 @@ class SlurmClient:
         out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset)
         return out.strip().split(";")[0]
 
-    def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> list[dict[str, str]]:
+    def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> Sequence[dict[str, str]]:
         """One `sacct -X -D` call for all ``job_ids``: one row per allocation attempt, array tasks expanded."""
         if not job_ids:
             return []
         out = self.run("sacct", "-X", "-D", "--parsable2", "--format=" + ",".join(fields), "-j", ",".join(job_ids))
-        return parse_parsable_with_header(out)
+        return Parsable.of(out)
 
     def squeue_states(self, job_ids: list[str]) -> list[dict[str, str]]:
         """The controller's view when accounting is down: one `squeue` call, array tasks expanded, rows

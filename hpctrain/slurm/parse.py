@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import overload
 
 _KEY = re.compile(r"(?:^|\s)([A-Za-z][\w/:.\-]*)=")
 
@@ -39,11 +40,40 @@ def parse_parsable(text: str, fields: Iterable[str]) -> list[dict[str, str]]:
 
 def parse_parsable_with_header(text: str) -> list[dict[str, str]]:
     """`--parsable2` output whose first line names the columns: look columns up by name, never position."""
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines:
-        return []
-    header = [h.strip() for h in lines[0].split("|")]
-    return [{k: v.strip() for k, v in zip(header, ln.split("|"))} for ln in lines[1:]]
+    return list(Parsable.of(text))
+
+
+class Parsable(Sequence[dict[str, str]]):
+    """`--parsable2` output whose first line names the columns, each line parsed into a row when it is read: a
+    poll of thousands of jobs reads most of them only as the text that says nothing changed."""
+
+    def __init__(self, header: list[str], lines: list[str]):
+        self.header, self.lines = header, lines
+
+    @classmethod
+    def of(cls, text: str) -> Parsable:
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        return cls([h.strip() for h in lines[0].split("|")] if lines else [], lines[1:])
+
+    def row(self, line: str) -> dict[str, str]:
+        return {k: v.strip() for k, v in zip(self.header, line.split("|"))}
+
+    def column(self, name: str) -> Iterable[tuple[str, str]]:
+        """(the value of column ``name``, the line) for each line, without parsing the rest of it."""
+        at = self.header.index(name)
+        return ((line.split("|", at + 1)[at].strip(), line) for line in self.lines)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, str]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, str]]: ...
+    def __getitem__(self, index: int | slice) -> dict[str, str] | list[dict[str, str]]:
+        if isinstance(index, slice):
+            return [self.row(line) for line in self.lines[index]]
+        return self.row(self.lines[index])
+
+    def __len__(self) -> int:
+        return len(self.lines)
 
 
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")

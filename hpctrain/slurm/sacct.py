@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TypeVar
 
+from hpctrain.slurm.parse import Parsable
 from hpctrain.slurm.states import REQUEUE_STATES, normal_state
 
 FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
@@ -79,27 +81,38 @@ class TaskHistory:
         return len(self.attempts) - 1
 
 
-def by_job(rows: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
-    """sacct rows -> {base job id: its rows, in sacct's order}; rows of job steps left out."""
+def by_job(rows: Sequence[dict[str, str]]) -> dict[str, Sequence[dict[str, str]]]:
+    """sacct rows -> {base job id: its rows, in sacct's order}; rows of job steps left out. Rows still as text
+    (sacct's own answer) stay text, grouped by the job id alone."""
+    if isinstance(rows, Parsable):
+        lines: dict[str, list[str]] = {}
+        for job_id, line in rows.column("JobID"):
+            if m := _JOBID.match(job_id):
+                lines.setdefault(m[1], []).append(line)
+        return {job: Parsable(rows.header, kept) for job, kept in lines.items()}
     out: dict[str, list[dict[str, str]]] = {}
     for row in rows:
         if m := _JOBID.match(row["JobID"]):
             out.setdefault(m[1], []).append(row)
-    return out
+    return {job: kept for job, kept in out.items()}
 
 
-def digest(rows: list[dict[str, str]]) -> str:
+def digest(rows: Sequence[dict[str, str]]) -> str:
     """A job's sacct rows in a few bytes: equal digests, nothing new to fold in."""
-    text = "\n".join("|".join(f"{k}={v}" for k, v in row.items()) for row in rows)
+    if isinstance(rows, Parsable):  # its text: the same whenever its rows are
+        text = "\n".join(["|".join(rows.header), *rows.lines])
+    else:
+        text = "\n".join("|".join(f"{k}={v}" for k, v in row.items()) for row in rows)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def histories(rows: list[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
+def histories(rows: Sequence[dict[str, str]]) -> dict[str, dict[int, TaskHistory]]:
     """sacct rows -> {base job id: {task index (-1: not an array): history}}.
 
     A pending-range row (``2_[6-11%3]``) stands for tasks that have not started; a task with a row of its
     own is left out of it: sacct can list a throttled array's task in both for a while after it starts.
     """
+    rows = list(rows)  # read twice: parsed once
     out: dict[str, dict[int, TaskHistory]] = {}
     own = {m.groups() for m in map(_JOBID.match, (row["JobID"] for row in rows)) if m and m[2] and m[2][0] != "["}
     for row in rows:

@@ -1,8 +1,8 @@
 """Status bookkeeping on recorded sacct output: attempts, requeues, array ranges, back-off."""
 
 from hpctrain.jobs.poll import idle_gpu_seconds, next_interval
-from hpctrain.slurm.parse import parse_parsable_with_header
-from hpctrain.slurm.sacct import expand_task_range, histories
+from hpctrain.slurm.parse import Parsable, parse_parsable_with_header
+from hpctrain.slurm.sacct import by_job, digest, expand_task_range, histories
 from hpctrain.slurm.states import array_state
 
 # `sacct -X -D --parsable2` recorded on the dev cluster: a requeued job, an array mid-run, a preempted one.
@@ -27,6 +27,20 @@ def test_histories_group_attempts_and_expand_pending_ranges():
     assert h["2"][0].attempts[0].gpus == 2 and h["2"][0].state == "RUNNING"
     assert h["2"][3].state == "PENDING"
     assert h["9"][-1].state == "CANCELLED"
+
+
+
+def test_sacct_text_is_grouped_by_job_and_parsed_only_when_read():
+    """A poll of thousands of jobs groups sacct's lines by job id and digests them as text (issue 59); the rows
+    read from them are the parsed ones, and a job's digest moves with its lines only."""
+    text = RECORDED + "2_1.batch|COMPLETED|0:0|2026-11-22T03:33:36|2026-11-22T03:33:36|2026-11-22T03:33:39|n1||\n"
+    grouped = by_job(Parsable.of(text))
+    parsed = by_job(parse_parsable_with_header(RECORDED))
+    assert set(grouped) == set(parsed) == {"2", "3", "7", "9"}
+    assert {job: list(rows) for job, rows in grouped.items()} == parsed
+    assert histories(grouped["2"])["2"][0].attempts == histories(parsed["2"])["2"][0].attempts
+    again = by_job(Parsable.of(RECORDED.replace("2_0|RUNNING", "2_0|COMPLETED")))
+    assert [job for job in grouped if digest(grouped[job]) != digest(again[job])] == ["2"]
 
 
 # A throttled array (%3) recorded mid-run: task 6 has started and is still in the pending-range row too.
