@@ -106,7 +106,7 @@ def cost(
     job or partition: the --top groups by GPU-hours, the rest in one line (--all or --json: every group)."""
     from datetime import datetime
 
-    from hpctrain.jobs.accounting import cost_totals, overall, percent
+    from hpctrain.jobs.accounting import cost_totals, overall, percent, pooled_goodput
 
     try:
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
@@ -175,7 +175,7 @@ def cost(
             str(sum(r["runs"] for r in summed_rows)),
             f"{sum(r['gpu_hours'] for r in summed_rows):.3f}",
             f"{sum(r['lost_gpu_hours'] for r in summed_rows):.3f}",
-            percent(overall(summed_groups).goodput),
+            percent(pooled_goodput(summed_groups)),
             f"{sum(r['cost'] for r in summed_rows):.2f}",
             *(["", "", ""] if budgets else []),
         )

@@ -34,7 +34,7 @@ SETTLE_BATCH = 2000  # jobs measured and kept per transaction
 CURVE_POINTS = 400  # samples of each account's running total of GPU-hours in a report
 
 
-@dataclass
+@dataclass(slots=True)  # a report reads tens of thousands
 class Usage:
     """One run of a job or array task: whole (`measure`), or its part within a window (`windowed`)."""
 
@@ -220,7 +220,7 @@ def percent(fraction: float | None) -> str:
 GROUPS = ("account", "user", "sweep", "job", "partition")
 
 
-@dataclass
+@dataclass(slots=True)
 class Total:
     key: object
     jobs: set[int] = field(default_factory=set)
@@ -257,23 +257,31 @@ class Total:
         self.queue_s += queue_s
         if measured:
             self.measured_gpu_hours += gpu_hours
+        if not self.causes:  # the first: most totals by job are of one job's sums
+            self.causes = dict(causes)
+            return
+        mine = self.causes
         for cause, hours in causes.items():
-            self.causes[cause] = self.causes.get(cause, 0.0) + hours
+            mine[cause] = mine.get(cause, 0.0) + hours
 
     def add_run(self, u: Usage) -> None:
         self.add((u.job_id,), 1, u.gpu_hours, u.lost_gpu_hours, u.cost, u.causes, u.measured, u.queue_s)
 
 
+_KEYS = {"sweep": "sweep_id", "job": "job_id"}
+
+
 def _key(by: str) -> str:
     """The attribute of a run (Usage) or column of a kept job's sums that a total per ``by`` (of GROUPS) sums by."""
-    return {"sweep": "sweep_id", "job": "job_id"}.get(by, by)
+    return _KEYS.get(by, by)
 
 
 def totals(runs: Iterable[Usage], by: str, groups: dict[object, Total] | None = None) -> list[Total]:
     """Runs summed per account, user, sweep, job or partition (one of GROUPS) into ``groups``, largest first."""
     groups = {} if groups is None else groups
+    attribute = _key(by)
     for u in runs:
-        key = getattr(u, _key(by))
+        key = getattr(u, attribute)
         groups.setdefault(key, Total(key)).add_run(u)
     return sorted(groups.values(), key=lambda t: -t.gpu_hours)
 
@@ -286,7 +294,7 @@ def _kept_totals(
     first = None
     for g in sums:
         groups.setdefault(g["key"], Total(g["key"])).add(
-            map(int, g["jobs"].split(",")),
+            map(int, g["jobs"].split(",")) if "," in g["jobs"] else (int(g["jobs"]),),
             g["runs"],
             g["gpu_hours"],
             g["lost_gpu_hours"],
@@ -310,6 +318,15 @@ def cost_totals(
     _kept_totals(groups, by, prices, ledger.usage.per_group(site, since, now, _key(by)))
     live = measure(ledger, ledger.attempts.unsettled_usage(site, since, now), now)
     return totals((windowed(u, since, now, prices) for u in live), by, groups)
+
+
+def pooled_goodput(groups: Iterable[Total]) -> float | None:
+    """The goodput of the groups together (`overall(groups).goodput` without summing everything else)."""
+    productive, measured = 0.0, 0.0
+    for t in groups:
+        productive += t.causes.get("productive", 0.0)
+        measured += t.measured_gpu_hours
+    return productive / measured if measured else None
 
 
 def overall(groups: Iterable[Total]) -> Total:

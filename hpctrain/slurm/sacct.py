@@ -21,6 +21,7 @@ from hpctrain.slurm.states import REQUEUE_STATES, normal_state
 
 FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
 _JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
+_JOBID_FIRST = re.compile(r"\s*(\d+)(?:_(?:\d+|\[[^\]]*\]))?\s*(?:\||$)")  # _JOBID as a line's first column
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
 _N = TypeVar("_N", int, float)
 
@@ -86,9 +87,14 @@ def by_job(rows: Sequence[dict[str, str]]) -> dict[str, Sequence[dict[str, str]]
     (sacct's own answer) stay text, grouped by the job id alone."""
     if isinstance(rows, Parsable):
         lines: dict[str, list[str]] = {}
-        for job_id, line in rows.column("JobID"):
-            if m := _JOBID.match(job_id):
-                lines.setdefault(m[1], []).append(line)
+        if rows.header[:1] == ["JobID"]:  # as FIELDS ask: the line's start says it, without splitting it
+            for line in rows.lines:
+                if m := _JOBID_FIRST.match(line):
+                    lines.setdefault(m[1], []).append(line)
+        else:
+            for job_id, line in rows.column("JobID"):
+                if m := _JOBID.match(job_id):
+                    lines.setdefault(m[1], []).append(line)
         return {job: Parsable(rows.header, kept) for job, kept in lines.items()}
     out: dict[str, list[dict[str, str]]] = {}
     for row in rows:
