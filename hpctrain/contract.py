@@ -200,6 +200,21 @@ class JobEnvironment:
         )
 
     @property
+    def local_rank(self) -> int:
+        """This task's index among the job step's tasks on its node."""
+        return self._int("SLURM_LOCALID", 0)
+
+    @property
+    def gpu_ids(self) -> list[str]:
+        """The GPUs this job step was given on its node, as Slurm numbers them (its gres indices, the devices'
+        minor numbers): the step's, else the job's, else the numeric entries of CUDA_VISIBLE_DEVICES."""
+        for name in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+            ids = [part.strip() for part in self.env.get(name, "").split(",") if part.strip().isdigit()]
+            if ids:
+                return ids
+        return []
+
+    @property
     def job_id(self) -> int | None:
         """The ledger's id of the job, under hpctrain's batch script."""
         value = self.env.get(JOB_ID_ENV, "")

@@ -220,6 +220,7 @@ def status(
     why they wait, their sessions. One sacct call per poll for all of them (and their journals), cached in the
     ledger."""
     from hpctrain.jobs.alerts import job_alerts
+    from hpctrain.jobs.gpus import uses_of
     from hpctrain.jobs.pending import waiting, waits
     from hpctrain.jobs.poll import job_summaries, next_interval, submissions
     from hpctrain.jobs.reconcile import reconcile
@@ -235,7 +236,7 @@ def status(
             changed = 0 if no_refresh else warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
             polls += 1
             rows = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
-            alerts = job_alerts(ledger, rows, cfg.alerts)
+            alerts = job_alerts(ledger, rows, cfg.alerts, idle=cfg.idle)
             # Why jobs wait is the controller's to say (one squeue): once a run, at most once a minute under --watch.
             if not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S:
                 reasons = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
@@ -244,6 +245,8 @@ def status(
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
             sessions = _sessions(ledger, rows)
             if as_json:
+                with ledger.reading():
+                    gpus = uses_of(ledger, (r["id"] for r in rows), 60 * (cfg.idle.resolved().after_minutes or 0))
                 click.echo(
                     json_text(
                         [
@@ -252,6 +255,7 @@ def status(
                                 "alerts": alerts.get(r["id"], []),
                                 "waiting": reasons.get(r["id"]),
                                 "session": sessions.get(r["id"]),
+                                "gpus": gpus[r["id"]].as_json() if r["id"] in gpus else None,
                             }
                             for r in rows
                         ]
@@ -289,6 +293,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
     more than 20 tasks shows its tasks counted by state; --task or --state lists runs."""
     from hpctrain.jobs.arrays import newest_events, parts_of, runs_view
     from hpctrain.jobs.goodput import job_goodput
+    from hpctrain.jobs.gpus import gpus_line, idle_words, uses_of
     from hpctrain.jobs.pending import waiting
     from hpctrain.jobs.stragglers import latest
     from hpctrain.ledger.attempts import outcome
@@ -309,6 +314,8 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
             "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
         segments = ledger.segments.of_jobs([row["id"]])
+        idle = cfg.idle.resolved()
+        gpus = uses_of(ledger, [row["id"]], 60 * (idle.after_minutes or 0)).get(row["id"])
         slow = latest(ledger, row["id"])
         group = ledger.jobs.in_group(row["group_id"]) if row["group_id"] is not None else [row]
         parts = parts_of(group, [t for j in group for t in ledger.jobs.tasks(j["id"])]) if len(group) > 1 else []
@@ -318,6 +325,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         detail["array_tasks"] = [t for t in detail["array_tasks"] if t["task_index"] in shown]
         detail["attempts"] = view.runs
         segments = [s for s in segments if s["task_index"] in shown]
+    detail["gpus"] = gpus and gpus.as_json()
     detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
     detail["submission"] = [p.__dict__ for p in parts]
     measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
@@ -383,6 +391,10 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         if a["requeued"] == 0 and a["cause"] != "completed":
             which = f"task {a['task_index']} " if a["task_index"] >= 0 else ""
             console.print(styled("  ", (f"{which}stopped after attempt {a['attempt']}", "bold"), f": {a['decision']}"))
+    if gpus is not None:
+        console.print(f"  {gpus_line(gpus)}")
+        if said := idle_words(gpus, idle.below_percent or 0):
+            console.print(styled("  ", ("idle GPUs", "bold"), f": {said}"))
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     for (index, attempt), good in goodput.items() if not view.summarised else ():

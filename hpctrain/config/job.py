@@ -215,6 +215,37 @@ class HangPolicy(StrictModel):
         )
 
 
+IDLE_DEFAULTS: dict[str, float] = {"sample_s": 5.0, "below_percent": 5.0, "after_minutes": 1.0}
+
+
+class IdlePolicy(StrictModel):
+    """How each node's sampler reads the job's GPUs (hpctrain.runtime.utilization), and when a GPU counts as idle
+    (unset in a job spec: the site's [idle], else IDLE_DEFAULTS)."""
+
+    sample_s: FiniteFloat | None = Field(
+        None, ge=1, le=300, description="seconds between two readings of a node's GPUs (default 5)"
+    )
+    below_percent: FiniteFloat | None = Field(
+        None, ge=0, le=100, description="a GPU busy less than this share of the time is idle (default 5)"
+    )
+    after_minutes: FiniteFloat | None = Field(
+        None, ge=0, le=1440, description="a GPU counts as idle once it has stayed so this long (default 1)"
+    )
+
+    def resolved(self) -> IdlePolicy:
+        """These settings, IDLE_DEFAULTS where unset."""
+        return self.over(IdlePolicy())
+
+    def over(self, defaults: IdlePolicy) -> IdlePolicy:
+        """These settings, ``defaults``' where unset, IDLE_DEFAULTS where both are."""
+        return IdlePolicy(
+            **{
+                name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), default)
+                for name, default in IDLE_DEFAULTS.items()
+            }
+        )
+
+
 class GatePolicy(StrictModel):
     """What a model version must show to be promoted (`hpctrain model promote`): its result from ``evaluator`` on
     ``metric`` no worse than the alias's current target's, and within ``threshold`` where one is set."""
@@ -432,6 +463,7 @@ class JobSpec(StrictModel):
     requeue: bool = Field(True, description="let Slurm requeue the job after preemption or node failure")
     retry: RetryPolicy = Field(default_factory=RetryPolicy)
     hang: HangPolicy = Field(default_factory=HangPolicy)
+    idle: IdlePolicy = Field(default_factory=IdlePolicy)
     array: ArraySpec | None = None
     dependency: Dependency = Field(default_factory=Dependency)
     interactive: Interactive | None = Field(None, description="a session a user works in (`hpctrain notebook`)")

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
-from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy
+from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy, IdlePolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
 from hpctrain.config.types import (
     ENV_NAME,
@@ -187,6 +187,9 @@ class SiteConfig(StrictModel):
     containers: Containers = Field(default_factory=Containers)
     alerts: Alerts = Field(default_factory=Alerts)
     hang: HangPolicy = Field(default_factory=HangPolicy, description="hang timeouts of every job that sets none")
+    idle: IdlePolicy = Field(
+        default_factory=IdlePolicy, description="GPU sampling and idleness of every job that sets none"
+    )
     templates_dir: ExpandedPath | None = None
     _source: Path | None = PrivateAttr(None)
 

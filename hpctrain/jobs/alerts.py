@@ -1,6 +1,7 @@
-"""Flags on running jobs for `hpctrain status`: a resume that will not be bitwise (its trainer said so), stalled (a job that reports steps reported none lately), data-bound (waiting for data),
-stragglers (ranks far slower than their pipeline stage's median), slow saves (the checkpoint file system slowed
-down) and work at risk (long since the newest committed checkpoint)."""
+"""Flags on running jobs for `hpctrain status`: a resume that will not be bitwise (its trainer said so), stalled (a
+job that reports steps reported none lately), data-bound (waiting for data), stragglers (ranks far slower than
+their pipeline stage's median), slow saves (the checkpoint file system slowed down), work at risk (long since the
+newest committed checkpoint) and idle GPUs (held under [idle] below_percent for its after_minutes and more)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpctrain.config.job import IdlePolicy
 from hpctrain.config.site import Alerts
 from hpctrain.contract import RESUME_NOT_BITWISE
+from hpctrain.jobs.gpus import idle_words, uses_of
 from hpctrain.jobs.stragglers import latest
 from hpctrain.ledger import Ledger
 
@@ -19,12 +22,24 @@ SAVES_COMPARED = 10  # the newest checkpoint against the median of this many bef
 
 
 def job_alerts(
-    ledger: Ledger, jobs: Sequence[Mapping[str, Any]], limits: Alerts, now: float | None = None
+    ledger: Ledger,
+    jobs: Sequence[Mapping[str, Any]],
+    limits: Alerts,
+    now: float | None = None,
+    idle: IdlePolicy | None = None,
 ) -> dict[int, list[str]]:
-    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
+    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state); GPUs held idle as
+    ``idle`` (the site's [idle]) counts them."""
     now = now or time.time()
+    idle = (idle or IdlePolicy()).resolved()
+    running = [job for job in jobs if job["state"] == "RUNNING"]
+    assert idle.after_minutes is not None and idle.below_percent is not None
     with ledger.reading():
-        found = {job["id"]: _alerts(ledger, job, limits, now) for job in jobs if job["state"] == "RUNNING"}
+        uses = uses_of(ledger, (job["id"] for job in running), idle.after_minutes * 60)
+        found = {job["id"]: _alerts(ledger, job, limits, now) for job in running}
+    for job_id, use in uses.items():  # GPUs held idle now, some of the job's or all of them (issue 61)
+        if said := idle_words(use, idle.below_percent):
+            found[job_id].append(f"idle GPUs: {said}")
     return {job_id: said for job_id, said in found.items() if said}
 
 

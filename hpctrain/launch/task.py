@@ -29,6 +29,7 @@ from hpctrain.launch.rendezvous import task_env
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import blame, heartbeat
 from hpctrain.runtime.parent import die_with_parent
+from hpctrain.runtime.utilization import NodeSampling
 from hpctrain.runtime.watchdog import HUNG_EXIT, job_hang_timeouts, stacks_file
 
 PASSED_ON = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT)
@@ -89,6 +90,10 @@ def main(argv: list[str]) -> None:
         sys.exit(f"hpctrain: error: {command[0]}: {exc}")
     for signum in list(signalled):  # came before the child was there to pass it to
         child.send_signal(signum)
+    # One sampler per node: the shim of its local rank 0, for the GPUs the step has there.
+    sampling, journal = None, Journal.from_env()
+    if not single and journal is not None and env.job_id is not None and env.local_rank == 0 and env.gpu_ids:
+        sampling = NodeSampling(env, lambda record: journal.write("utilization", **record))
     watch = None
     if beat is not None:
         dump = stacks_file(env, stopped=True)
@@ -97,6 +102,8 @@ def main(argv: list[str]) -> None:
         # in the log.
         watch = RankWatch(child, beat, stacks_file(env), dump, env.rank, log, quiet_s, env.hang_output_s / 2)
     status = child.wait()
+    if sampling is not None:
+        sampling.stop()
     if watch and watch.hung:
         status = HUNG_EXIT
     # A rank that ends after a signal was stopped (srun ending the step, preemption, scancel): not its node's fault.

@@ -31,6 +31,8 @@ JOB_TABLES = (
     "metrics",
     "events",
     "segments",
+    "gpu_use",
+    "gpu_timeline",
     "run_usage",
     "job_usage",
     "trials",

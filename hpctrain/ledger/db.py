@@ -3,11 +3,11 @@ journal on a shared file system: `hpctrain.ledger.storage`).
 
 Each table family has its typed API, the only place its SQL lives: `ledger.jobs` (jobs and array tasks),
 `ledger.attempts`, `ledger.sweeps` (sweeps and trials), `ledger.metrics`, `ledger.checkpoints`,
-`ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.events`, `ledger.evaluations` (of
-checkpoints), `ledger.registry` (models, versions, aliases), `ledger.exports` (what trackers were sent),
-`ledger.site_cache` and `ledger.ingested` (journal records folded in). Rows come and go as the dicts of
-`hpctrain.ledger.rows`; the
-generic row access they are built on (`hpctrain.ledger.table`) is the ledger's own.
+`ledger.segments`, `ledger.usage` (settled runs' GPU-hours), `ledger.gpus` (how busy GPUs were), `ledger.events`,
+`ledger.evaluations` (of checkpoints), `ledger.registry` (models, versions, aliases), `ledger.exports` (what
+trackers were sent), `ledger.site_cache` and `ledger.ingested` (journal records folded in). Rows come and go as
+the dicts of `hpctrain.ledger.rows`; the generic row access they are built on (`hpctrain.ledger.table`) is the
+ledger's own.
 
 Only login-node processes open it; compute nodes write manifests that `reconcile` folds in.
 Writes run in BEGIN IMMEDIATE transactions so concurrent writers queue on the busy timeout
@@ -34,6 +34,7 @@ from hpctrain.ledger.evaluations import Evaluations
 from hpctrain.ledger.events import Events
 from hpctrain.ledger.exports import TrackerExports
 from hpctrain.ledger.failures import transient
+from hpctrain.ledger.gpus import Gpus
 from hpctrain.ledger.ingested import Ingested
 from hpctrain.ledger.jobs import Jobs
 from hpctrain.ledger.metrics import Metrics
@@ -135,7 +136,7 @@ class Ledger:
         _until_back(self.path, away_s, lambda: self._open(mode))
         self.jobs, self.attempts, self.sweeps = Jobs(self), Attempts(self), Sweeps(self)
         self.metrics, self.checkpoints, self.segments = Metrics(self), Checkpoints(self), Segments(self)
-        self.usage, self.events = RunUsage(self), Events(self)
+        self.usage, self.events, self.gpus = RunUsage(self), Events(self), Gpus(self)
         self.site_cache, self.ingested = SiteCache(self), Ingested(self)
         self.evaluations, self.registry, self.exports = Evaluations(self), Registry(self), TrackerExports(self)
 

@@ -67,6 +67,13 @@ def _hang(ledger: Ledger, rec: dict[str, Any]) -> None:
     _event(ledger, rec)
 
 
+def _utilization(ledger: Ledger, rec: dict[str, Any]) -> None:
+    """A node sampler's record (hpctrain.runtime.utilization): not an event (one a minute per node)."""
+    if key := _segment(rec):
+        timeline = [tuple(point) for point in rec.get("timeline") or []]
+        ledger.gpus.record(key, rec["host"], rec["source"], rec["gpus"], timeline, rec["time"], bool(rec.get("final")))
+
+
 def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
     if rec.get("job_id") is None:
         raise ValueError("metrics record without a ledger job id")
@@ -138,6 +145,7 @@ HANDLERS: dict[str, Handler] = {
     "startup": _startup,
     "hang": _hang,
     "evaluation": _evaluation,
+    "utilization": _utilization,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
 }
 

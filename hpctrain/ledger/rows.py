@@ -358,6 +358,37 @@ class SegmentRow(SegmentKey):
     hung: int
 
 
+class GpuUseRow(SegmentKey):
+    """A row of `gpu_use`: one GPU of one job step start on one node, as its sampler last summed it up."""
+
+    node: str
+    device: str
+    kind: str  # nvml, or cpu (the local rank's processes stand for its GPU)
+    samples: int
+    seconds: float
+    mean: float | None  # percent
+    p10: float | None
+    mem_peak: float | None  # bytes
+    mem_total: float | None
+    energy_j: float | None
+    idle_s: float  # held idle (below the policy's percent, for at least its minutes)
+    idle_now_s: float  # idle since (0: busy at the last reading)
+    at: float  # the record's time
+    final: int  # the step had ended
+
+
+class GpuPoint(TypedDict):
+    """A row of `gpu_timeline`: one GPU's mean utilization (percent) and peak memory over the minute from ``at``."""
+
+    job_id: int
+    task_index: int
+    node: str
+    device: str
+    at: float
+    util: float
+    mem: float | None
+
+
 class SiteCacheRow(TypedDict):
     """A row of `site_cache`: one value (JSON) cached for a site, and when it was fetched."""
 

@@ -619,6 +619,41 @@ MIGRATIONS: list[list[Step]] = [
         f"""CREATE TRIGGER metric_tails_new AFTER INSERT ON metrics BEGIN {_TAIL_UPSERT}; END""",
         f"""CREATE TRIGGER metric_tails_changed AFTER UPDATE OF time ON metrics BEGIN {_TAIL_UPSERT}; END""",
     ],
+    # 24: how busy each GPU was (issue 61), from the nodes' samplers (hpctrain.runtime.utilization): per job step
+    # start and GPU its summary so far (the newest record's), and a timeline of one point a minute.
+    [
+        """CREATE TABLE gpu_use (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            step_restart INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            device TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            samples INTEGER NOT NULL,
+            seconds REAL NOT NULL,
+            mean REAL,
+            p10 REAL,
+            mem_peak REAL,
+            mem_total REAL,
+            energy_j REAL,
+            idle_s REAL NOT NULL,
+            idle_now_s REAL NOT NULL,
+            at REAL NOT NULL,
+            final INTEGER NOT NULL,
+            PRIMARY KEY (job_id, task_index, attempt, step_restart, node, device)
+        )""",
+        """CREATE TABLE gpu_timeline (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            device TEXT NOT NULL,
+            at REAL NOT NULL,
+            util REAL NOT NULL,
+            mem REAL,
+            PRIMARY KEY (job_id, task_index, node, device, at)
+        )""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -132,3 +132,34 @@ def test_a_secret_appears_in_no_artifact(dev_cluster, isolated_ledger, tmp_path)
     leaks = [str(p) for p in artifacts if SECRET.encode() in p.read_bytes()]
     assert leaks == [] and SECRET not in shown
     assert b"token length 21" in b"".join(p.read_bytes() for p in job_dir.glob("*.out"))
+
+
+# Rank 0 works, ranks 1-3 hold their GPUs and do nothing: a script that forgot to spread its work (issue 61). The
+# dev cluster's GPUs are fake: each node's sampler reads its local ranks' processes (kind cpu).
+ONE_RANK_WORKS = (
+    "import os, time\nend = time.time() + 240\n"
+    "if os.environ['SLURM_LOCALID'] == '0':\n    while time.time() < end: pass\nelse:\n    time.sleep(240)"
+)
+
+
+def test_the_gpus_of_ranks_that_do_nothing_are_named_idle(dev_cluster, isolated_ledger, tmp_path):
+    spec = tmp_path / "idle.toml"
+    spec.write_text(f'name = "one-rank-works"\ncommand = ["python", "-c", {json.dumps(ONE_RANK_WORKS)}]\n'
+                    'resources = { gpus_per_node = 4, mem = "400M", time = "5" }\n'
+                    "idle = { sample_s = 1, after_minutes = 0.25 }\n")
+    job = submit_cli(spec, tmp_path)
+
+    def named() -> dict | None:
+        rows = json.loads(run_cli("status", "--json").stdout)
+        found = next((r for r in rows if r["id"] == job), None)
+        return found if found and found["gpus"] and found["gpus"]["idle"] else None
+
+    status = wait_until(named, 240, 3, "the sampler's idle GPUs in status")
+    assert status["state"] == "RUNNING" and status["gpus"]["kind"] == "cpu"
+    assert status["gpus"]["idle"] == ["1", "2", "3"], status["gpus"]
+    assert any(a.startswith("idle GPUs: GPUs 1-3 of 4 under 5 % for ") for a in status["alerts"]), status["alerts"]
+    busy = status["gpus"]["gpus"][0]
+    assert busy["device"] == "0" and busy["mean"] > 20, busy
+    shown = " ".join(run_cli("show", str(job)).stdout.split())
+    assert "idle GPUs: GPUs 1-3 of 4 under 5 % for" in shown and "does the script use every GPU it asks for?" in shown
+    run_cli("cancel", str(job))

@@ -194,7 +194,7 @@ def test_the_upgrade_to_v16_sums_the_runs_kept_before_it(tmp_path):
                        "ALTER TABLE tracker_exports ADD COLUMN evaluations_at REAL NOT NULL DEFAULT 0; "
                        "DROP INDEX jobs_eval_on_checkpoint; DROP TRIGGER metric_tails_new; "
                        "DROP TRIGGER metric_tails_changed; DROP TABLE metric_tails; DROP TABLE journal_seen; "
-                       "PRAGMA user_version = 15")
+                       "DROP TABLE gpu_use; DROP TABLE gpu_timeline; PRAGMA user_version = 15")
     conn.close()
     with Ledger(path) as ledger:
         got = [ledger.db.execute(q).fetchall() for q in tables]

@@ -196,7 +196,7 @@ ROW_TYPES = {"jobs": rows.JobRow, "array_tasks": rows.ArrayTaskRow, "attempts": 
              "site_cache": rows.SiteCacheRow, "journal_ingested": rows.IngestedRow,
              "evaluations": rows.EvaluationRow, "registered_models": rows.ModelRow,
              "model_versions": rows.VersionRow, "model_aliases": rows.AliasRow, "alias_moves": rows.AliasMoveRow,
-             "tracker_exports": rows.TrackerExportRow}
+             "tracker_exports": rows.TrackerExportRow, "gpu_use": rows.GpuUseRow, "gpu_timeline": rows.GpuPoint}
 WRITE_TYPES = {rows.NewJob: "jobs", rows.JobTimes: "jobs", rows.NewTask: "array_tasks", rows.AttemptFields: "attempts",
                rows.NewCheckpoint: "checkpoints", rows.SegmentKey: "segments"}
 

@@ -175,3 +175,47 @@ def test_trainer_on_a_gpu_stopped_by_a_notice_resumes_bitwise(tmp_path, precisio
     metrics = [json.loads(p.read_text()) for p in sorted((tmp_path / "j2").glob("*.json"))]
     gpu_mem = [m["values"]["gpu_mem_gb"] for m in metrics if m["kind"] == "metrics"]
     assert len(gpu_mem) == 6 and min(gpu_mem) > 0, "the trainer did not run on the GPU"
+
+
+GPU_BUSY = """
+import sys, time, torch
+a = torch.randn(4096, 4096, device="cuda")
+print("ready", flush=True)
+end = time.time() + float(sys.argv[1])
+while time.time() < end:
+    for _ in range(20):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+"""
+
+
+def _smi_util() -> float:
+    out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-i", "0"],
+                         capture_output=True, text=True, check=True).stdout
+    return float(out.split()[0])
+
+
+def test_nvml_reads_a_matmul_loop_busy_and_a_sleeping_gpu_idle_as_nvidia_smi_does():
+    """The node sampler's NVML source (issue 61) on GPU 0, against nvidia-smi: >= 90 % under a matmul loop,
+    <= 5 % while the process holding it sleeps, each within 10 points of nvidia-smi's reading beside it."""
+    import time
+
+    from hpctrain.runtime.utilization import NvmlSource
+
+    source = NvmlSource(["0"])
+    try:
+        busy = subprocess.Popen([sys.executable, "-c", GPU_BUSY, "12"], stdout=subprocess.PIPE, text=True)
+        assert busy.stdout is not None and busy.stdout.readline().strip() == "ready"
+        time.sleep(3)
+        readings = [(source.read()[0].util, _smi_util(), time.sleep(1))[:2] for _ in range(5)]
+        busy.wait()
+        assert all(mine is not None and mine >= 90 and abs(mine - smi) <= 10 for mine, smi in readings), readings
+        held = subprocess.Popen([sys.executable, "-c", "import time, torch; torch.zeros(1, device='cuda'); "
+                                 "print('ready', flush=True); time.sleep(8)"], stdout=subprocess.PIPE, text=True)
+        assert held.stdout is not None and held.stdout.readline().strip() == "ready"
+        time.sleep(3)
+        readings = [(source.read()[0].util, _smi_util(), time.sleep(1))[:2] for _ in range(3)]
+        held.wait()
+        assert all(mine is not None and mine <= 5 and abs(mine - smi) <= 10 for mine, smi in readings), readings
+    finally:
+        source.close()

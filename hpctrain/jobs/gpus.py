@@ -1,0 +1,132 @@
+"""How busy a job's GPUs are, as `show`, `status` and its alerts say it (issue 61): from the ledger's `gpu_use`
+rows (hpctrain.runtime.utilization's records), each task's newest job step start."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import GpuUseRow
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """The GPUs of one job's newest job step starts: each one's row, their mean utilization weighted by the time
+    sampled, and the GPUs idle now (at least ``after_s`` under the policy's percent at their last reading)."""
+
+    kind: str
+    gpus: list[GpuUseRow]
+    mean: float | None
+    idle: list[GpuUseRow]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "mean": self.mean,
+            "idle": [_name(g, self.gpus) for g in self.idle],
+            "gpus": [
+                {
+                    k: g[k]
+                    for k in (
+                        "task_index",
+                        "node",
+                        "device",
+                        "mean",
+                        "p10",
+                        "mem_peak",
+                        "mem_total",
+                        "energy_j",
+                        "idle_s",
+                        "idle_now_s",
+                        "seconds",
+                    )
+                }
+                for g in self.gpus
+            ],
+        }
+
+
+def newest(rows: Iterable[GpuUseRow]) -> list[GpuUseRow]:
+    """The rows of each task's newest job step start (the newest run's, its newest restart in place)."""
+    latest: dict[int, tuple[int, int]] = {}
+    kept = list(rows)
+    for r in kept:
+        latest[r["task_index"]] = max(latest.get(r["task_index"], (-1, -1)), (r["attempt"], r["step_restart"]))
+    return [r for r in kept if (r["attempt"], r["step_restart"]) == latest[r["task_index"]]]
+
+
+def gpu_use(rows: Iterable[GpuUseRow], after_s: float) -> GpuUse | None:
+    """The job's GPU use from its `gpu_use` rows; None before any was sampled."""
+    gpus = newest(rows)
+    if not gpus:
+        return None
+    seconds = sum(g["seconds"] for g in gpus if g["mean"] is not None)
+    mean = sum(g["mean"] * g["seconds"] for g in gpus if g["mean"] is not None) / seconds if seconds else None
+    idle = [g for g in gpus if g["idle_now_s"] >= max(after_s, 1.0)]
+    return GpuUse(gpus[0]["kind"], gpus, mean, idle)
+
+
+def uses_of(ledger: Ledger, job_ids: Iterable[int], after_s: float) -> dict[int, GpuUse]:
+    """`gpu_use` of each of the jobs sampled (one query)."""
+    rows: dict[int, list[GpuUseRow]] = {}
+    for row in ledger.gpus.of_jobs(job_ids):
+        rows.setdefault(row["job_id"], []).append(row)
+    return {job_id: use for job_id, found in rows.items() if (use := gpu_use(found, after_s)) is not None}
+
+
+def idle_words(use: GpuUse, below_percent: float) -> str | None:
+    """The GPUs held idle, in words (None: none is): some of them, or all."""
+    if not use.idle:
+        return None
+    minutes = min(g["idle_now_s"] for g in use.idle) / 60
+    proxy = " (cpu: each stands for its local rank's processes)" if use.kind == "cpu" else ""
+    if len(use.idle) == len(use.gpus):
+        return (
+            f"all {len(use.gpus)} GPUs under {below_percent:g} % for {minutes:.0f} min{proxy}: "
+            "is the job waiting on something?"
+        )
+    names = _names(use.idle, use.gpus)
+    return (
+        f"GPUs {names} of {len(use.gpus)} under {below_percent:g} % for {minutes:.0f} min{proxy}: "
+        "does the script use every GPU it asks for?"
+    )
+
+
+def gpus_line(use: GpuUse) -> str:
+    """'GPUs (nvml) 24 % on average: 0 97 %, 1 0 %, ...; peak memory 61 of 80 GiB' for `show`."""
+    each = ", ".join(f"{_name(g, use.gpus)} {_percent(g['mean'])}" for g in use.gpus)
+    peaks = [(g["mem_peak"], g["mem_total"]) for g in use.gpus if g["mem_peak"] is not None and g["mem_total"]]
+    memory = ""
+    if peaks:
+        peak, total = max(peaks)
+        memory = f"; peak memory {peak / 2**30:.1f} of {total / 2**30:.0f} GiB"
+    source = "nvml" if use.kind == "nvml" else "cpu: their ranks' processes"
+    return f"GPUs ({source}) {_percent(use.mean)} on average: {each}{memory}"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} %"
+
+
+def _name(gpu: GpuUseRow, gpus: Sequence[GpuUseRow]) -> str:
+    """A GPU as the user reads it: its number, with its node where the job has several (and its task in an
+    array)."""
+    nodes = {g["node"] for g in gpus}
+    tasks = {g["task_index"] for g in gpus}
+    prefix = (f"task {gpu['task_index']} " if len(tasks) > 1 else "") + (f"{gpu['node']}:" if len(nodes) > 1 else "")
+    return prefix + gpu["device"]
+
+
+def _names(idle: Sequence[GpuUseRow], gpus: Sequence[GpuUseRow]) -> str:
+    """'1-3', '0, 2', 'n1:1-3, n2:0': runs of consecutive numbers on one node joined."""
+    if len({g["node"] for g in gpus}) > 1 or len({g["task_index"] for g in gpus}) > 1:
+        return ", ".join(_name(g, gpus) for g in idle)
+    numbers = sorted(int(g["device"]) for g in idle)
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)

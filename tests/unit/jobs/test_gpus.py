@@ -1,0 +1,97 @@
+"""How busy a job's GPUs were, from the node samplers' journal records to the ledger, `show`, `status --json` and
+status's alerts (issue 61; the cluster tests feed records of real processes)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from hpctrain.config.job import IdlePolicy
+from hpctrain.config.site import Alerts
+from hpctrain.jobs.alerts import job_alerts
+from hpctrain.jobs.gpus import idle_words, uses_of
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.ingest import ingest_journal
+from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.table import Table
+from hpctrain.runtime.utilization import NodeSampler, Reading
+
+from helpers.cli import run_cli
+
+GiB = 2.0**30
+
+
+class FourGpus:
+    """A node whose rank 0 works and whose ranks 1-3 do nothing."""
+
+    kind, devices = "nvml", ["0", "1", "2", "3"]
+
+    def read(self):
+        return [Reading(97.0, 30 * GiB, 80 * GiB, 400.0)] + [Reading(0.0, 0.5 * GiB, 80 * GiB, 60.0)] * 3
+
+    def close(self):
+        pass
+
+
+def sampled(journal: Journal, job_id: int, attempt: int, seconds: float, monkeypatch) -> None:
+    """A node sampler's records of ``seconds`` of readings (every 10 s, of a clock that runs on its own)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    monkeypatch.setenv("HPCTRAIN_ATTEMPT_BASE", str(attempt))
+    sampler = NodeSampler(FourGpus(), lambda rec: journal.write("utilization", job_id=job_id, **rec), 10, 5, 1)
+    start = time.time() - seconds
+    for k in range(int(seconds // 10) + 1):
+        sampler.sample(start + 10 * k, 10.0 if k else 0.0)
+        if k % 6 == 5:
+            sampler.report(final=False)
+    sampler.report(final=True)
+
+
+def test_idle_gpus_are_named_in_the_ledger_status_show_and_alerts(isolated_ledger, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    with Ledger(isolated_ledger) as ledger:
+        job = Table(ledger, "jobs").insert({"name": "ddp-forgotten", "site": "dev", "state": "RUNNING",
+                                            "slurm_job_id": "77"})
+        sampled(journal, job, 0, 600, monkeypatch)
+        assert ingest_journal(ledger, journal) == 11
+        rows = ledger.gpus.of_job(job)
+        assert [(r["device"], r["kind"], r["node"], r["final"]) for r in rows] == [
+            (d, "nvml", "n1", 1) for d in "0123"
+        ]
+        assert rows[0]["mean"] == 97 and rows[1]["mean"] == 0 and rows[1]["idle_s"] == rows[1]["seconds"] == 600
+        assert rows[0]["energy_j"] == 400 * 600 and rows[0]["mem_peak"] == 30 * GiB
+        assert len(ledger.gpus.timeline(job)) in (40, 44)  # 10 or 11 minutes of 4 GPUs
+        use = uses_of(ledger, [job], 60)[job]
+        assert round(use.mean, 2) == 24.25 and [g["device"] for g in use.idle] == ["1", "2", "3"]
+        said = idle_words(use, 5)
+        assert said == "GPUs 1-3 of 4 under 5 % for 10 min: does the script use every GPU it asks for?"
+        alerts = job_alerts(ledger, [ledger.jobs.get(job)], Alerts(), idle=IdlePolicy())
+        assert alerts == {job: [f"idle GPUs: {said}"]}
+        assert ingest_journal(ledger, journal) == 0  # read once
+    shown = run_cli("show", str(job))
+    assert shown.returncode == 0, shown.stderr
+    assert "GPUs (nvml) 24 % on average: 0 97 %, 1 0 %, 2 0 %, 3 0 %; peak memory 30.0 of 80 GiB" in shown.stdout
+    assert f"idle GPUs: {said}" in " ".join(shown.stdout.split())
+    listed = run_cli("status", "--no-refresh", "--json")
+    assert listed.returncode == 0, listed.stderr
+    (status,) = json.loads(listed.stdout)
+    assert status["gpus"]["idle"] == ["1", "2", "3"] and status["alerts"] == [f"idle GPUs: {said}"]
+    assert [g["device"] for g in status["gpus"]["gpus"]] == ["0", "1", "2", "3"]
+
+
+def test_a_newer_run_replaces_the_older_and_a_busy_job_has_no_alert(isolated_ledger, tmp_path, monkeypatch):
+    journal = Journal(tmp_path / "journal")
+    with Ledger(isolated_ledger) as ledger:
+        job = Table(ledger, "jobs").insert({"name": "j", "site": "dev", "state": "RUNNING"})
+        sampled(journal, job, 0, 300, monkeypatch)
+
+        class Busy(FourGpus):
+            def read(self):
+                return [Reading(90.0, GiB, 80 * GiB)] * 4
+
+        monkeypatch.setattr(FourGpus, "read", Busy.read)
+        sampled(journal, job, 1, 120, monkeypatch)
+        ingest_journal(ledger, journal)
+        use = uses_of(ledger, [job], 60)[job]
+        assert {g["attempt"] for g in use.gpus} == {1} and use.idle == [] and use.mean == 90
+        assert job_alerts(ledger, [ledger.jobs.get(job)], Alerts()) == {}

@@ -1,0 +1,121 @@
+"""The node's GPU sampler (issue 61): NVML through the real binding where it can read, the processes of the local
+ranks where it cannot (this machine has no driver), the summaries and the timeline it journals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pynvml
+import pytest
+
+from hpctrain.runtime.utilization import (
+    GpuSummary,
+    NodeSampler,
+    NvmlSource,
+    ProcessSource,
+    Reading,
+    open_source,
+)
+
+
+def test_without_a_driver_nvml_says_why_and_the_processes_are_read():
+    source, why = open_source(["0", "1"])
+    assert isinstance(source, ProcessSource) and source.kind == "cpu" and source.devices == ["0", "1"]
+    assert why is not None and why.startswith("NVML: ")
+
+
+def test_without_the_binding_the_processes_are_read(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    source, why = open_source(["3"])
+    assert source.kind == "cpu" and why == "nvidia-ml-py is not installed"
+
+
+def test_a_reading_nvml_refuses_is_missing_not_a_failure():
+    """The binding's own calls, on a handle NVML cannot read (here: no library loaded): NVMLError, caught."""
+    source = NvmlSource.__new__(NvmlSource)
+    source.nvml, source.handles, source.devices = pynvml, [None], ["0"]
+    with pytest.raises(pynvml.NVMLError):
+        pynvml.nvmlDeviceGetUtilizationRates(None)
+    assert source.read() == [Reading(None)]
+
+
+BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+IDLE = "import time; time.sleep(30)"
+
+
+def test_each_local_ranks_processes_stand_for_its_gpu():
+    """Two 'shims' (children of this process, as tasks are of their slurmstepd) with SLURM_LOCALID 0 and 1, each
+    running a Python of its own: rank 0's spins, rank 1's sleeps; the shims themselves are not counted."""
+    shims = [
+        subprocess.Popen(["sh", "-c", f'"$0" -c "$1"; true', sys.executable, code],
+                         env={**os.environ, "SLURM_LOCALID": str(rank)})
+        for rank, code in ((0, BUSY), (1, IDLE))
+    ]
+    try:
+        source = ProcessSource(["4", "5"], step_pid=os.getpid())
+        deadline = time.time() + 10
+        while len(source.shims) < 2 and time.time() < deadline:
+            first = source.read()
+            time.sleep(0.1)
+        assert [r.util for r in first] == [None, None]  # the first reading is the baseline of CPU time
+        time.sleep(2)
+        busy, idle = source.read()
+        assert source.shims == {0: shims[0].pid, 1: shims[1].pid}
+        assert busy.util is not None and busy.util > 25, busy  # a core spinning, on a machine others share
+        assert idle.util is not None and idle.util < 5, idle
+        assert busy.mem_used and idle.mem_used and busy.mem_total
+    finally:
+        for shim in shims:
+            shim.kill()
+            shim.wait()
+
+
+def test_a_gpu_counts_idle_once_it_stays_idle_long_enough():
+    gpu = GpuSummary()
+    at = 1_000_020.0
+    for util in [90, 90, 0, 0, 0, 90, 0, 0, 0, 0, 0, 0]:  # 10 s each; idle after 30 s
+        gpu.add(Reading(util, 1e9, 8e9, 100.0), 10.0, at, below=5, after_s=30)
+        at += 10
+    rec = gpu.record()
+    assert rec["seconds"] == 120 and rec["samples"] == 12
+    assert rec["idle_s"] == 90 and rec["idle_now_s"] == 60  # 3 idle readings (30 s), then 6 (60 s)
+    assert rec["mean"] == 22.5 and rec["p10"] == 0 and rec["energy_j"] == 12000 and rec["mem_peak"] == 1e9
+    assert GpuSummary().record()["mean"] is None
+
+
+def test_the_timeline_has_a_point_per_minute_finished():
+    gpu = GpuSummary()
+    points = [gpu.add(Reading(util, mem, 8.0), 20.0, at, 5, 60) for at, util, mem in
+              [(60, 10, 1.0), (80, 20, 3.0), (100, 30, 2.0), (120, 100, 1.0), (140, 100, 1.0)]]
+    assert points == [None, None, None, (60, 20.0, 3.0), None]
+    assert gpu.close_minute() == (120, 100.0, 1.0) and gpu.close_minute() is None
+
+
+class Fake:
+    kind, devices = "cpu", ["0", "1"]
+
+    def __init__(self):
+        self.closed = False
+
+    def read(self):
+        return [Reading(80.0, 1.0, 2.0), Reading(0.0, 1.0, 2.0)]
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_sampler_journals_summaries_and_a_last_record_when_stopped():
+    written: list[dict] = []
+    source = Fake()
+    sampler = NodeSampler(source, written.append, sample_s=0.05, below_percent=5, after_minutes=0, why="NVML: no")
+    sampler.start()
+    time.sleep(0.5)
+    sampler.stop()
+    last = written[-1]
+    assert last["final"] and last["source"] == "cpu" and last["why"] == "NVML: no" and source.closed
+    assert last["gpus"]["0"]["mean"] == 80 and last["gpus"]["1"]["mean"] == 0
+    assert last["gpus"]["1"]["idle_s"] == last["gpus"]["1"]["seconds"] > 0
+    assert {p[1] for p in last["timeline"]} == {"0", "1"} and last["cost_s"] >= 0
