@@ -38,7 +38,7 @@ def compare(
 ) -> None:
     """Compare runs (ledger job ids; an array job's tasks each count as one) or a sweep's trials: what differs
     (hyperparameters, parameters, seed, layout, code, data, versions), final and best metrics, steps, GPU-hours,
-    goodput, attempts and preemptions; --html draws every run's curves overlaid."""
+    goodput, mean GPU utilization, attempts and preemptions; --html draws every run's curves overlaid."""
     from hpctrain.cli.common import open_site
     from hpctrain.errors import HpctrainError
     from hpctrain.report.compare import (

@@ -236,7 +236,7 @@ def status(
             changed = 0 if no_refresh else warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
             polls += 1
             rows = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
-            alerts = job_alerts(ledger, rows, cfg.alerts, idle=cfg.idle)
+            alerts = job_alerts(ledger, rows, cfg.alerts)
             # Why jobs wait is the controller's to say (one squeue): once a run, at most once a minute under --watch.
             if not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S:
                 reasons = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
@@ -246,7 +246,7 @@ def status(
             sessions = _sessions(ledger, rows)
             if as_json:
                 with ledger.reading():
-                    gpus = uses_of(ledger, (r["id"] for r in rows), 60 * (cfg.idle.resolved().after_minutes or 0))
+                    gpus = uses_of(ledger, (r["id"] for r in rows))
                 click.echo(
                     json_text(
                         [
@@ -314,8 +314,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
             "waiting": waiting([row], client, lambda: quota_limits(cfg, client, ledger)).get(row["id"]),
         }
         segments = ledger.segments.of_jobs([row["id"]])
-        idle = cfg.idle.resolved()
-        gpus = uses_of(ledger, [row["id"]], 60 * (idle.after_minutes or 0)).get(row["id"])
+        gpus = uses_of(ledger, [row["id"]]).get(row["id"])
         slow = latest(ledger, row["id"])
         group = ledger.jobs.in_group(row["group_id"]) if row["group_id"] is not None else [row]
         parts = parts_of(group, [t for j in group for t in ledger.jobs.tasks(j["id"])]) if len(group) > 1 else []
@@ -393,7 +392,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
             console.print(styled("  ", (f"{which}stopped after attempt {a['attempt']}", "bold"), f": {a['decision']}"))
     if gpus is not None:
         console.print(f"  {gpus_line(gpus)}")
-        if said := idle_words(gpus, idle.below_percent or 0):
+        if said := idle_words(gpus, gpus.idle):
             console.print(styled("  ", ("idle GPUs", "bold"), f": {said}"))
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")

@@ -215,7 +215,7 @@ class HangPolicy(StrictModel):
         )
 
 
-IDLE_DEFAULTS: dict[str, float] = {"sample_s": 5.0, "below_percent": 5.0, "after_minutes": 1.0}
+IDLE_DEFAULTS: dict[str, float] = {"sample_s": 5.0, "below_percent": 5.0, "after_minutes": 1.0, "alert_minutes": 10.0}
 
 
 class IdlePolicy(StrictModel):
@@ -230,6 +230,9 @@ class IdlePolicy(StrictModel):
     )
     after_minutes: FiniteFloat | None = Field(
         None, ge=0, le=1440, description="a GPU counts as idle once it has stayed so this long (default 1)"
+    )
+    alert_minutes: FiniteFloat | None = Field(
+        None, ge=0, le=10080, description="`hpctrain status` alerts on GPUs idle this long (default 10)"
     )
 
     def resolved(self) -> IdlePolicy:

@@ -143,6 +143,10 @@ class Alerts(StrictModel):
     work_at_risk_minutes: FiniteFloat = Field(
         120.0, gt=0, description="training since the newest committed checkpoint (of a job that checkpoints)"
     )
+    gpu_low_percent: FiniteFloat = Field(
+        25.0, ge=0, le=100, description="a job whose GPUs were busy less than this on average over gpu_low_minutes"
+    )
+    gpu_low_minutes: FiniteFloat = Field(30.0, gt=0, le=10080, description="the window of gpu_low_percent")
 
 
 class Launch(StrictModel):

@@ -1,7 +1,8 @@
 """Flags on running jobs for `hpctrain status`: a resume that will not be bitwise (its trainer said so), stalled (a
 job that reports steps reported none lately), data-bound (waiting for data), stragglers (ranks far slower than
 their pipeline stage's median), slow saves (the checkpoint file system slowed down), work at risk (long since the
-newest committed checkpoint) and idle GPUs (held under [idle] below_percent for its after_minutes and more)."""
+newest committed checkpoint), idle GPUs (under the job's [idle] below_percent for its alert_minutes) and low GPU use
+(under [alerts] gpu_low_percent on average over gpu_low_minutes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpctrain.config.job import IdlePolicy
 from hpctrain.config.site import Alerts
 from hpctrain.contract import RESUME_NOT_BITWISE
 from hpctrain.jobs.gpus import idle_words, uses_of
@@ -22,24 +22,26 @@ SAVES_COMPARED = 10  # the newest checkpoint against the median of this many bef
 
 
 def job_alerts(
-    ledger: Ledger,
-    jobs: Sequence[Mapping[str, Any]],
-    limits: Alerts,
-    now: float | None = None,
-    idle: IdlePolicy | None = None,
+    ledger: Ledger, jobs: Sequence[Mapping[str, Any]], limits: Alerts, now: float | None = None
 ) -> dict[int, list[str]]:
-    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state); GPUs held idle as
-    ``idle`` (the site's [idle]) counts them."""
+    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
     now = now or time.time()
-    idle = (idle or IdlePolicy()).resolved()
     running = [job for job in jobs if job["state"] == "RUNNING"]
-    assert idle.after_minutes is not None and idle.below_percent is not None
     with ledger.reading():
-        uses = uses_of(ledger, (job["id"] for job in running), idle.after_minutes * 60)
         found = {job["id"]: _alerts(ledger, job, limits, now) for job in running}
+        ids = list(found)
+        uses = uses_of(ledger, ids)
+        window = limits.gpu_low_minutes * 60
+        recent = ledger.gpus.recent(ids, now - window)
     for job_id, use in uses.items():  # GPUs held idle now, some of the job's or all of them (issue 61)
-        if said := idle_words(use, idle.below_percent):
+        if said := idle_words(use, use.alerting):
             found[job_id].append(f"idle GPUs: {said}")
+        # Low on average over the whole window (the timeline's minutes start at most a minute into it).
+        elif (low := recent.get(job_id)) and low[0] < limits.gpu_low_percent and low[1] <= now - window + 120:
+            found[job_id].append(
+                f"low GPU use: {low[0]:.0f} % on average over the last {limits.gpu_low_minutes:g} min"
+                + (" (cpu: the ranks' processes)" if use.kind == "cpu" else "")
+            )
     return {job_id: said for job_id, said in found.items() if said}
 
 

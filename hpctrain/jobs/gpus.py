@@ -12,13 +12,20 @@ from hpctrain.ledger.rows import GpuUseRow
 
 @dataclass(frozen=True)
 class GpuUse:
-    """The GPUs of one job's newest job step starts: each one's row, their mean utilization weighted by the time
-    sampled, and the GPUs idle now (at least ``after_s`` under the policy's percent at their last reading)."""
+    """The GPUs of one job's newest job step starts: each one's row and their mean utilization weighted by the time
+    sampled. A GPU is idle now past its policy's after_s at its last reading, and alerts past its alert_s."""
 
     kind: str
     gpus: list[GpuUseRow]
     mean: float | None
-    idle: list[GpuUseRow]
+
+    @property
+    def idle(self) -> list[GpuUseRow]:
+        return [g for g in self.gpus if g["idle_now_s"] >= max(g["after_s"], 1.0)]
+
+    @property
+    def alerting(self) -> list[GpuUseRow]:
+        return [g for g in self.gpus if g["idle_now_s"] >= max(g["alert_s"], g["after_s"], 1.0)]
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -56,39 +63,38 @@ def newest(rows: Iterable[GpuUseRow]) -> list[GpuUseRow]:
     return [r for r in kept if (r["attempt"], r["step_restart"]) == latest[r["task_index"]]]
 
 
-def gpu_use(rows: Iterable[GpuUseRow], after_s: float) -> GpuUse | None:
+def gpu_use(rows: Iterable[GpuUseRow]) -> GpuUse | None:
     """The job's GPU use from its `gpu_use` rows; None before any was sampled."""
     gpus = newest(rows)
     if not gpus:
         return None
     seconds = sum(g["seconds"] for g in gpus if g["mean"] is not None)
     mean = sum(g["mean"] * g["seconds"] for g in gpus if g["mean"] is not None) / seconds if seconds else None
-    idle = [g for g in gpus if g["idle_now_s"] >= max(after_s, 1.0)]
-    return GpuUse(gpus[0]["kind"], gpus, mean, idle)
+    return GpuUse(gpus[0]["kind"], gpus, mean)
 
 
-def uses_of(ledger: Ledger, job_ids: Iterable[int], after_s: float) -> dict[int, GpuUse]:
+def uses_of(ledger: Ledger, job_ids: Iterable[int]) -> dict[int, GpuUse]:
     """`gpu_use` of each of the jobs sampled (one query)."""
     rows: dict[int, list[GpuUseRow]] = {}
     for row in ledger.gpus.of_jobs(job_ids):
         rows.setdefault(row["job_id"], []).append(row)
-    return {job_id: use for job_id, found in rows.items() if (use := gpu_use(found, after_s)) is not None}
+    return {job_id: use for job_id, found in rows.items() if (use := gpu_use(found)) is not None}
 
 
-def idle_words(use: GpuUse, below_percent: float) -> str | None:
-    """The GPUs held idle, in words (None: none is): some of them, or all."""
-    if not use.idle:
+def idle_words(use: GpuUse, idle: Sequence[GpuUseRow]) -> str | None:
+    """The GPUs ``idle`` of ``use``'s, in words (None: none is): some of them, or all."""
+    if not idle:
         return None
-    minutes = min(g["idle_now_s"] for g in use.idle) / 60
+    minutes = min(g["idle_now_s"] for g in idle) / 60
+    below = max(g["below_percent"] for g in idle)
     proxy = " (cpu: each stands for its local rank's processes)" if use.kind == "cpu" else ""
-    if len(use.idle) == len(use.gpus):
+    if len(idle) == len(use.gpus):
         return (
-            f"all {len(use.gpus)} GPUs under {below_percent:g} % for {minutes:.0f} min{proxy}: "
-            "is the job waiting on something?"
+            f"all {len(use.gpus)} GPUs under {below:g} % for {minutes:.0f} min{proxy}: is the job waiting on something?"
         )
-    names = _names(use.idle, use.gpus)
+    names = _names(idle, use.gpus)
     return (
-        f"GPUs {names} of {len(use.gpus)} under {below_percent:g} % for {minutes:.0f} min{proxy}: "
+        f"GPUs {names} of {len(use.gpus)} under {below:g} % for {minutes:.0f} min{proxy}: "
         "does the script use every GPU it asks for?"
     )
 

@@ -1,9 +1,12 @@
 """The `gpu_use` and `gpu_timeline` tables: how busy each GPU of a job was, as the nodes' samplers journal it
-(hpctrain.runtime.utilization): per job step start, node and GPU the newest summary, and one point a minute."""
+(hpctrain.runtime.utilization): per job step start, node and GPU the newest summary, and a row a node and
+minute."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.ledger.rows import GpuPoint, GpuUseRow, SegmentKey
@@ -12,7 +15,20 @@ from hpctrain.ledger.table import Table
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
-SUMMARY = ("samples", "seconds", "mean", "p10", "mem_peak", "mem_total", "energy_j", "idle_s", "idle_now_s")
+SUMMARY = (
+    "samples",
+    "seconds",
+    "mean",
+    "p10",
+    "mem_peak",
+    "mem_total",
+    "energy_j",
+    "idle_s",
+    "idle_now_s",
+    "below_percent",
+    "after_s",
+    "alert_s",
+)
 _USE_SQL = f"""
 INSERT INTO gpu_use (job_id, task_index, attempt, step_restart, node, device, kind, {", ".join(SUMMARY)}, at, final)
 VALUES (:job_id, :task_index, :attempt, :step_restart, :node, :device, :kind, {", ".join(":" + c for c in SUMMARY)},
@@ -21,6 +37,14 @@ ON CONFLICT (job_id, task_index, attempt, step_restart, node, device) DO UPDATE 
     kind = excluded.kind, {", ".join(f"{c} = excluded.{c}" for c in SUMMARY)}, at = excluded.at,
     final = excluded.final
 WHERE excluded.seconds >= gpu_use.seconds
+"""
+
+
+# A minute's GPUs may come in two records (a GPU's point closed at the step's end): merged.
+_MINUTE_SQL = """
+INSERT INTO gpu_timeline (job_id, at, task_index, node, util, mem) VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (job_id, at, task_index, node) DO UPDATE SET
+    util = json_patch(util, excluded.util), mem = json_patch(mem, excluded.mem)
 """
 
 
@@ -38,14 +62,16 @@ class Gpus:
         node: str,
         kind: str,
         gpus: Mapping[str, Mapping[str, Any]],
+        policy: Mapping[str, float],
         timeline: Iterable[tuple[float, str, float, float | None]],
         at: float,
         final: bool,
     ) -> None:
-        """One sampler record: each GPU's summary so far (an older one than the row's is ignored), its new minutes."""
+        """One sampler record: each GPU's summary so far and the policy it counted idleness by (an older one than the
+        row's is ignored), its new minutes."""
         with self.ledger.transaction() as db:
             for device, summary in gpus.items():
-                row = {c: summary.get(c) for c in SUMMARY}
+                row = {c: {**summary, **policy}.get(c) for c in SUMMARY}
                 row.update(
                     samples=row["samples"] or 0,
                     seconds=row["seconds"] or 0.0,
@@ -56,11 +82,17 @@ class Gpus:
                     _USE_SQL,
                     {**key, **row, "node": node, "device": device, "kind": kind, "at": at, "final": int(final)},
                 )
+            minutes: dict[float, tuple[dict[str, int], dict[str, int]]] = {}
+            for start, device, util, mem in timeline:
+                util_of, mem_of = minutes.setdefault(start, ({}, {}))
+                util_of[device] = round(util)
+                if mem is not None:
+                    mem_of[device] = round(mem / 2**20)
             db.conn.executemany(
-                "INSERT OR REPLACE INTO gpu_timeline VALUES (?, ?, ?, ?, ?, ?, ?)",
+                _MINUTE_SQL,
                 [
-                    (key["job_id"], key["task_index"], node, device, start, util, mem)
-                    for start, device, util, mem in timeline
+                    (key["job_id"], start, key["task_index"], node, json.dumps(util_of), json.dumps(mem_of))
+                    for start, (util_of, mem_of) in minutes.items()
                 ],
             )
 
@@ -74,8 +106,40 @@ class Gpus:
             return []
         return self._use.rows(f"job_id IN ({','.join('?' * len(ids))})", ids, "job_id, attempt, step_restart")
 
-    def timeline(self, job_id: int, task_index: int | None = None) -> list[GpuPoint]:
-        """The job's minutes, in order of time."""
-        if task_index is None:
-            return self._timeline.rows("job_id = ?", [job_id], "at, node, device")
-        return self._timeline.rows("job_id = ? AND task_index = ?", [job_id, task_index], "at, node, device")
+    def means(self, job_ids: Iterable[int]) -> dict[tuple[int, int], float]:
+        """Each (job, task)'s mean GPU utilization over every GPU and run sampled, weighted by the time sampled."""
+        ids = sorted(set(job_ids))
+        rows = self.ledger.db.execute(
+            f"SELECT job_id, task_index, total(mean * seconds) / total(seconds) FROM gpu_use "
+            f"WHERE job_id IN ({','.join('?' * len(ids))}) AND mean IS NOT NULL AND seconds > 0 GROUP BY 1, 2",
+            ids,
+        )
+        return {(job_id, task): mean for job_id, task, mean in rows}
+
+    def recent(self, job_ids: Iterable[int], since: float) -> dict[int, tuple[float, float]]:
+        """Each job's mean utilization over its timeline's minutes from ``since`` on, and its first such minute."""
+        ids = sorted(set(job_ids))
+        rows = self.ledger.db.execute(
+            f"SELECT job_id, avg(u.value), min(at) FROM gpu_timeline, json_each(util) AS u "
+            f"WHERE job_id IN ({','.join('?' * len(ids))}) AND at >= ? GROUP BY job_id",
+            [*ids, since],
+        )
+        return {job_id: (mean, first) for job_id, mean, first in rows}
+
+    def timeline(self, job_id: int) -> list[GpuMinute]:
+        """The job's minutes, in order of time: per task and node, each GPU's percent and peak MiB."""
+        return [
+            GpuMinute(r["at"], r["task_index"], r["node"], json.loads(r["util"]), json.loads(r["mem"]))
+            for r in self._timeline.rows("job_id = ?", [job_id], "at, task_index, node")
+        ]
+
+
+@dataclass(frozen=True)
+class GpuMinute:
+    """One minute of one node's GPUs: each one's mean utilization (percent) and peak memory (MiB), by GPU."""
+
+    at: float
+    task_index: int
+    node: str
+    util: dict[str, float]
+    mem: dict[str, float]

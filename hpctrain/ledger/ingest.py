@@ -71,7 +71,9 @@ def _utilization(ledger: Ledger, rec: dict[str, Any]) -> None:
     """A node sampler's record (hpctrain.runtime.utilization): not an event (one a minute per node)."""
     if key := _segment(rec):
         timeline = [tuple(point) for point in rec.get("timeline") or []]
-        ledger.gpus.record(key, rec["host"], rec["source"], rec["gpus"], timeline, rec["time"], bool(rec.get("final")))
+        ledger.gpus.record(
+            key, rec["host"], rec["source"], rec["gpus"], rec["policy"], timeline, rec["time"], bool(rec.get("final"))
+        )
 
 
 def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:

@@ -373,20 +373,23 @@ class GpuUseRow(SegmentKey):
     energy_j: float | None
     idle_s: float  # held idle (below the policy's percent, for at least its minutes)
     idle_now_s: float  # idle since (0: busy at the last reading)
+    below_percent: float  # the job's [idle] policy the sampler counted by
+    after_s: float
+    alert_s: float
     at: float  # the record's time
     final: int  # the step had ended
 
 
 class GpuPoint(TypedDict):
-    """A row of `gpu_timeline`: one GPU's mean utilization (percent) and peak memory over the minute from ``at``."""
+    """A row of `gpu_timeline`: the minute from ``at`` of one node of a job (task), each GPU's mean utilization in
+    percent and its peak memory in MiB, JSON objects by GPU."""
 
     job_id: int
+    at: float
     task_index: int
     node: str
-    device: str
-    at: float
-    util: float
-    mem: float | None
+    util: str
+    mem: str
 
 
 class SiteCacheRow(TypedDict):

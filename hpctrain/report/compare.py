@@ -1,7 +1,7 @@
 """Runs side by side, read from the ledger: what differs between them (hyperparameters, an array task's or a
 trial's parameters, seed, layout, code commit and dirty flag, data index digest, package versions) and what
-they reached (each metric's final and best value), with their steps, GPU-hours, goodput, attempts and
-preemptions. A run is a plain job or one array task (a sweep's trial is one); `hpctrain compare` prints it,
+they reached (each metric's final and best value), with their steps, GPU-hours, goodput, GPU utilization,
+attempts and preemptions. A run is a plain job or one array task (a sweep's trial is one); `hpctrain compare` prints it,
 `compare_page` draws it.
 """
 
@@ -51,6 +51,7 @@ class Run:
     goodput: float | None
     attempts: int
     preemptions: int
+    gpu_util: float | None = None  # mean percent over its GPUs and runs, as the nodes' samplers read them
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Comparison:
 
     def results_table(self) -> tuple[list[str], list[list[Any]]]:
         """(columns, rows): each run's final and best value ("2.31 @ 400") of each metric, steps, GPU-hours, goodput,
-        attempts and preemptions."""
+        GPU utilization, attempts and preemptions."""
         metrics = list(self.metrics)
         columns = ["run", "name", "state", *(f"{m} {what}" for m in metrics for what in ("final", "best"))]
         rows = []
@@ -90,8 +91,9 @@ class Comparison:
                     else ["-", "-"]
                 )
             goodput = "-" if r.goodput is None else f"{100 * r.goodput:.1f}%"
-            rows.append([*cells, r.steps or "-", f"{r.gpu_hours:.2f}", goodput, r.attempts, r.preemptions])
-        return [*columns, "steps", "GPU-hours", "goodput", "attempts", "preemptions"], rows
+            util = "-" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
+            rows.append([*cells, r.steps or "-", f"{r.gpu_hours:.2f}", goodput, util, r.attempts, r.preemptions])
+        return [*columns, "steps", "GPU-hours", "goodput", "GPU util", "attempts", "preemptions"], rows
 
     def to_json(self) -> dict[str, Any]:
         """What `hpctrain compare --json` prints."""
@@ -164,6 +166,7 @@ def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metri
     jobs: dict[int, JobRow] = {r.job_id: ledger.jobs.known(r.job_id) for r in refs}
     spent = _usage_by_run(ledger, site_cfg, jobs)
     tries = _attempts_by_run(ledger, jobs)
+    util = ledger.gpus.means(jobs)
     runs = []
     evaluations = {job_id: ledger.evaluations.of_job(job_id) for job_id in jobs}
     for ref in refs:
@@ -189,6 +192,7 @@ def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metri
                 goodput=spent[key][1],
                 attempts=tries[key][0],
                 preemptions=tries[key][1],
+                gpu_util=util.get(key),
             )
         )
     return Comparison(runs, dict(metrics))

@@ -13,7 +13,9 @@ cannot be read at all is never a failure of the job: the sampler says why in its
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -269,8 +271,8 @@ class GpuSummary:
 
 class NodeSampler:
     """Reads ``source`` every ``sample_s`` seconds in a thread of its own and hands a ``utilization`` record to
-    ``write`` every REPORT_EVERY readings and at `stop`: the node, the source's kind (and why not NVML), and per GPU its
-    summary and the timeline's minutes finished since the record before."""
+    ``write`` every REPORT_EVERY readings and at `stop`: the source's kind (and why not NVML), the policy it counts
+    idleness by, and per GPU its summary and the timeline's minutes finished since the record before."""
 
     def __init__(
         self,
@@ -279,10 +281,11 @@ class NodeSampler:
         sample_s: float,
         below_percent: float,
         after_minutes: float,
+        alert_minutes: float,
         why: str | None = None,
     ):
         self.source, self.write, self.sample_s, self.why = source, write, sample_s, why
-        self.below, self.after_s = below_percent, after_minutes * 60
+        self.below, self.after_s, self.alert_s = below_percent, after_minutes * 60, alert_minutes * 60
         self.gpus = [GpuSummary() for _ in source.devices]
         self.points: list[list[Any]] = []  # [minute start, device, mean util, peak memory]
         self.cost_s = 0.0  # this thread's CPU time spent reading
@@ -318,12 +321,18 @@ class NodeSampler:
         self.cost_s += time.thread_time() - started
 
     def report(self, final: bool) -> None:
+        """A record of the summaries so far (a journal that cannot be written loses it, not the job)."""
         points, self.points = self.points, []
+        with contextlib.suppress(OSError):
+            self._write(points, final)
+
+    def _write(self, points: list[list[Any]], final: bool) -> None:
         self.write(
             {
                 "source": self.source.kind,
                 "why": self.why,
                 "sample_s": self.sample_s,
+                "policy": {"below_percent": self.below, "after_s": self.after_s, "alert_s": self.alert_s},
                 "final": final,
                 "cost_s": round(self.cost_s, 4),
                 "gpus": {d: gpu.record() for d, gpu in zip(self.source.devices, self.gpus, strict=True)},
@@ -352,11 +361,15 @@ class NodeSampling:
         self._opening.start()
 
     def _open(self, env: JobEnvironment, write: Callable[[dict[str, Any]], object]) -> None:
-        policy = job_idle_policy(env)
-        source, why = open_source(env.gpu_ids)
-        assert policy.sample_s is not None and policy.below_percent is not None and policy.after_minutes is not None
-        self.sampler = NodeSampler(source, write, policy.sample_s, policy.below_percent, policy.after_minutes, why)
-        self.sampler.start()
+        try:
+            policy = job_idle_policy(env)
+            source, why = open_source(env.gpu_ids)
+            values = (policy.sample_s, policy.below_percent, policy.after_minutes, policy.alert_minutes)
+            assert all(v is not None for v in values)
+            self.sampler = NodeSampler(source, write, *values, why=why)  # type: ignore[arg-type]
+            self.sampler.start()
+        except Exception as exc:  # noqa: BLE001 - the job runs on, unsampled, and its log says why in a line
+            print(f"hpctrain: GPU use not sampled on this node: {exc}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self._opening.join()

@@ -65,6 +65,12 @@ def ledger_path(tmp_path_factory):
     with Ledger(tmp / "ledger.db") as ledger:
         fast = _job(ledger, "gpt", LINEAGE)
         _run(ledger, fast, -1, ("preemption", "completed"), 1.0)
+        policy = {"below_percent": 5, "after_s": 60, "alert_s": 600}
+        for attempt, util in enumerate((80.0, 40.0)):  # its GPUs as the node's sampler read them, each run an hour
+            key = {"job_id": fast, "task_index": -1, "attempt": attempt, "step_restart": 0}
+            ledger.gpus.record(key, "n1", "nvml", {str(d): {"samples": 720, "seconds": 3600.0, "mean": util,
+                                                          "idle_s": 0.0, "idle_now_s": 0.0} for d in range(4)},
+                               policy, [], T0 + (attempt + 1) * 3600, True)
         slow = _job(ledger, "gpt", {**LINEAGE, "hyperparameters": {"lr": 1e-3, "warmup": 10}, "spec_sha256": "x"})
         _run(ledger, slow, -1, ("completed",), 1.1)
         path = tmp / "sweep.toml"
@@ -92,6 +98,7 @@ def test_two_runs_that_differ_in_learning_rate(ledger_path):
     first, second = got.runs
     assert (first.label, first.attempts, first.preemptions, first.steps) == ("1", 2, 1, 100)
     assert (second.attempts, second.preemptions) == (1, 0)
+    assert first.gpu_util == pytest.approx(60.0) and second.gpu_util is None  # the second was not sampled
     assert first.gpu_hours == pytest.approx(8.0) and second.gpu_hours == pytest.approx(4.0)
     assert first.results["loss"]["last"] == pytest.approx(2.0) and first.results["loss"]["last_step"] == 100
     # The held-out loss is best at step 75: step 100's is worse (the runs overfit there).
@@ -127,6 +134,7 @@ def test_json_table_and_errors_on_the_command_line(ledger_path, tmp_path):
     table = run_cli("compare", "1", "2", env=env)
     assert table.returncode == 0 and "hyperparameters.lr" in table.stdout and "2.95 @ 75" in table.stdout
     assert "same in every run: code.commit=abc123" in table.stdout
+    assert data["runs"][0]["gpu_util"] == pytest.approx(60.0) and "GPU util" in table.stdout and "60%" in table.stdout
     for args, error in ((["99"], "hpctrain: error: job 99: no such ledger id (see `hpctrain status --all`)\n"),
                         (["--sweep", "nope"], "hpctrain: error: sweep 'nope': not in the ledger "
                                               "(see `hpctrain sweep status`)\n"),

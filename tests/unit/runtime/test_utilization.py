@@ -110,12 +110,14 @@ class Fake:
 def test_the_sampler_journals_summaries_and_a_last_record_when_stopped():
     written: list[dict] = []
     source = Fake()
-    sampler = NodeSampler(source, written.append, sample_s=0.05, below_percent=5, after_minutes=0, why="NVML: no")
+    sampler = NodeSampler(source, written.append, sample_s=0.05, below_percent=5, after_minutes=0, alert_minutes=2,
+                          why="NVML: no")
     sampler.start()
     time.sleep(0.5)
     sampler.stop()
     last = written[-1]
     assert last["final"] and last["source"] == "cpu" and last["why"] == "NVML: no" and source.closed
+    assert last["policy"] == {"below_percent": 5, "after_s": 0, "alert_s": 120}
     assert last["gpus"]["0"]["mean"] == 80 and last["gpus"]["1"]["mean"] == 0
     assert last["gpus"]["1"]["idle_s"] == last["gpus"]["1"]["seconds"] > 0
     assert {p[1] for p in last["timeline"]} == {"0", "1"} and last["cost_s"] >= 0
