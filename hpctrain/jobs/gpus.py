@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.gpus import SUMMARY
 from hpctrain.ledger.rows import GpuUseRow
 
 
@@ -32,25 +33,7 @@ class GpuUse:
             "kind": self.kind,
             "mean": self.mean,
             "idle": [_name(g, self.gpus) for g in self.idle],
-            "gpus": [
-                {
-                    k: g[k]
-                    for k in (
-                        "task_index",
-                        "node",
-                        "device",
-                        "mean",
-                        "p10",
-                        "mem_peak",
-                        "mem_total",
-                        "energy_j",
-                        "idle_s",
-                        "idle_now_s",
-                        "seconds",
-                    )
-                }
-                for g in self.gpus
-            ],
+            "gpus": [{k: g.get(k) for k in ("task_index", "node", "device", *SUMMARY)} for g in self.gpus],
         }
 
 
