@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -29,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpctrain.jobs.accounting import TIMELINE_ROWS
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
@@ -47,7 +49,7 @@ def sampler_cost(ranks: int, readings: int) -> tuple[float, int]:
     """CPU seconds per reading of the `cpu` source with its summaries and records, over ``ranks`` real ranks."""
     shims = [
         subprocess.Popen(["sh", "-c", '"$0" -c "import time; time.sleep(600)"; true', sys.executable],
-                         env={**os.environ, "SLURM_LOCALID": str(rank)})
+                         env={**os.environ, "SLURM_LOCALID": str(rank)}, start_new_session=True)
         for rank in range(ranks)
     ]
     try:
@@ -66,8 +68,8 @@ def sampler_cost(ranks: int, readings: int) -> tuple[float, int]:
                     sampler.report(final=False)
             spent = time.thread_time() - started
     finally:
-        for shim in shims:
-            shim.kill()
+        for shim in shims:  # and its rank's process: a group of its own
+            os.killpg(shim.pid, signal.SIGKILL)
             shim.wait()
     return spent / readings, len([p for p in os.listdir("/proc") if p.isdigit()])
 
@@ -93,9 +95,9 @@ def _journal_run(journal: Journal, context: dict, seconds: float) -> None:
     sampler.report(final=True)
 
 
-def ledger_bytes(hours: float, runs: int) -> tuple[float, float, float]:
-    """Bytes of a GPU's summary per run, of its timeline per GPU-hour, and the CPU seconds per GPU-hour of ingesting
-    --hours of one 8-GPU job."""
+def ledger_bytes(hours: float, runs: int) -> tuple[float, float, float, float]:
+    """Bytes of a GPU's summary per run, of its timeline per GPU-hour as it runs and once settled (thinned to
+    TIMELINE_ROWS), and the CPU seconds per GPU-hour of ingesting --hours of one 8-GPU job."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         with Ledger(folder / "ledger.db") as ledger:
@@ -108,17 +110,18 @@ def ledger_bytes(hours: float, runs: int) -> tuple[float, float, float]:
             ingest_journal(ledger, long)
             ingest_s = time.process_time() - started
             sizes.append(_vacuumed(ledger))
+            ledger.gpus.thin([job], TIMELINE_ROWS)  # as settling the ended job does
+            settled = _vacuumed(ledger)
             short = Journal(folder / "short")
             for attempt in range(1, runs + 1):  # a few seconds each: their summaries, a minute of timeline
                 _journal_run(short, {"job_id": job, "attempt": attempt, "task_index": -1, "step_restart": 0,
                                      "host": "n1"}, 2 * SAMPLE_S)
             ingest_journal(ledger, short)
-            timeline_rows = ledger.db.execute("SELECT count(*) FROM gpu_timeline").fetchone()[0]
             sizes.append(_vacuumed(ledger))
-    per_summary = (sizes[2] - sizes[1]) / (8 * runs)  # a minute of timeline each too: counted as summary
+    per_summary = (sizes[2] - settled) / (8 * runs)  # a minute of timeline each too: counted as summary
     per_hour = (sizes[1] - sizes[0] - 8 * per_summary) / (8 * hours)
-    assert timeline_rows >= hours * 60
-    return per_summary, per_hour, ingest_s / (8 * hours)
+    per_hour_settled = (settled - sizes[0] - 8 * per_summary) / (8 * hours)
+    return per_summary, per_hour, per_hour_settled, ingest_s / (8 * hours)
 
 
 def _vacuumed(ledger: Ledger) -> int:
@@ -158,18 +161,23 @@ def main() -> None:
     figure("GPU sampler (cpu source): CPU seconds per node-hour", per_hour, "CPU s")
     figure("GPU sampler (cpu source): share of one core", per_hour / 3600, "x", "<= 0.005 (issue 61)",
            per_hour / 3600 <= 0.005)
-    per_summary, per_hour, ingest = ledger_bytes(args.hours, args.runs)
-    print(f"ledger: a GPU's summary {per_summary:,.0f} bytes a run, its timeline {per_hour:,.0f} bytes a GPU-hour "
-          f"(vacuumed); ingesting {1000 * ingest:.1f} ms CPU a GPU-hour")
+    per_summary, per_hour, settled, ingest = ledger_bytes(args.hours, args.runs)
+    print(f"ledger: a GPU's summary {per_summary:,.0f} bytes a run, its timeline {per_hour:,.0f} bytes a GPU-hour as "
+          f"it runs, {settled:,.0f} once a {args.hours:g} h run settled (at most {TIMELINE_ROWS} rows a node; "
+          f"vacuumed); ingesting {1000 * ingest:.1f} ms CPU a GPU-hour")
     figure("GPU use in the ledger: a GPU's summary per run", per_summary, "B")
-    figure("GPU use in the ledger: timeline per GPU-hour", per_hour, "B")
+    figure("GPU use in the ledger: timeline per GPU-hour, running", per_hour, "B")
+    figure(f"GPU use in the ledger: timeline per GPU-hour, a settled {args.hours:g} h run", settled, "B")
     if (year := heavy_year()) is not None:
         gpus, hours = year
-        summaries, timeline = gpus * per_summary / 2**30, hours * per_hour / 2**30
+        # Settled, a GPU's run keeps at most TIMELINE_ROWS minutes' worth: its mean length, capped.
+        capped_hours = gpus * min(hours / gpus, TIMELINE_ROWS / 60)
+        summaries, timeline = gpus * per_summary / 2**30, capped_hours * per_hour / 2**30
         print(f"the heavy year ({HEAVY_YEAR.name}, {HEAVY_YEAR.stat().st_size / 2**30:.1f} GiB): {gpus:,.0f} GPUs of "
-              f"runs, {hours:,.0f} GPU-hours: summaries {summaries:.2f} GiB, timeline {timeline:.2f} GiB")
+              f"runs, {hours:,.0f} GPU-hours ({60 * hours / gpus:.0f} min a GPU's run): summaries {summaries:.2f} GiB, "
+              f"settled timelines {timeline:.2f} GiB")
         figure("GPU use in the ledger: a heavy year's summaries", summaries, "GiB")
-        figure("GPU use in the ledger: a heavy year's timeline", timeline, "GiB")
+        figure("GPU use in the ledger: a heavy year's settled timelines", timeline, "GiB")
 
 
 if __name__ == "__main__":

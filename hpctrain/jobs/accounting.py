@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite 
 INTERRUPTED = ("preemption", "timeout", "node_failure", "requeued", "error", "oom")
 SETTLE_BATCH = 2000  # jobs measured and kept per transaction
 CURVE_POINTS = 400  # samples of each account's running total of GPU-hours in a report
+TIMELINE_ROWS = 60  # a settled job's GPU timeline, at most, a task and node (hpctrain.ledger.gpus)
 
 
 @dataclass(slots=True)  # a report reads tens of thousands
@@ -60,8 +61,8 @@ class Usage:
 
 
 def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | None = None) -> int:
-    """Measure and keep the runs of the site's jobs (at most ``limit``) that have settled since the last call; how
-    many jobs."""
+    """Measure and keep the runs of the site's jobs (at most ``limit``) that have settled since the last call, and
+    thin their GPU timelines; how many jobs."""
     from hpctrain.ledger.jobs import JOURNAL_SETTLE_S, JOURNALS_READ_S
 
     now = now or time.time()
@@ -70,6 +71,7 @@ def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | Non
         part = ids[i : i + SETTLE_BATCH]
         runs = measure(ledger, ledger.attempts.usage_of(part, now), now)
         ledger.usage.keep(part, [_kept_row(site, u) for u in runs], now)
+        ledger.gpus.thin(part, TIMELINE_ROWS)
     return len(ids)
 
 

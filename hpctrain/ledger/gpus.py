@@ -96,6 +96,37 @@ class Gpus:
                 ],
             )
 
+    def thin(self, job_ids: Iterable[int], most: int) -> int:
+        """Thin the timelines of these (settled) jobs to at most ``most`` rows a task and node: each run of
+        consecutive minutes merged into one at its first minute, each GPU's mean of their percents and peak of their
+        memory. A long run's timeline stays a plot's worth, not a row a minute. How many rows went."""
+        ids = sorted(set(job_ids))
+        if not ids:
+            return 0
+        long = self.ledger.db.execute(
+            f"SELECT job_id, task_index, node, count(*) FROM gpu_timeline WHERE job_id IN ({','.join('?' * len(ids))}) "
+            "GROUP BY 1, 2, 3 HAVING count(*) > ?",
+            [*ids, most],
+        ).fetchall()
+        gone = 0
+        with self.ledger.transaction() as db:
+            for job_id, task_index, node, count in long:
+                key = (job_id, task_index, node)
+                rows = db.execute(
+                    "SELECT at, util, mem FROM gpu_timeline WHERE job_id = ? AND task_index = ? AND node = ? "
+                    "ORDER BY at",
+                    key,
+                ).fetchall()
+                width = -(-count // most)
+                merged = [_merged(rows[i : i + width]) for i in range(0, count, width)]
+                db.execute("DELETE FROM gpu_timeline WHERE job_id = ? AND task_index = ? AND node = ?", key)
+                db.conn.executemany(
+                    "INSERT INTO gpu_timeline (job_id, at, task_index, node, util, mem) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(job_id, at, task_index, node, util, mem) for at, util, mem in merged],
+                )
+                gone += count - len(merged)
+        return gone
+
     def of_job(self, job_id: int) -> list[GpuUseRow]:
         """Every GPU summary of the job, oldest run first."""
         return self._use.rows("job_id = ?", [job_id], "task_index, attempt, step_restart, node, device")
@@ -134,9 +165,24 @@ class Gpus:
         ]
 
 
+def _merged(rows: list[tuple[float, str, str]]) -> tuple[float, str, str]:
+    """Consecutive timeline rows (at, util JSON, mem JSON) as one: at the first's minute, each GPU's mean percent
+    and peak MiB."""
+    utils: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    for _, util, mem in rows:
+        for device, percent in json.loads(util).items():
+            utils.setdefault(device, []).append(percent)
+        for device, mib in json.loads(mem).items():
+            peaks[device] = max(peaks.get(device, mib), mib)
+    util_of = {device: round(sum(values) / len(values)) for device, values in utils.items()}
+    return rows[0][0], json.dumps(util_of), json.dumps(peaks)
+
+
 @dataclass(frozen=True)
 class GpuMinute:
-    """One minute of one node's GPUs: each one's mean utilization (percent) and peak memory (MiB), by GPU."""
+    """From ``at`` (a minute; more once the job's timeline was thinned) one node's GPUs: each one's mean
+    utilization (percent) and peak memory (MiB), by GPU."""
 
     at: float
     task_index: int

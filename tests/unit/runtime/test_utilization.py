@@ -4,6 +4,7 @@ ranks where it cannot (this machine has no driver), the summaries and the timeli
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,7 +52,7 @@ def test_each_local_ranks_processes_stand_for_its_gpu():
     running a Python of its own: rank 0's spins, rank 1's sleeps; the shims themselves are not counted."""
     shims = [
         subprocess.Popen(["sh", "-c", f'"$0" -c "$1"; true', sys.executable, code],
-                         env={**os.environ, "SLURM_LOCALID": str(rank)})
+                         env={**os.environ, "SLURM_LOCALID": str(rank)}, start_new_session=True)
         for rank, code in ((0, BUSY), (1, IDLE))
     ]
     try:
@@ -68,8 +69,8 @@ def test_each_local_ranks_processes_stand_for_its_gpu():
         assert idle.util is not None and idle.util < 5, idle
         assert busy.mem_used and idle.mem_used and busy.mem_total
     finally:
-        for shim in shims:
-            shim.kill()
+        for shim in shims:  # and its rank's process: a group of its own
+            os.killpg(shim.pid, signal.SIGKILL)
             shim.wait()
 
 
