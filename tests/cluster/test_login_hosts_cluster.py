@@ -25,7 +25,7 @@ from hpctrain.ledger import Ledger
 from helpers.cli import HPCTRAIN
 from helpers.gluster import gluster_up, second_client
 from helpers.hosts import host_env, on_host
-from helpers.lanes import LANE
+from helpers.lanes import lanes
 from helpers.paths import TESTS
 from helpers.sweep import sweep_spec
 from helpers.waiting import wait_until
@@ -49,11 +49,13 @@ account = "teama"
 BINDS: dict[Path, list[tuple[Path, Path]]] = {}  # a home on Gluster: how login2 sees it through its own client
 
 
-GLUSTER_LANES = pytest.mark.skipif(LANE not in ("", "24.11"), reason=(
-    "CI time, not on this lane: the file system's and hpctrain's, not Slurm's (run on the host and 24.11)"))
+# CI time: two login hosts and a shared home are the file system's and hpctrain's, not Slurm's; the Slurm commands
+# they run differ between releases as in every other test. On a local disk, 26.05 runs them too; on Gluster, the host.
+LOCAL_LANES = lanes("26.05", why="two login hosts on a local disk: the file system's and hpctrain's (26.05 runs them)")
+GLUSTER_LANES = lanes(why="two login hosts on Gluster: the file system's and hpctrain's, not Slurm's")
 
 
-@pytest.fixture(params=["local disk", pytest.param("gluster", marks=GLUSTER_LANES)])
+@pytest.fixture(params=[pytest.param("local disk", marks=LOCAL_LANES), pytest.param("gluster", marks=GLUSTER_LANES)])
 def home(request):
     """A home directory both hosts see (under /var/tmp: each host has a /tmp of its own), or on GlusterFS, probed
     from login2."""

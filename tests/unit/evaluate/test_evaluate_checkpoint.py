@@ -22,7 +22,8 @@ from hpctrain.ledger.table import Table
 from helpers.data import flip_byte
 from helpers.train import TINY_MODEL, pack_text_dataset, train_ranks, trainer_spec
 
-pytestmark = pytest.mark.slow
+# One worker for the module: its trained fixture (about a minute under CI's load) is made once, not on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("evaluate-trained")]
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,8 @@ def full_scans(conn, sql: str, partial: set[str]) -> list[str]:
 
 YEAR = {"jobs": 20_000, "sweeps": 200, "metric_rows": 200_000}
 RECENT_DAYS = 40  # longer than any window the commands ask for
+# One worker for the module: its year of history is made once, not on each worker.
+pytestmark = pytest.mark.xdist_group("ledger-year")
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,8 @@ from helpers.cli import run_cli
 from helpers.train import TINY_MODEL, pack_text_dataset, train_ranks, trainer_spec
 from helpers.venvs import without_hpctrain
 
-pytestmark = pytest.mark.slow
+# One worker for the module: its trained fixture (about a minute under CI's load) is made once, not on each worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("export-trained")]
 PROMPT = [[72, 101, 108, 108, 111, 44, 32, 119], [0, 255, 17, 3, 3, 3, 9, 200]]
 
 
