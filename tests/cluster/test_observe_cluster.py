@@ -17,7 +17,6 @@ from hpctrain.ledger import Ledger
 
 from helpers.cli import run_cli
 from helpers.cluster import sacct_gpu_hours
-from helpers.lanes import lanes
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
@@ -145,7 +144,6 @@ ONE_RANK_WORKS = (
 )
 
 
-@lanes("26.05", why="the sampler reads the step's processes under slurmstepd, alike on 24.11 and 26.05 when added")
 def test_the_gpus_of_ranks_that_do_nothing_are_named_idle(dev_cluster, isolated_ledger, tmp_path):
     spec = tmp_path / "idle.toml"
     spec.write_text(f'name = "one-rank-works"\ncommand = ["python", "-c", {json.dumps(ONE_RANK_WORKS)}]\n'
