@@ -117,6 +117,12 @@ class JobPaths:
         """Python stacks of ranks found hung (hpctrain.runtime.watchdog), one file per rank and step."""
         return self.job_dir / "stacks"
 
+    @property
+    def idle_dir(self) -> Path:
+        """Each node's mark that all its GPUs are idle, and the run's decision to end it for that
+        (hpctrain.runtime.idle_cancel)."""
+        return self.job_dir / "idle"
+
     def first_failure(self, step_id: str) -> Path:
         """Made by the first rank of a job step to fail (hpctrain.launch.task), so that only it reports."""
         return self.job_dir / "failed" / step_id
@@ -177,6 +183,12 @@ class JobEnvironment:
     def node_list(self) -> str:
         """The allocation's nodes as a Slurm hostlist ('' outside Slurm)."""
         return self.env.get("SLURM_JOB_NODELIST") or self.env.get("SLURM_NODELIST") or ""
+
+    @property
+    def step_node_count(self) -> int:
+        """How many nodes this job step runs on (the allocation's outside a step; 1 outside Slurm)."""
+        env = self.env
+        return int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
 
     @property
     def ntasks(self) -> str | None:

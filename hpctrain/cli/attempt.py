@@ -106,6 +106,11 @@ def end(exit_code: int, signal_name: str | None) -> None:
     _journal_hang(journal, env)
     runs = journal_outcomes(journal, task)
     this = runs.setdefault(number, Outcome(None))
+    if this.cause == "idle":  # its GPU sampler ended it for good (hpctrain.runtime.idle_cancel)
+        _forget_secrets(env)
+        _release_chunks(env)
+        click.echo(f'hpctrain: run {number} ended: its GPUs stayed idle ([idle] action = "cancel")', err=True)
+        return
     if this.cause not in (None, "completed"):
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
     exclude: list[str] = []

@@ -87,7 +87,11 @@ def metrics(
 @click.option("--since", metavar="YYYY-MM-DD", default=None, help="count GPU time from this day on")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--no-refresh", is_flag=True, help="the ledger as it is, without asking Slurm")
-@click.option("--causes", is_flag=True, help="also the lost GPU time by cause, and the time queued after requeues")
+@click.option(
+    "--causes",
+    is_flag=True,
+    help="also the lost GPU time by cause, the GPU-hours held idle, the time queued after requeues",
+)
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="groups shown, most GPU-h first")
 @click.option("--all", "show_all", is_flag=True, help="every group, not only the --top ones")
 def cost(
@@ -106,7 +110,7 @@ def cost(
     job or partition: the --top groups by GPU-hours, the rest in one line (--all or --json: every group)."""
     from datetime import datetime
 
-    from hpctrain.jobs.accounting import cost_totals, overall, percent, pooled_goodput
+    from hpctrain.jobs.accounting import add_idle, cost_totals, overall, percent, pooled_goodput
 
     try:
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
@@ -115,6 +119,8 @@ def cost(
     cfg, ledger = _refreshed(site, no_refresh)
     with ledger:
         groups = cost_totals(ledger, cfg.name, cfg.gpu_hour_price, by, since_ts)
+        if causes or as_json:
+            add_idle(ledger, groups, since_ts)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
     rows: list[dict[str, Any]] = [
         {
@@ -125,6 +131,7 @@ def cost(
             "lost_gpu_hours": g.lost_gpu_hours,
             "goodput": g.goodput,
             "cause_gpu_hours": g.causes,
+            "idle_gpu_hours": g.idle_gpu_hours,
             "queued_after_requeue_s": g.queue_s,
             "cost": g.cost,
         }
@@ -188,8 +195,9 @@ def cost(
 
 
 def _causes_table(by: str, groups: list[tuple[object, Any, bool]]) -> Any:
-    """Each group's lost GPU time by cause, a row each, and the time its runs queued after requeues: the causes that
-    are not zero, or (``every``: the total) all of them. Names stay whole in any terminal, as 20-odd columns' did not."""
+    """Each group's lost GPU time by cause, a row each, its GPU-hours held idle and the time its runs queued after
+    requeues: those that are not zero, or (``every``: the total) all of them. Names stay whole in any terminal, as
+    20-odd columns' did not."""
     from rich.table import Table
 
     from hpctrain.jobs.accounting import percent
@@ -199,14 +207,17 @@ def _causes_table(by: str, groups: list[tuple[object, Any, bool]]) -> Any:
     for col in (by, "cause", "GPU-h", "of all GPU-h"):
         table.add_column(col, justify="left" if col in (by, "cause") else "right")
     for key, total, every in groups:
-        label = "-" if key is None else str(key)
-        shown = [c for c in LOST if total.causes.get(c, 0.0) or every]
-        for i, cause in enumerate(shown):
-            hours = total.causes.get(cause, 0.0)
-            share = percent(hours / total.gpu_hours) if total.gpu_hours else "-"
-            table.add_row("" if i else label, cause, f"{hours:.3f}", share)
+
+        def row(name: str, hours: float, total: Any = total) -> tuple[str, str, str]:
+            return name, f"{hours:.3f}", percent(hours / total.gpu_hours) if total.gpu_hours else "-"
+
+        rows = [row(c, total.causes.get(c, 0.0)) for c in LOST if total.causes.get(c, 0.0) or every]
+        if total.idle_gpu_hours or every:  # beside the causes: an idle GPU's time may be productive for its job
+            rows.append(row("GPUs held idle", total.idle_gpu_hours))
         if total.queue_s or every:
-            table.add_row("" if shown else label, "queued after requeues (hours)", f"{total.queue_s / 3600:.3f}", "-")
+            rows.append(("queued after requeues (hours)", f"{total.queue_s / 3600:.3f}", "-"))
+        for i, cells in enumerate(rows):
+            table.add_row("" if i else "-" if key is None else str(key), *cells)
         table.add_section()
     return table
 

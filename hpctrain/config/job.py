@@ -215,7 +215,14 @@ class HangPolicy(StrictModel):
         )
 
 
-IDLE_DEFAULTS: dict[str, float] = {"sample_s": 5.0, "below_percent": 5.0, "after_minutes": 1.0, "alert_minutes": 10.0}
+IDLE_DEFAULTS: dict[str, Any] = {
+    "sample_s": 5.0,
+    "below_percent": 5.0,
+    "after_minutes": 1.0,
+    "alert_minutes": 10.0,
+    "action": "alert",
+    "cancel_minutes": 60.0,
+}
 
 
 class IdlePolicy(StrictModel):
@@ -233,6 +240,15 @@ class IdlePolicy(StrictModel):
     )
     alert_minutes: FiniteFloat | None = Field(
         None, ge=0, le=10080, description="`hpctrain status` alerts on GPUs idle this long (default 10)"
+    )
+    action: Literal["alert", "cancel"] | None = Field(
+        None, description='"cancel": a job whose every GPU stayed idle cancel_minutes is ended, never requeued'
+    )
+    cancel_minutes: FiniteFloat | None = Field(
+        None,
+        ge=0.1,
+        le=10080,
+        description='with action = "cancel": how long every GPU of the job may idle (default 60)',
     )
 
     def resolved(self) -> IdlePolicy:

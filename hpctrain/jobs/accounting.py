@@ -233,6 +233,7 @@ class Total:
     causes: dict[str, float] = field(default_factory=dict)  # GPU-hours by goodput cause
     measured_gpu_hours: float = 0.0  # of runs whose trainer journaled its steps
     queue_s: float = 0.0
+    idle_gpu_hours: float = 0.0  # GPUs held idle, as their samplers saw them (`add_idle`): across the causes
 
     @property
     def goodput(self) -> float | None:
@@ -322,6 +323,14 @@ def cost_totals(
     return totals((windowed(u, since, now, prices) for u in live), by, groups)
 
 
+def add_idle(ledger: Ledger, groups: list[Total], since: float | None = None) -> None:
+    """Each total's GPU-hours held idle (hpctrain.runtime.utilization: below `[idle] below_percent` for
+    `after_minutes` or longer), from its jobs' GPU summaries sampled since ``since``."""
+    idle = ledger.gpus.idle_seconds({j for g in groups for j in g.jobs}, since or 0.0)
+    for g in groups:
+        g.idle_gpu_hours = sum(idle.get(j, 0.0) for j in g.jobs) / 3600
+
+
 def pooled_goodput(groups: Iterable[Total]) -> float | None:
     """The goodput of the groups together (`overall(groups).goodput` without summing everything else)."""
     productive, measured = 0.0, 0.0
@@ -337,6 +346,7 @@ def overall(groups: Iterable[Total]) -> Total:
     for t in groups:
         out.add(t.jobs, t.runs, t.gpu_hours, t.lost_gpu_hours, t.cost, t.causes, False, t.queue_s)
         out.measured_gpu_hours += t.measured_gpu_hours
+        out.idle_gpu_hours += t.idle_gpu_hours
     return out
 
 

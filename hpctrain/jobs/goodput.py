@@ -11,8 +11,8 @@ of the failed start before it) to the next start or the run's end:
   then from its last step to its end, by how it ended:
   hang        hung, until found and ended ([hang] timeouts)
   crash       a rank failed, until restarted (or the run ended)
-  stop        stopped by a notice (preemption, time limit): the stop's checkpoint and requeue, as far as
-              Slurm counts them (a preempted run's elapsed time ends where it is preempted)
+  stop        stopped by a notice (preemption, time limit) or for idle GPUs: the stop's checkpoint and requeue,
+              as far as Slurm counts them (a preempted run's elapsed time ends where it is preempted)
   end         trained to the end: the last checkpoint and the exit
   rerun       a whole run Slurm started on its own after the job's work was done (24.11, after a preemption)
   interactive a whole run of an interactive session (`hpctrain notebook`): a person's time at the GPUs
@@ -33,7 +33,7 @@ from hpctrain.ledger.schema import CAUSES as GPU_CAUSES  # GPU-hours are split b
 
 CAUSES = tuple(c for c in GPU_CAUSES if c != "spare")  # a run's time is split by these
 LOST = GPU_CAUSES[1:]
-STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure")
+STOPS = ("preemption", "timeout", "cancelled", "requeued", "node_failure", "idle")
 
 
 @dataclass

@@ -93,7 +93,7 @@ def main(argv: list[str]) -> None:
     # One sampler per node: the shim of its local rank 0, for the GPUs the step has there.
     sampling, journal = None, Journal.from_env()
     if not single and journal is not None and env.job_id is not None and env.local_rank == 0 and env.gpu_ids:
-        sampling = NodeSampling(env, lambda record: journal.write("utilization", **record))
+        sampling = NodeSampling(env, journal)
     watch = None
     if beat is not None:
         dump = stacks_file(env, stopped=True)

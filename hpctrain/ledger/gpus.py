@@ -15,6 +15,7 @@ from hpctrain.ledger.table import Table
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
 
+IN_CHUNK = 900  # job ids bound in one query: under SQLite's oldest limit of variables (999)
 SUMMARY = (
     "samples",
     "seconds",
@@ -146,6 +147,21 @@ class Gpus:
             ids,
         )
         return {(job_id, task): mean for job_id, task, mean in rows}
+
+    def idle_seconds(self, job_ids: Iterable[int], since: float = 0.0) -> dict[int, float]:
+        """Each job's GPU-seconds held idle, summed over its GPUs and runs last sampled at ``since`` or later."""
+        ids = sorted(set(job_ids))
+        out: dict[int, float] = {}
+        for start in range(0, len(ids), IN_CHUNK):
+            chunk = ids[start : start + IN_CHUNK]
+            out.update(
+                self.ledger.db.execute(
+                    f"SELECT job_id, total(idle_s) FROM gpu_use WHERE job_id IN ({','.join('?' * len(chunk))}) "
+                    "AND at >= ? GROUP BY job_id",
+                    [*chunk, since],
+                ).fetchall()
+            )
+        return out
 
     def recent(self, job_ids: Iterable[int], since: float) -> dict[int, tuple[float, float]]:
         """Each job's mean utilization over its timeline's minutes from ``since`` on, and its first such minute."""

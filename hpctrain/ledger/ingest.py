@@ -104,6 +104,8 @@ def _attempt_fields(rec: dict[str, Any]) -> AttemptFields:
             "requeued": int(bool(rec.get("requeued"))),
             "decision": rec.get("message"),
         }
+    if kind == "idle_cancel":  # the GPU sampler's decision (hpctrain.runtime.idle_cancel): final
+        return {"cause": "idle", "requeued": 0, "decision": rec.get("message")}
     if kind == "requeue":
         fields: AttemptFields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
         return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
@@ -148,7 +150,7 @@ HANDLERS: dict[str, Handler] = {
     "hang": _hang,
     "evaluation": _evaluation,
     "utilization": _utilization,
-    **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed"), _attempt),
+    **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed", "idle_cancel"), _attempt),
 }
 
 

@@ -82,6 +82,8 @@ def decide(outcomes: list[Outcome], requeue: bool, on_error: bool, max_stalled: 
         return False, "completed"
     if cause == "cancelled":
         return False, "cancelled"
+    if cause == "idle":
+        return False, "idle: its GPUs stayed idle past [idle] cancel_minutes"
     if not requeue:
         return False, f"{cause}; requeue is off in the spec"
     if cause in OWN and not on_error:
@@ -151,10 +153,11 @@ class RunPolicy:
 
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
-    """This task's runs by number, from what its batch script (attempt_start/attempt_end) and trainer
-    (requeue, finished) journaled; a run that wrote nothing is missing."""
+    """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue,
+    finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote nothing is
+    missing."""
     runs: dict[int, Outcome] = {}
-    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue", "finished")):
+    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue", "finished", "idle_cancel")):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
             continue
         run = runs.setdefault(rec["attempt"], Outcome(None))
@@ -164,6 +167,8 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.cause, run.step_end = rec.get("cause"), rec.get("step_end")
         elif run.cause is None and rec["kind"] == "finished":  # the trainer ran its last step
             run.cause = "completed"
+        elif rec["kind"] == "idle_cancel":  # ended for its idle GPUs, whatever the batch script then saw
+            run.cause = "idle"
         elif run.cause is None:  # the trainer's checkpoint-and-requeue
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None

@@ -22,9 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hpctrain.errors import HpctrainError
+
 if TYPE_CHECKING:
     from hpctrain.config.job import IdlePolicy
     from hpctrain.contract import JobEnvironment
+    from hpctrain.ledger.journal import Journal
+    from hpctrain.runtime.idle_cancel import IdleCancel
 
 REPORT_EVERY = 12  # readings a record (a minute at the default 5 s), and one when the step ends
 MINUTE = 60.0  # the timeline's resolution
@@ -283,8 +287,10 @@ class NodeSampler:
         after_minutes: float,
         alert_minutes: float,
         why: str | None = None,
+        idle_cancel: IdleCancel | None = None,
     ):
         self.source, self.write, self.sample_s, self.why = source, write, sample_s, why
+        self.idle_cancel, self.cancelled = idle_cancel, False
         self.below, self.after_s, self.alert_s = below_percent, after_minutes * 60, alert_minutes * 60
         self.gpus = [GpuSummary() for _ in source.devices]
         self.points: list[list[Any]] = []  # [minute start, device, mean util, peak memory]
@@ -319,6 +325,15 @@ class NodeSampler:
             if (point := gpu.add(reading, seconds, at, self.below, self.after_s)) is not None:
                 self.points.append([point[0], self.source.devices[device], round(point[1], 2), point[2]])
         self.cost_s += time.thread_time() - started
+        if self.idle_cancel is not None and self.gpus:
+            try:
+                ended = self.idle_cancel.check(min(gpu.idle_now_s for gpu in self.gpus), at)
+            except (OSError, HpctrainError) as exc:  # the job runs on; the next reading tries again
+                print(f"hpctrain: GPUs idle, the job not ended this time: {exc}", file=sys.stderr, flush=True)
+                ended = False
+            if ended and not self.cancelled:  # the idle time journaled before Slurm ends the step
+                self.cancelled = True
+                self.report(final=False)
 
     def report(self, final: bool) -> None:
         """A record of the summaries so far (a journal that cannot be written loses it, not the job)."""
@@ -355,18 +370,31 @@ class NodeSampling:
     """This node's sampler for an hpctrain job step, started and stopped by the shim of its local rank 0: the
     policy read and the source opened in a thread of their own, so that the rank starts at once."""
 
-    def __init__(self, env: JobEnvironment, write: Callable[[dict[str, Any]], object]):
+    def __init__(self, env: JobEnvironment, journal: Journal):
         self.sampler: NodeSampler | None = None
-        self._opening = threading.Thread(target=self._open, args=(env, write), daemon=True)
+        self._opening = threading.Thread(target=self._open, args=(env, journal), daemon=True)
         self._opening.start()
 
-    def _open(self, env: JobEnvironment, write: Callable[[dict[str, Any]], object]) -> None:
+    def _open(self, env: JobEnvironment, journal: Journal) -> None:
+        from hpctrain.runtime.idle_cancel import IdleCancel
+
         try:
             policy = job_idle_policy(env)
             source, why = open_source(env.gpu_ids)
             values = (policy.sample_s, policy.below_percent, policy.after_minutes, policy.alert_minutes)
-            assert all(v is not None for v in values)
-            self.sampler = NodeSampler(source, write, *values, why=why)  # type: ignore[arg-type]
+            assert all(v is not None for v in values) and policy.cancel_minutes is not None
+            cancel = (
+                IdleCancel(env, policy.cancel_minutes * 60, journal)
+                if policy.action == "cancel" and env.job_dir is not None
+                else None
+            )
+            self.sampler = NodeSampler(
+                source,
+                lambda record: journal.write("utilization", **record),
+                *values,  # type: ignore[arg-type]
+                why=why,
+                idle_cancel=cancel,
+            )
             self.sampler.start()
         except Exception as exc:  # noqa: BLE001 - the job runs on, unsampled, and its log says why in a line
             print(f"hpctrain: GPU use not sampled on this node: {exc}", file=sys.stderr, flush=True)

@@ -165,3 +165,33 @@ def test_the_gpus_of_ranks_that_do_nothing_are_named_idle(dev_cluster, isolated_
     shown = " ".join(run_cli("show", str(job)).stdout.split())
     assert "idle GPUs: GPUs 1-3 of 4 under 5 % for" in shown and "does the script use every GPU it asks for?" in shown
     run_cli("cancel", str(job))
+
+
+def test_a_job_that_only_sleeps_is_cancelled_once_idle_past_its_grace_and_not_requeued(dev_cluster, isolated_ledger,
+                                                                                         tmp_path):
+    """Two nodes, a GPU each, a command that sleeps, `[idle] action = "cancel"` after 15 s: the samplers of both
+    nodes find every GPU idle, one decides, the job ends CANCELLED with its run's cause `idle`, not requeued (a
+    reconcile after does not either), and `cost --causes` counts its GPUs' idle time."""
+    spec = tmp_path / "sleeps.toml"
+    spec.write_text('name = "only-sleeps"\ncommand = ["sleep", "600"]\n'
+                    'resources = { nodes = 2, gpus_per_node = 1, mem = "200M", time = "15" }\n'
+                    'idle = { sample_s = 1, after_minutes = 0.1, action = "cancel", cancel_minutes = 0.25 }\n')
+    job = submit_cli(spec, tmp_path)
+
+    def ended() -> dict | None:
+        rows = json.loads(run_cli("status", "--all", "--json").stdout)
+        found = next((r for r in rows if r["id"] == job), None)
+        return found if found and found["state"] in ("CANCELLED", "COMPLETED", "FAILED") else None
+
+    assert wait_until(ended, 240, 2, "the idle job's end")["state"] == "CANCELLED"
+    assert run_cli("reconcile").returncode == 0
+    with Ledger(isolated_ledger) as ledger:
+        runs = ledger.db.execute("SELECT attempt, cause, requeued, decision FROM attempts WHERE job_id = ?",
+                                 [job]).fetchall()
+        assert ledger.jobs.get(job)["state"] == "CANCELLED"
+    [(attempt, cause, requeued, decision)] = runs
+    assert cause == "idle" and requeued == 0 and "cancel_minutes = 0.25" in decision, runs
+    shown = " ".join(run_cli("show", str(job)).stdout.split())
+    assert "the job is cancelled, not requeued" in shown, shown
+    [row] = [r for r in json.loads(run_cli("cost", "--by", "job", "--causes", "--json").stdout) if r["job"] == job]
+    assert 2 * 15 * 0.9 / 3600 <= row["idle_gpu_hours"] <= row["gpu_hours"], row

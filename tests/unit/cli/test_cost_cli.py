@@ -17,13 +17,17 @@ from helpers.bad_input import invoke
 
 @pytest.fixture
 def ledger_path(tmp_path):
-    """Two accounts' jobs, each a run of an hour on one GPU."""
+    """Two accounts' jobs, each a run of an hour on one GPU; teamb's GPU sat idle 45 minutes of it."""
     with Ledger(tmp_path / "ledger.db") as ledger:
         for account in ("teama", "teamb"):
             job = Table(ledger, "jobs").insert({"name": "j", "site": "dev", "user": "alice", "account": account,
                                                 "state": "COMPLETED"})
             ledger.attempts.record(job, -1, 1, state="COMPLETED", cause="completed", started_at=time.time() - 3600,
                                    ended_at=time.time(), alloc_gpus=1, elapsed_s=3600)
+        key = {"job_id": job, "task_index": -1, "attempt": 1, "step_restart": 0}
+        gpu = {"samples": 720, "seconds": 3600.0, "mean": 20.0, "idle_s": 2700.0, "idle_now_s": 0.0}
+        ledger.gpus.record(key, "n1", "cpu", {"0": gpu}, {"below_percent": 5, "after_s": 60, "alert_s": 600}, [],
+                           time.time(), True)
     return tmp_path / "ledger.db"
 
 
@@ -36,6 +40,8 @@ def test_every_cause_is_named_whole_in_a_terminals_width(ledger_path, columns):
     words = {w for line in lines for w in line.replace("│", " ").replace("┃", " ").split()}
     assert set(LOST) <= words, set(LOST) - words
     assert "queued after requeues" in result.stdout and "…" not in result.stdout
+    teamb, total = [line for line in lines if "GPUs held idle" in line]  # teama's GPU was never idle: no row
+    assert "0.750" in teamb and "75.0%" in teamb and "0.750" in total and "37.5%" in total, result.stdout
 
 
 def test_the_json_keeps_every_cause_of_every_group(ledger_path):
@@ -43,6 +49,7 @@ def test_the_json_keeps_every_cause_of_every_group(ledger_path):
     rows = json.loads(result.stdout)
     assert [r["account"] for r in rows] == ["teama", "teamb"]
     assert all(set(r["cause_gpu_hours"]) >= set(LOST) and "queued_after_requeue_s" in r for r in rows)
+    assert [r["idle_gpu_hours"] for r in rows] == [0.0, 0.75]
 
 
 @pytest.fixture
