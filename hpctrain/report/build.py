@@ -15,6 +15,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.jobs import stragglers
 from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
 from hpctrain.jobs.goodput import GPU_CAUSES
+from hpctrain.jobs.gpus import gpu_use, gpus_line
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.attempts import outcome
 from hpctrain.ledger.evaluations import outcome as evaluation_outcome
@@ -48,6 +49,8 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
     ]
     if job["sweep_id"]:
         facts.append(("sweep", job["sweep_id"]))
+    if use := gpu_use(ledger.gpus.of_job(job_id)):
+        facts.append(("GPU use", gpus_line(use)))
     if slow := stragglers.latest(ledger, job_id):
         facts.append(("stragglers", f"at step {slow[0]}: {', '.join(map(str, slow[1])) or 'none'}"))
     plots = [
@@ -60,6 +63,7 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
             points=True,
         ),
         _plot("data wait vs step", "seconds per step", _labelled(metrics.get("data_wait_s", {}))),
+        *_gpu_plots(ledger, job_id),
         _causes_plot(
             runs,
             lambda u: f"{'' if u.task_index < 0 else f'task {u.task_index} '}attempt {u.attempt}",
@@ -246,6 +250,16 @@ def _plot(title: str, ylabel: str, series: Series, xlabel: str = "step", note: s
         note = "; ".join(filter(None, [note, f"the first {MAX_LINES} of {len(series)} curves shown"]))
         series = dict(list(series.items())[:MAX_LINES])
     return Plot(title, lines(series, title, xlabel, ylabel, **style), note)
+
+
+def _gpu_plots(ledger: Ledger, job_id: int) -> list[Plot]:
+    """Each GPU's utilization and memory over time, as its node's sampler read them (hpctrain.runtime.utilization)."""
+    util, mem = collect.gpu_curves(ledger.gpus.timeline(job_id))
+    note = "a point a minute (fewer once the job has settled); none: the job's GPUs were not sampled"
+    return [
+        _plot("GPU utilization over time", "percent", util, xlabel="time", note=note),
+        _plot("GPU memory over time", "MiB (peak)", mem, xlabel="time", note=note),
+    ]
 
 
 def _loss_plot(loss: collect.Curves, eval_loss: collect.Curves, marks: list[tuple[int, int, str]]) -> Plot:

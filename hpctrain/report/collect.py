@@ -6,11 +6,13 @@ import json
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.gpus import GpuMinute
 from hpctrain.ledger.rows import AttemptRow, CheckpointRow, EvaluationRow, JobRow
 
 # A key (an array task's index, -1 for a plain job; a trial's number) -> (steps, values) in step order.
@@ -47,6 +49,26 @@ def job_data(ledger: Ledger, job_id: int) -> JobData:
         redacted_env(job["spec_json"]),
         ledger.evaluations.of_job(job_id),
     )
+
+
+# A GPU's curve over time, by its name as `show` gives it ("0", "n1:0", "task 3 n1:0"): (moments, values).
+TimeCurves = dict[str, tuple[list[datetime], list[float]]]
+
+
+def gpu_curves(minutes: Sequence[GpuMinute]) -> tuple[TimeCurves, TimeCurves]:
+    """Each GPU's utilization (percent) and peak memory (MiB) over time, from the job's timeline."""
+    nodes, tasks = {m.node for m in minutes}, {m.task_index for m in minutes}
+    util: TimeCurves = {}
+    mem: TimeCurves = {}
+    for m in minutes:
+        prefix = (f"task {m.task_index} " if len(tasks) > 1 else "") + (f"{m.node}:" if len(nodes) > 1 else "GPU ")
+        at = datetime.fromtimestamp(m.at)
+        for curves, values in ((util, m.util), (mem, m.mem)):
+            for device, value in values.items():
+                moments, ys = curves.setdefault(prefix + device, ([], []))
+                moments.append(at)
+                ys.append(value)
+    return util, mem
 
 
 def add_point(curves: Curves, key: int, step: int, value: float) -> None:

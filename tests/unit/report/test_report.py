@@ -29,7 +29,7 @@ from helpers.report import (CHROMIUM, assert_marks_at, chromium, colour_mask, ma
 C0 = (0x1F, 0x77, 0xB4)  # matplotlib's first line colour
 SECRET = "hunter2-never-shown"
 JOB_PLOTS = {"loss vs step", "throughput (tokens/s) vs step", "checkpoint duration vs step", "data wait vs step",
-             "GPU-hours by cause per attempt"}
+             "GPU-hours by cause per attempt", "GPU utilization over time", "GPU memory over time"}
 SWEEP = """
 name = "lr-sweep"
 method = "random"
@@ -97,6 +97,7 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
                 "step_seconds": (end_h - start_h) * 3600 - 240, "last_step": steps[1] + 5 * (attempt == 2),
                 "last_step_at": T0 + end_h * 3600 - 60})
         _metrics(ledger, job, -1, ("loss", "tokens_per_s", "data_wait_s", "step_time_s"))
+        _gpus(ledger, job)
         for step, outcome in ((40, {"eval/loss": 2.25}), (50, "evaluator ppl: exited 3")):
             ledger.evaluations.request(job, -1, step, "heldout", f"/ck/step_{step}")
             if isinstance(outcome, dict):
@@ -133,6 +134,19 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     return {"html": html, "files": files, "ledger": tmp / "ledger.db", "site": site, "ids": (job, array)}
 
 
+def _gpus(ledger: Ledger, job: int) -> None:
+    """The last run's four GPUs, sampled for an hour: GPU 0 at about 90 % with 20-30 GiB, GPUs 1-3 idle with 1-2 GiB."""
+    start = T0 + RUNS[-1][0] * 3600
+    busy = {"samples": 720, "seconds": 3600.0, "mean": 90.0, "p10": 80.0, "mem_peak": 30.0 * 2**30,
+            "mem_total": 80.0 * 2**30, "idle_s": 0.0, "idle_now_s": 0.0}
+    idle = {**busy, "mean": 0.0, "p10": 0.0, "mem_peak": 2.0**30, "idle_s": 3540.0, "idle_now_s": 3540.0}
+    points = [(start + 60 * m, d, 90 + 8 * math.sin(m / 3) if d == "0" else 1 + math.sin(m / 2 + int(d)),
+               (20 + m / 6 if d == "0" else 1 + m / 60) * 2**30) for m in range(60) for d in "0123"]
+    ledger.gpus.record({"job_id": job, "task_index": -1, "attempt": len(RUNS), "step_restart": 0}, "n1", "nvml",
+                       {"0": busy, "1": idle, "2": idle, "3": idle}, {"below_percent": 5, "after_s": 60, "alert_s": 600},
+                       points, start + 3600, True)
+
+
 def _colour_count(image, colour: tuple[int, int, int]) -> int:
     return int(colour_mask(image, colour).sum())
 
@@ -162,6 +176,17 @@ def test_job_report_plots_loss_throughput_checkpoints_and_data_wait(reports):
     assert "<td>75.9% of the GPU time of runs whose trainer journals its steps</td>" in html
     causes = pixels(images["GPU-hours by cause per attempt"])
     assert _colour_count(causes, (0xFF, 0x7F, 0x0E)) > 100  # C1: recomputed, on the second attempt's bar
+
+
+def test_job_report_shows_each_gpus_use_and_memory_over_time(reports):
+    html = reports["html"]["job"]
+    assert "<th>GPU use</th><td>GPUs (nvml) 22 % on average: 0 90 %, 1 0 %, 2 0 %, 3 0 %; peak memory 30.0 of 80 GiB" in html
+    images = plot_images(html)
+    for alt in ("GPU utilization over time", "GPU memory over time"):
+        image = pixels(images[alt])
+        for colour in (C0, (0xD6, 0x27, 0x28)):  # GPU 0's line, and GPU 3's (C3) over 1's and 2's
+            assert _colour_count(image, colour) > 100, alt
+    assert "GPU utilization over time" not in plot_images(reports["html"]["array"])  # not sampled: no data
 
 
 def test_loss_plot_marks_the_step_each_resumed_attempt_began_from(reports):
@@ -205,7 +230,7 @@ def test_smoothing_is_a_bias_corrected_moving_average():
 def test_array_job_has_a_curve_per_task_and_says_no_data_for_missing_metrics(reports):
     html = reports["html"]["array"]
     assert set(plot_images(html)) == {"loss vs step"}
-    assert html.count("no data") == 4 and "no run&#39;s trainer journals its steps" in html
+    assert html.count("no data") == 6 and "no run&#39;s trainer journals its steps" in html
     image = pixels(plot_images(html)["loss vs step"])
     for colour in (C0, (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C)):  # C0, C1, C2: one line per task
         assert _colour_count(image, colour) > 100
