@@ -175,6 +175,10 @@ class Data(StrictModel):
     workers: int = Field(2, ge=0)
     shuffle_buffer: int = Field(1000, ge=0)
     max_quarantined_fraction: FiniteFloat = Field(0.05, ge=0, le=1)
+    cache: Literal["node", "off"] | None = Field(
+        None,
+        description='"node": shards read through the node\'s cache (site [cache]); default "node" where it has one',
+    )
 
 
 class HangPolicy(StrictModel):

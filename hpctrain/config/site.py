@@ -97,6 +97,19 @@ class LedgerConfig(StrictModel):
 MIN_MTBI_HOURS = 0.001
 
 
+class CacheConfig(StrictModel):
+    """The node-local cache of shards (hpctrain.data.cache) that a job's `data.cache = "node"` reads through."""
+
+    dir: str | None = Field(
+        None,
+        min_length=1,
+        description="a node-local directory: NVMe, ${SLURM_TMPDIR}, /dev/shm; ${VAR} and ~ expanded on the node "
+        "(none: no cache)",
+    )
+    max_size: MiB | None = Field(None, description="the most the cache holds, e.g. '10T' (none: as its disk allows)")
+    min_free: MiB = Field(1024, description="space the cache leaves free on its disk")
+
+
 class CheckpointConfig(StrictModel):
     mode: FileMode = Field(
         0o600,
@@ -184,6 +197,7 @@ class SiteConfig(StrictModel):
     paths: Paths
     ledger: LedgerConfig = Field(default_factory=LedgerConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    cache: CacheConfig = Field(default_factory=CacheConfig)
     network_env: dict[str, str] = Field(default_factory=dict, description="NCCL/InfiniBand settings")
     setup: list[ShellCommand] = Field(default_factory=list, description="shell commands run first in every job")
     gpu_hour_price: dict[str, FiniteFloat] = Field(default_factory=dict, description="per partition")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import signal
@@ -11,6 +12,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, default_collate
 
+from hpctrain.data.cache import CacheCounts, ShardCache
 from hpctrain.data.index import ShardIndex, load_index
 from hpctrain.data.plan import Position, Segment, consumed, plan_epoch, position_after
 from hpctrain.data.quarantine import Quarantine
@@ -73,6 +75,7 @@ class ShardLoader:
     """
 
     _positions: list[Position]  # per logical worker: where its next batch starts in its plan
+    _fell_back = False  # the cache alert given
 
     def __init__(
         self,
@@ -90,6 +93,7 @@ class ShardLoader:
         prefetch_factor: int = 2,
         journal: Journal | None = None,
         reuse_buffers: bool = False,
+        cache: ShardCache | None = None,
     ):
         if reuse_buffers and (decode or collate is not None):
             raise ValueError("reuse_buffers needs decode=False and the default collate (batches of stored bytes)")
@@ -108,10 +112,10 @@ class ShardLoader:
         self.collate = collate or (default_collate if decode else collate_bytes)
         self.prefetch_factor = prefetch_factor
         self.reuse_buffers = reuse_buffers and workers > 0
-        self.stats = LoaderStats()
-        self.quarantine = Quarantine(
-            self.index, journal if journal is not None else Journal.from_env(), max_quarantined_fraction
-        )
+        self.cache = cache
+        self.stats = LoaderStats(cache=CacheCounts() if cache is not None else None)
+        self.journal = journal if journal is not None else Journal.from_env()
+        self.quarantine = Quarantine(self.index, self.journal, max_quarantined_fraction)
         self.quarantine.check()
         if pipes := sum(not seekable(self.index.location(s)) for s in self.index.shards):
             log.info(
@@ -143,6 +147,7 @@ class ShardLoader:
             self.decode,
             self.collate,
             buffers,
+            self.cache,
         )
         items = DataLoader(
             EpochDataset(job),
@@ -258,6 +263,13 @@ class ShardLoader:
             self.stats.skipped_samples += bad.skipped
             self.stats.quarantined_shards += 1
             self.quarantine.add(self.index.shards[bad.shard], bad.reason, bad.skipped)
+        if item.cache is not None and self.stats.cache is not None:
+            self.stats.cache.add(item.cache)
+            if item.cache.fallbacks and not self._fell_back:
+                self._fell_back = True
+                self._alert_fallback(item.cache_fallback or "")
+            if item.batch is None and not item.quarantined and item.error is None:
+                return  # a worker's last word on the cache after its last batch: nothing to take
         if item.error is not None:
             raise DataError(item.error)
         self.stats.samples += item.samples
@@ -265,6 +277,14 @@ class ShardLoader:
         self._positions[item.worker] = item.position
         self._next_worker = (item.worker + 1) % self._lanes
         self._next_epoch_if_done()
+
+    def _alert_fallback(self, why: str) -> None:
+        """Once a loader: shards are read from their source, not the node's cache (the job goes on)."""
+        message = f"shards read from their source, not the node's cache: {why}"
+        log.warning("%s", message)
+        if self.journal is not None:
+            with contextlib.suppress(OSError):
+                self.journal.write("cache_fallback", message=message)
 
     def _next_epoch_if_done(self) -> None:
         if all(seg == len(segs) for (seg, _), segs in zip(self._positions, self._plan)):

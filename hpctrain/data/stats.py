@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+from hpctrain.data.cache import CacheCounts
 
 
 @dataclass
@@ -17,6 +19,7 @@ class LoaderStats:
     bytes: int = 0
     skipped_samples: int = 0
     quarantined_shards: int = 0
+    cache: CacheCounts | None = None  # reads through the node's cache (hpctrain.data.cache), when there is one
     _started: float | None = field(default=None, repr=False)
 
     def waiting(self) -> float:
@@ -41,4 +44,5 @@ class LoaderStats:
             "data_bytes_per_s": self.bytes / elapsed if elapsed else 0.0,
             "data_skipped_samples": float(self.skipped_samples),
             "data_quarantined_shards": float(self.quarantined_shards),
+            **({f"cache_{k}": float(v) for k, v in asdict(self.cache).items()} if self.cache is not None else {}),
         }

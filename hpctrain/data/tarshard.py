@@ -94,9 +94,9 @@ class Shard:
     """An open shard, checked against its index's size where the source tells it up front (not ``pipe:``).
     Use as a context manager. DataError (from source) when the shard's bytes cannot be had at all."""
 
-    def __init__(self, index: ShardIndex, info: ShardInfo):
+    def __init__(self, index: ShardIndex, info: ShardInfo, location: str | None = None):
         self.info = info
-        self.location = index.location(info)
+        self.location = location or index.location(info)  # ``location``: a copy of it (hpctrain.data.cache)
         self._file, size = open_shard(self.location)
         self._hinted = 0  # the kernel was asked to read the file up to here
         self._fd: int | None = _fileno(self._file)  # a local file's, read here; None: a stream, read by tarfile

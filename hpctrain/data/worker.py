@@ -10,6 +10,7 @@ arrive wrapped in its traceback).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset import autodecode
 
-from hpctrain.data.index import ShardIndex
+from hpctrain.data.cache import CacheCounts, ShardCache
+from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.data.plan import Position, Segment, segment_order
 from hpctrain.data.tarshard import Member, Shard, ShardCorrupt
 from hpctrain.errors import DataError
@@ -49,6 +51,8 @@ class Item:
     quarantined: tuple[Quarantined, ...]
     error: str | None = None
     slot: tuple[int, int] | None = None
+    cache: CacheCounts | None = None  # what the worker's reads of the node's cache did since its last item
+    cache_fallback: str | None = None  # why it last read a shard from its source instead
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,7 @@ class EpochJob:
     decode: bool
     collate: Callable[[list[Sample]], Any]
     buffers: Buffers | None = None  # collate_bytes' batches written into reused buffers
+    cache: ShardCache | None = None  # shards read through the node's cache
 
 
 class EpochDataset(IterableDataset):
@@ -138,8 +143,9 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
         segment = segments[s]
         order = segment_order(segment, seed=job.seed, epoch=job.epoch, shuffle_buffer=job.shuffle_buffer)
         done = skip if s == first else 0
+        info = job.index.shards[segment.shard]
         try:
-            with Shard(job.index, job.index.shards[segment.shard]) as shard:
+            with _located(job, info) as where, Shard(job.index, info, where) as shard:
                 try:
                     for _, sample in shard.read_in_order(order[done:], located):
                         nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
@@ -148,7 +154,9 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
                         if len(batch) == job.batch_size:
                             position = (s + 1, 0) if done == segment.length else (s, done)
                             data, slot = collate(batch)
-                            item = Item(worker, position, data, len(batch), nbytes, tuple(bad), slot=slot)
+                            item = Item(
+                                worker, position, data, len(batch), nbytes, tuple(bad), slot=slot, **_cache_report(job)
+                            )
                             batch, nbytes, bad = [], 0, []  # before the yield, where the generator may be closed
                             yield item
                 finally:  # what the batch still has in this shard is read before the shard closes
@@ -156,11 +164,23 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
         except ShardCorrupt as exc:
             bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
         except DataError as exc:
-            yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc))
+            yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc), **_cache_report(job))
             return
-    if batch or bad:
+    if batch or bad or job.cache is not None:
         data, slot = collate(batch) if batch else (None, None)
-        yield Item(worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot)
+        yield Item(worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot, **_cache_report(job))
+
+
+def _located(job: EpochJob, info: ShardInfo) -> contextlib.AbstractContextManager[str | None]:
+    """Where to read a shard: a copy in the node's cache (`ShardCache.location`), or (None) its own location."""
+    return job.cache.location(job.index, info) if job.cache is not None else contextlib.nullcontext()
+
+
+def _cache_report(job: EpochJob) -> dict[str, Any]:
+    """An item's account of the cache since the worker's last item (nothing without a cache)."""
+    if job.cache is None:
+        return {}
+    return {"cache": job.cache.counts.taken(), "cache_fallback": job.cache.fallback}
 
 
 def _read_fields(sample: Sample) -> Sample:

@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         loader = None
         if split.train is not None:
             from hpctrain.data import ShardLoader
+            from hpctrain.data.cache import node_cache
 
             loader = ShardLoader(
                 split.train,
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=spec.seed,
                 shuffle_buffer=spec.data.shuffle_buffer,
                 max_quarantined_fraction=spec.data.max_quarantined_fraction,
+                cache=node_cache(spec.data.cache),
             )
         evaluation = None
         if split.held_out is not None:

@@ -1,0 +1,147 @@
+"""The node's shard cache (issue 62): each shard fetched once however many processes want it, verified, kept for the
+next epoch, reader and job; a copy corrupted on disk found and fetched again, never read; a cache capped below the
+working set evicts what no one reads and trains as without it; a fetch killed midway leaves nothing trusted; a
+cache that cannot be written falls back to the source with one alert."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from collections import Counter
+
+import pytest
+
+from hpctrain.data import ShardLoader
+from hpctrain.data.cache import ShardCache
+from hpctrain.data.tarshard import Shard
+from hpctrain.ledger.journal import Journal
+
+from helpers.data import KW, flip_byte, make_dataset, take_across_epochs
+from helpers.slow_source import reads, slow_index
+from helpers.waiting import wait_until
+
+RATE = 2e6  # bytes a second from the source: each shard of about 6 kB takes 3 ms, a fetch is seen to wait
+
+
+@pytest.fixture
+def index(tmp_path):
+    return make_dataset(tmp_path / "ds", 100, per_shard=9)  # 12 shards
+
+
+@pytest.fixture
+def slow(index, tmp_path):
+    return slow_index(index, tmp_path / "slow" / "index.json", tmp_path / "reads.log", RATE)
+
+
+def read_all(cache: ShardCache, index) -> list[bytes]:
+    out = []
+    for info in index.shards:
+        with cache.location(index, info) as where, open(where, "rb") as fh:
+            out.append(fh.read())
+    return out
+
+
+def read_in_process(root: str, index_path: str) -> list[bytes]:
+    from hpctrain.data.index import load_index
+
+    return read_all(ShardCache(root), load_index(index_path))
+
+
+def test_processes_reading_at_once_fetch_each_shard_once_and_read_the_sources_bytes(slow, index, tmp_path):
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        got = pool.starmap(read_in_process, [(str(tmp_path / "cache"), str(slow.path))] * 4)
+    truth = [index.shard_path(s).read_bytes() for s in index.shards]
+    assert all(g == truth for g in got)
+    assert Counter(name for name, _ in reads(tmp_path / "reads.log")) == {s.name: 1 for s in index.shards}
+    again = ShardCache(tmp_path / "cache")
+    assert read_all(again, slow) == truth and len(reads(tmp_path / "reads.log")) == len(index.shards)
+    assert again.counts.hits == 12 and again.counts.misses == 0 and again.counts.source_bytes == 0
+
+
+def test_a_copy_corrupted_on_disk_is_found_fetched_again_and_never_read(slow, index, tmp_path):
+    cache = ShardCache(tmp_path / "cache")
+    read_all(cache, slow)
+    flip_byte(cache.path(slow.shards[3].sha256), 700)
+    again = ShardCache(tmp_path / "cache")
+    assert read_all(again, slow)[3] == index.shard_path(index.shards[3]).read_bytes()
+    assert again.counts.corrupt == 1 and again.counts.misses == 1 and again.counts.hits == 11
+    assert Counter(n for n, _ in reads(tmp_path / "reads.log"))[index.shards[3].name] == 2
+
+
+def test_a_capped_cache_evicts_the_least_recently_used_never_one_in_use(slow, tmp_path):
+    size = slow.shards[0].bytes
+    cache = ShardCache(tmp_path / "cache", max_bytes=3 * size + 10)
+    first, second = slow.shards[:2]
+    with cache.location(slow, first) as held:
+        for info in slow.shards[1:5]:  # four more through a cache of three: the first is held open throughout
+            with cache.location(slow, info):
+                pass
+        assert os.path.exists(held)
+    kept = {p.stem for p in cache.shards.glob("*.tar")}
+    assert first.sha256 in kept and second.sha256 not in kept and len(kept) <= 3
+    assert sum(p.stat().st_size for p in cache.shards.glob("*.tar")) <= 3 * size + 10
+
+
+def fetch_forever(root: str, index_path: str) -> None:
+    from hpctrain.data.index import load_index
+
+    index = load_index(index_path)
+    with ShardCache(root).location(index, index.shards[0]):
+        pass
+
+
+def test_a_fetch_killed_midway_leaves_nothing_a_reader_trusts(index, tmp_path):
+    crawl = slow_index(index, tmp_path / "crawl" / "index.json", tmp_path / "reads.log", 500)  # 12 s a shard
+    killed = multiprocessing.get_context("fork").Process(target=fetch_forever, args=(str(tmp_path / "cache"),
+                                                                                     str(crawl.path)))
+    killed.start()
+    cache = ShardCache(tmp_path / "cache")
+    wait_until(lambda: list(cache.shards.glob(".*.tmp")) and list(cache.shards.glob(".*.tmp"))[0].stat().st_size,
+               60, 0.05, "the fetch to write")
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.join()
+    assert not cache.path(index.shards[0].sha256).exists()
+    fast = slow_index(index, tmp_path / "fast" / "index.json", tmp_path / "reads.log", RATE)
+    with cache.location(fast, fast.shards[0]) as where, Shard(fast, fast.shards[0], where) as shard:
+        assert len(list(shard.samples(range(fast.shards[0].samples)))) == fast.shards[0].samples
+    assert cache.counts.misses == 1 and not list(cache.shards.glob(".*.tmp"))  # the killed fetch's file cleared
+
+
+def test_a_cache_that_cannot_be_written_reads_the_source_and_says_so_once(index, tmp_path):
+    full = tmp_path / "full"
+    full.mkdir()
+    cache = ShardCache(full, min_free_bytes=1 << 60)  # no disk has that much left
+    journal = Journal(tmp_path / "journal")
+    loader = ShardLoader(index, **KW, cache=cache, journal=journal)
+    plain = ShardLoader(index, **KW)
+    assert take_across_epochs(loader, 30) == take_across_epochs(plain, 30)
+    [alert] = [rec for _, rec in journal.records(kinds=("cache_fallback",))]
+    assert "no room for" in alert["message"] and "min_free" in alert["message"]
+    assert loader.stats.cache.fallbacks >= 12 and loader.stats.cache.source_bytes == 0
+
+
+def test_the_loader_reads_the_second_epoch_and_a_second_job_from_the_cache_alike(slow, index, tmp_path):
+    plain = take_across_epochs(ShardLoader(index, **KW), 50)
+    loader = ShardLoader(slow, **KW, cache=ShardCache(tmp_path / "cache"))
+    assert take_across_epochs(loader, 25) + take_across_epochs(loader, 25) == plain
+    counts = loader.stats.cache
+    assert counts.misses == 12 and counts.hits >= 12 and counts.source_bytes == sum(s.bytes for s in index.shards)
+    log = tmp_path / "reads.log"
+    assert len(reads(log)) == 12
+    second = ShardLoader(slow, **KW, cache=ShardCache(tmp_path / "cache"))
+    assert take_across_epochs(second, 50) == plain and len(reads(log)) == 12
+    assert second.stats.cache.source_bytes == 0 and second.stats.metrics()["cache_hits"] >= 24
+
+
+def test_a_source_whose_bytes_differ_from_the_index_is_quarantined_not_cached(index, tmp_path):
+    bad = index.shard_path(index.shards[2])
+    flip_byte(bad, 700)  # the tar still reads; only the sha256 tells
+    journal = Journal(tmp_path / "journal")
+    loader = ShardLoader(index, **KW, cache=ShardCache(tmp_path / "cache"), journal=journal,
+                         max_quarantined_fraction=0.1)
+    keys = take_across_epochs(loader, 23)
+    assert len(keys) == 100 - index.shards[2].samples
+    assert not ShardCache(tmp_path / "cache").path(index.shards[2].sha256).exists()
+    [record] = [rec for _, rec in journal.records(kinds=("shard_quarantined",))]
+    assert "do not match the index" in record["message"] and record["shard"] == index.shards[2].name
