@@ -304,12 +304,13 @@ def node_cache(setting: str | None) -> ShardCache | None:
     """The cache a job's `data.cache` (``setting``) reads through on this node: its site's `[cache]`, the directory
     expanded here; None when off, outside a job's site, where the site has none, or where its directory names a
     variable this node does not set (said in one line)."""
+    from hpctrain.config.loading import expand_vars
     from hpctrain.config.site import job_site
 
     site = job_site() if setting != "off" else None
     if site is None or site.cache.dir is None:
         return None
-    root = os.path.expanduser(os.path.expandvars(site.cache.dir))
+    root = os.path.expanduser(expand_vars(site.cache.dir))
     if "$" in root or not os.path.isabs(root):
         print(f"hpctrain: no shard cache: [cache] dir {site.cache.dir!r} is {root!r} on this node", file=sys.stderr)
         return None
