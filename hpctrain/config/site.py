@@ -108,6 +108,9 @@ class CacheConfig(StrictModel):
     )
     max_size: MiB | None = Field(None, description="the most the cache holds, e.g. '10T' (none: as its disk allows)")
     min_free: MiB = Field(1024, description="space the cache leaves free on its disk")
+    prefetch: MiB | Literal[0] = Field(
+        1024, description="how far past the shard it reads each loader worker fetches its next shards (0: none)"
+    )
 
 
 class CheckpointConfig(StrictModel):

@@ -37,6 +37,7 @@ from pathlib import Path
 from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.data.source import open_shard
 from hpctrain.data.tarshard import ShardCorrupt
+from hpctrain.errors import DataError
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CHUNK = 4 << 20  # bytes copied (and hashed) at a time
@@ -77,11 +78,13 @@ class CacheFallback(Exception):
 
 class ShardCache:
     """The cache under ``root`` (a node-local directory), at most ``max_bytes`` (None: as the disk allows) with
-    ``min_free_bytes`` left free on its file system. Picklable: each loader worker opens its own locks."""
+    ``min_free_bytes`` left free on its file system; loader workers fetch up to ``prefetch_bytes`` past the shard
+    they read. Picklable: each loader worker opens its own locks."""
 
-    def __init__(self, root: Path, max_bytes: int | None = None, min_free_bytes: int = 0):
+    def __init__(self, root: Path, max_bytes: int | None = None, min_free_bytes: int = 0, prefetch_bytes: int = 0):
         self.dir = Path(root) / f"hpctrain-{os.getuid()}"
         self.max_bytes, self.min_free_bytes = max_bytes, min_free_bytes
+        self.prefetch_bytes = prefetch_bytes  # how far past its shard a loader worker fetches (hpctrain.data.prefetch)
         self.counts = CacheCounts()
         self.fallback: str | None = None  # why this process last read a shard from its source instead
 
@@ -112,27 +115,37 @@ class ShardCache:
                 where = str(self.path(info.sha256))
             yield where
 
-    def _ensure(self, index: ShardIndex, info: ShardInfo) -> None:
-        """A verified copy of ``info`` in the cache (fetched, or verified again, under its fetch lock)."""
+    def prefetch(self, index: ShardIndex, info: ShardInfo) -> None:
+        """Fetch ``info`` into the cache unless it is there (hpctrain.data.prefetch); what fails is left to its
+        reader, whose own read fails, or falls back, as it would have."""
+        if SHA256.fullmatch(info.sha256):
+            with contextlib.suppress(OSError, CacheFallback, ShardCorrupt, DataError):
+                with self._lock(info.sha256, "use", fcntl.LOCK_SH):
+                    self._ensure(index, info, reading=False)
+
+    def _ensure(self, index: ShardIndex, info: ShardInfo, reading: bool = True) -> None:
+        """A verified copy of ``info`` in the cache (fetched, or verified again, under its fetch lock); counted as a
+        read (``reading``) or only as a fetch."""
         sha = info.sha256
         if self._verified(sha):
-            self.counts.hits += 1
+            self.counts.hits += reading
             self._touch(sha)
             return
         started = time.perf_counter()
         try:
             with self._lock(sha, "fetch", fcntl.LOCK_EX):
-                if self._verified(sha):  # another process fetched it meanwhile
-                    self.counts.waited += 1
-                    self.counts.hits += 1
+                if self._verified(sha):  # another process or thread fetched it meanwhile
+                    self.counts.waited += reading
+                    self.counts.hits += reading
                 elif self._rehashed(info):
-                    self.counts.hits += 1
+                    self.counts.hits += reading
                 else:
                     self.counts.misses += 1
                     self._fetch(index, info)
                 self._touch(sha)
         finally:
-            self.counts.fetch_wait_s += time.perf_counter() - started
+            if reading:
+                self.counts.fetch_wait_s += time.perf_counter() - started
 
     def _verified(self, sha: str) -> bool:
         """Whether the copy is the one verified last (same inode, size and ctime as its `.ok` file says)."""
@@ -314,7 +327,8 @@ def node_cache(setting: str | None) -> ShardCache | None:
     if "$" in root or not os.path.isabs(root):
         print(f"hpctrain: no shard cache: [cache] dir {site.cache.dir!r} is {root!r} on this node", file=sys.stderr)
         return None
-    return ShardCache(Path(root), _mib(site.cache.max_size), _mib(site.cache.min_free) or 0)
+    cfg = site.cache
+    return ShardCache(Path(root), _mib(cfg.max_size), _mib(cfg.min_free) or 0, _mib(cfg.prefetch) or 0)
 
 
 def _mib(value: int | None) -> int | None:

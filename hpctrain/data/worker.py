@@ -24,6 +24,7 @@ from webdataset import autodecode
 from hpctrain.data.cache import CacheCounts, ShardCache
 from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.data.plan import Position, Segment, segment_order
+from hpctrain.data.prefetch import Prefetcher
 from hpctrain.data.tarshard import Member, Shard, ShardCorrupt
 from hpctrain.errors import DataError
 
@@ -139,36 +140,52 @@ def worker_items(job: EpochJob, worker: int, physical: int = 0) -> Iterator[Item
     batch: list[Sample] = []
     nbytes = 0
     bad: list[Quarantined] = []
-    for s in range(first, len(segments)):
-        segment = segments[s]
-        order = segment_order(segment, seed=job.seed, epoch=job.epoch, shuffle_buffer=job.shuffle_buffer)
-        done = skip if s == first else 0
-        info = job.index.shards[segment.shard]
-        try:
-            with _located(job, info) as where, Shard(job.index, info, where) as shard:
-                try:
-                    for _, sample in shard.read_in_order(order[done:], located):
-                        nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
-                        batch.append(_decode(decoder, sample) if decoder else sample)
-                        done += 1
-                        if len(batch) == job.batch_size:
-                            position = (s + 1, 0) if done == segment.length else (s, done)
-                            data, slot = collate(batch)
-                            item = Item(
-                                worker, position, data, len(batch), nbytes, tuple(bad), slot=slot, **_cache_report(job)
-                            )
-                            batch, nbytes, bad = [], 0, []  # before the yield, where the generator may be closed
-                            yield item
-                finally:  # what the batch still has in this shard is read before the shard closes
-                    batch = [_read_fields(sample) for sample in batch]
-        except ShardCorrupt as exc:
-            bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
-        except DataError as exc:
-            yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc), **_cache_report(job))
-            return
-    if batch or bad or job.cache is not None:
-        data, slot = collate(batch) if batch else (None, None)
-        yield Item(worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot, **_cache_report(job))
+    ahead = _prefetcher(job, [job.index.shards[seg.shard] for seg in segments[first:]])
+    try:
+        for s in range(first, len(segments)):
+            segment = segments[s]
+            order = segment_order(segment, seed=job.seed, epoch=job.epoch, shuffle_buffer=job.shuffle_buffer)
+            done = skip if s == first else 0
+            info = job.index.shards[segment.shard]
+            if ahead is not None:
+                ahead.reading(s - first)
+            try:
+                with _located(job, info) as where, Shard(job.index, info, where) as shard:
+                    try:
+                        for _, sample in shard.read_in_order(order[done:], located):
+                            nbytes += sum(len(v) for k, v in sample.items() if not k.startswith("__"))
+                            batch.append(_decode(decoder, sample) if decoder else sample)
+                            done += 1
+                            if len(batch) == job.batch_size:
+                                position = (s + 1, 0) if done == segment.length else (s, done)
+                                data, slot = collate(batch)
+                                item = Item(
+                                    worker,
+                                    position,
+                                    data,
+                                    len(batch),
+                                    nbytes,
+                                    tuple(bad),
+                                    slot=slot,
+                                    **_cache_report(job, ahead),
+                                )
+                                batch, nbytes, bad = [], 0, []  # before the yield, where the generator may be closed
+                                yield item
+                    finally:  # what the batch still has in this shard is read before the shard closes
+                        batch = [_read_fields(sample) for sample in batch]
+            except ShardCorrupt as exc:
+                bad.append(Quarantined(segment.shard, str(exc), segment.length - done))
+            except DataError as exc:
+                yield Item(worker, (s, done), None, 0, 0, tuple(bad), str(exc), **_cache_report(job, ahead))
+                return
+        if batch or bad or job.cache is not None:
+            data, slot = collate(batch) if batch else (None, None)
+            yield Item(
+                worker, (len(segments), 0), data, len(batch), nbytes, tuple(bad), slot=slot, **_cache_report(job, ahead)
+            )
+    finally:
+        if ahead is not None:
+            ahead.stop()
 
 
 def _located(job: EpochJob, info: ShardInfo) -> contextlib.AbstractContextManager[str | None]:
@@ -176,11 +193,21 @@ def _located(job: EpochJob, info: ShardInfo) -> contextlib.AbstractContextManage
     return job.cache.location(job.index, info) if job.cache is not None else contextlib.nullcontext()
 
 
-def _cache_report(job: EpochJob) -> dict[str, Any]:
-    """An item's account of the cache since the worker's last item (nothing without a cache)."""
+def _prefetcher(job: EpochJob, order: list[ShardInfo]) -> Prefetcher | None:
+    """The thread that fetches the worker's next shards into the node's cache, where it has one that prefetches."""
+    if job.cache is None or not job.cache.prefetch_bytes or len(order) < 2:
+        return None
+    return Prefetcher(job.cache, job.index, order, job.cache.prefetch_bytes)
+
+
+def _cache_report(job: EpochJob, ahead: Prefetcher | None) -> dict[str, Any]:
+    """An item's account of the cache since the worker's last item, its prefetches' too (nothing without a cache)."""
     if job.cache is None:
         return {}
-    return {"cache": job.cache.counts.taken(), "cache_fallback": job.cache.fallback}
+    counts = job.cache.counts.taken()
+    if ahead is not None:
+        counts.add(ahead.taken())
+    return {"cache": counts, "cache_fallback": job.cache.fallback}
 
 
 def _read_fields(sample: Sample) -> Sample:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 from collections import Counter
 
 import pytest
 
 from hpctrain.data import ShardLoader
 from hpctrain.data.cache import ShardCache
+from hpctrain.data.prefetch import Prefetcher
 from hpctrain.data.tarshard import Shard
 from hpctrain.ledger.journal import Journal
 
@@ -145,3 +147,27 @@ def test_a_source_whose_bytes_differ_from_the_index_is_quarantined_not_cached(in
     assert not ShardCache(tmp_path / "cache").path(index.shards[2].sha256).exists()
     [record] = [rec for _, rec in journal.records(kinds=("shard_quarantined",))]
     assert "do not match the index" in record["message"] and record["shard"] == index.shards[2].name
+
+
+def test_a_worker_fetches_its_next_shard_ahead_and_no_further_than_asked(slow, tmp_path):
+    cache = ShardCache(tmp_path / "cache")
+    ahead = Prefetcher(cache, slow, slow.shards[:5], ahead_bytes=1)  # always the next shard, never more
+    try:
+        ahead.reading(0)
+        wait_until(lambda: cache.path(slow.shards[1].sha256).exists(), 30, 0.02, "the next shard")
+        time.sleep(0.5)
+        assert not any(cache.path(s.sha256).exists() for s in (slow.shards[0], *slow.shards[2:]))
+        ahead.reading(1)
+        wait_until(lambda: cache.path(slow.shards[2].sha256).exists(), 30, 0.02, "the shard after")
+    finally:
+        ahead.stop()
+    counts = ahead.taken()
+    assert counts.misses == 2 and counts.hits == 0 and counts.fetch_wait_s == 0
+
+
+def test_with_prefetch_the_loader_still_fetches_each_shard_once_and_reads_bitwise(slow, index, tmp_path):
+    plain = take_across_epochs(ShardLoader(index, **KW), 50)
+    loader = ShardLoader(slow, **KW, cache=ShardCache(tmp_path / "cache", prefetch_bytes=1 << 20))
+    assert take_across_epochs(loader, 50) == plain
+    assert Counter(name for name, _ in reads(tmp_path / "reads.log")) == {s.name: 1 for s in index.shards}
+    assert loader.stats.cache.misses == 12 and loader.stats.cache.source_bytes == sum(s.bytes for s in index.shards)
