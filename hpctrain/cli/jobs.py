@@ -295,6 +295,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.gpus import gpus_line, idle_words, uses_of
     from hpctrain.jobs.pending import waiting
+    from hpctrain.jobs.shard_cache import cache_counts, cache_words
     from hpctrain.jobs.stragglers import latest
     from hpctrain.ledger.attempts import outcome
 
@@ -315,6 +316,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         }
         segments = ledger.segments.of_jobs([row["id"]])
         gpus = uses_of(ledger, [row["id"]]).get(row["id"])
+        cached = cache_counts(ledger, row["id"])
         slow = latest(ledger, row["id"])
         group = ledger.jobs.in_group(row["group_id"]) if row["group_id"] is not None else [row]
         parts = parts_of(group, [t for j in group for t in ledger.jobs.tasks(j["id"])]) if len(group) > 1 else []
@@ -325,6 +327,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         detail["attempts"] = view.runs
         segments = [s for s in segments if s["task_index"] in shown]
     detail["gpus"] = gpus and gpus.as_json()
+    detail["cache"] = cached
     detail["stragglers"] = slow and {"step": slow[0], "ranks": [s.__dict__ for s in slow[1]]}
     detail["submission"] = [p.__dict__ for p in parts]
     measured = {(s["task_index"], s["attempt"]) for s in segments}  # runs whose trainer journaled its steps
@@ -394,6 +397,8 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
         console.print(f"  {gpus_line(gpus)}")
         if said := idle_words(gpus, gpus.idle):
             console.print(styled("  ", ("idle GPUs", "bold"), f": {said}"))
+    if cached is not None:
+        console.print(f"  {cache_words(cached)}")
     if slow and slow[1]:
         console.print(f"  stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     for (index, attempt), good in goodput.items() if not view.summarised else ():

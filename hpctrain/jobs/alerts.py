@@ -14,6 +14,7 @@ from typing import Any
 from hpctrain.config.site import Alerts
 from hpctrain.contract import RESUME_NOT_BITWISE
 from hpctrain.jobs.gpus import idle_words, uses_of
+from hpctrain.jobs.shard_cache import cache_counts, cold_words
 from hpctrain.jobs.stragglers import latest
 from hpctrain.ledger import Ledger
 
@@ -62,7 +63,10 @@ def _alerts(ledger: Ledger, job: Mapping[str, Any], limits: Alerts, now: float) 
             )
     wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
     if wait is not None and wait > limits.data_wait_fraction:
-        found.append(f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)")
+        found.append(
+            f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)"
+            + cold_words(cache_counts(ledger, job["id"]))
+        )
     if (slow := latest(ledger, job["id"])) and slow[1]:
         found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
     found += checkpoint_alerts(ledger, job["id"], limits, now, started)

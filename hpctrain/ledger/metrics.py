@@ -163,6 +163,22 @@ class Metrics:
                 }
         return found
 
+    def last_values(self, job_id: int, names: tuple[str, ...]) -> dict[str, float]:
+        """The newest value of each of ``names`` that the task that reported last has, by name (an index seek each)."""
+        db, found = self.ledger.db, {}
+        task = db.execute(
+            "SELECT task_index FROM metric_tails WHERE job_id = ? ORDER BY last_at DESC LIMIT 1", [job_id]
+        ).fetchone()
+        for name in names if task is not None else ():
+            row = db.execute(
+                "SELECT value FROM metrics WHERE job_id = ? AND task_index = ? AND name = ? AND value IS NOT NULL "
+                "ORDER BY step DESC LIMIT 1",
+                [job_id, task[0], name],
+            ).fetchone()
+            if row is not None:
+                found[name] = row[0]
+        return found
+
     def last_time(self, job_id: int) -> float | None:
         """When the job last reported a metric (a training step), from its tasks' tails."""
         return self.ledger.db.execute("SELECT max(last_at) FROM metric_tails WHERE job_id = ?", [job_id]).fetchone()[0]

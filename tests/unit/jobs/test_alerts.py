@@ -115,3 +115,25 @@ def test_the_alerts_of_a_job_read_as_much_after_a_long_history_as_after_a_short_
         (short, short_found), (long, long_found) = cost(jobs[0]), cost(jobs[1])
     assert short_found[1] == long_found[2] == ["data-bound: 60% of step time waiting for data (last 20 steps)"]
     assert long <= 1.5 * short + 5, (short, long)
+
+
+def test_a_data_bound_alert_says_whether_the_nodes_cache_was_cold_and_show_gives_its_counts(isolated_ledger):
+    now = time.time()
+    cold = {"cache_hits": 3, "cache_misses": 12, "cache_waited": 2, "cache_corrupt": 1, "cache_source_bytes": 3.4e8,
+            "cache_bytes": 4e8, "cache_fetch_wait_s": 2.5, "cache_fallbacks": 0}
+    with Ledger(isolated_ledger) as ledger:
+        for name in ("cold", "warm", "uncached"):
+            Table(ledger, "jobs").insert({"name": name, "site": "dev", "state": "RUNNING"})
+            add_steps(ledger, ledger.db.execute("SELECT max(id) FROM jobs").fetchone()[0], range(1, 30), now - 40,
+                      wait_s=0.6)
+        for job, counts in ((1, cold), (2, {**cold, "cache_misses": 0, "cache_source_bytes": 0})):
+            ledger.metrics.record(job, -1, 29, counts, 0, now)
+        found = job_alerts(ledger, Table(ledger, "jobs").rows(), LIMITS, now=now)
+    waiting = "data-bound: 60% of step time waiting for data (last 20 steps)"
+    assert found[1] == [waiting + "; the node's cache was cold: 12 shards fetched from the source so far"]
+    assert found[2] == [waiting + "; every shard read from the node's cache"] and found[3] == [waiting]
+    shown = run_cli("show", "1").stdout
+    assert ("node cache (rank 0): 3 reads from the cache, 12 shards fetched from the source (340 MB), 2 fetched by "
+            "another process while this one waited, 1 corrupt copies fetched again, 2.5 s waiting for fetches") in \
+        " ".join(shown.split())
+    assert json.loads(run_cli("show", "3", "--json").stdout)["cache"] is None
