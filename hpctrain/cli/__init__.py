@@ -1,7 +1,7 @@
 """The `hpctrain` command line: a thin layer over the Python API (the root group; commands in this package).
 
 Only click is imported at start-up. Each command family is a module of this package (`jobs`, `observe`,
-`ckpt`, `data`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`, `interactive`; shared options in
+`ckpt`, `data`, `cache`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`, `interactive`; shared options in
 `common`), imported only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
 `status` never load torch. Commands parse arguments and print; the packages do the work.
 """
@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "quota": "hpctrain.cli.observe:quota",
     "launch": "hpctrain.cli.launch:launch",
     "data": "hpctrain.cli.data:data",
+    "cache": "hpctrain.cli.cache:cache",
     "ckpt": "hpctrain.cli.ckpt:ckpt",
     "attempt": "hpctrain.cli.attempt:attempt",
     "sweep": "hpctrain.cli.sweep:sweep",

@@ -33,11 +33,15 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.data.index import ShardIndex, ShardInfo
 from hpctrain.data.source import open_shard
 from hpctrain.data.tarshard import ShardCorrupt
 from hpctrain.errors import DataError
+
+if TYPE_CHECKING:
+    from hpctrain.config.site import SiteConfig
 
 SHA256 = re.compile(r"[0-9a-f]{64}")
 CHUNK = 4 << 20  # bytes copied (and hashed) at a time
@@ -70,6 +74,18 @@ class CacheCounts:
         for f in fields(self):
             setattr(self, f.name, type(getattr(self, f.name))())
         return out
+
+
+@dataclass(frozen=True)
+class CachedCopy:
+    """A shard's copy in the cache: its sha256, size, last use, whether it is the copy verified last, and whether a
+    process reads or fetches it now."""
+
+    sha256: str
+    bytes: int
+    last_used: float
+    verified: bool
+    in_use: bool
 
 
 class CacheFallback(Exception):
@@ -147,6 +163,31 @@ class ShardCache:
             if reading:
                 self.counts.fetch_wait_s += time.perf_counter() - started
 
+    def copies(self) -> list[CachedCopy]:
+        """Every copy in the cache, most recently used first."""
+        if not self.shards.is_dir():
+            return []
+        return [
+            CachedCopy(sha, size, last, self._verified(sha), self._in_use(sha))
+            for last, size, sha in sorted(self._copies(), reverse=True)
+        ]
+
+    def verify(self, sha: str) -> bool | None:
+        """Hash one copy again, waiting for a fetch of it under way (`_check`)."""
+        with self._lock(sha, "fetch", fcntl.LOCK_EX):
+            return self._check(sha)
+
+    def evict(self, sha: str) -> bool:
+        """Remove one copy unless a process reads or fetches it; whether it was removed."""
+        return self._evict(sha)
+
+    def _in_use(self, sha: str) -> bool:
+        try:
+            with self._lock(sha, "use", fcntl.LOCK_EX | fcntl.LOCK_NB):
+                return False
+        except BlockingIOError:
+            return True
+
     def _verified(self, sha: str) -> bool:
         """Whether the copy is the one verified last (same inode, size and ctime as its `.ok` file says)."""
         try:
@@ -156,20 +197,25 @@ class ShardCache:
             return False
 
     def _rehashed(self, info: ShardInfo) -> bool:
-        """A copy there but changed since it was verified (or never remembered): hashed again; kept if it matches,
-        else counted corrupt and removed."""
-        path = self.path(info.sha256)
+        """A copy there but changed since it was verified (or never remembered): hashed again (`_check`), a copy that
+        no longer matches counted corrupt."""
+        matched = self._check(info.sha256)
+        self.counts.corrupt += matched is False
+        return bool(matched)
+
+    def _check(self, sha: str) -> bool | None:
+        """Hash the copy again (its name is its sha256): remembered as verified if it matches, removed if not; None
+        when there is none."""
         try:
-            with open(path, "rb") as fh:
-                matches = _digest(fh) == info.sha256
+            with open(self.path(sha), "rb") as fh:
+                good = _digest(fh) == sha
         except FileNotFoundError:
-            return False
-        if matches:
-            self._remember(info.sha256)
-            return True
-        self.counts.corrupt += 1
-        self._remove(info.sha256)
-        return False
+            return None
+        if good:
+            self._remember(sha)
+        else:
+            self._remove(sha)
+        return good
 
     def _fetch(self, index: ShardIndex, info: ShardInfo) -> None:
         """The shard from its source into the cache, verified; ShardCorrupt when the source's bytes are wrong each
@@ -314,20 +360,32 @@ def _alive(pid: int) -> bool:
 
 
 def node_cache(setting: str | None) -> ShardCache | None:
-    """The cache a job's `data.cache` (``setting``) reads through on this node: its site's `[cache]`, the directory
-    expanded here; None when off, outside a job's site, where the site has none, or where its directory names a
-    variable this node does not set (said in one line)."""
-    from hpctrain.config.loading import expand_vars
+    """The cache a job's `data.cache` (``setting``) reads through on this node: its site's `[cache]` (`site_cache`);
+    None when off, outside a job's site, where the site has none, or where it cannot be had here (said in one
+    line)."""
     from hpctrain.config.site import job_site
 
     site = job_site() if setting != "off" else None
-    if site is None or site.cache.dir is None:
+    if site is None:
         return None
-    root = os.path.expanduser(expand_vars(site.cache.dir))
-    if "$" in root or not os.path.isabs(root):
-        print(f"hpctrain: no shard cache: [cache] dir {site.cache.dir!r} is {root!r} on this node", file=sys.stderr)
+    try:
+        return site_cache(site)
+    except CacheFallback as exc:
+        print(f"hpctrain: no shard cache: {exc}", file=sys.stderr)
         return None
+
+
+def site_cache(site: SiteConfig) -> ShardCache | None:
+    """``site``'s cache on this host, its directory expanded here; None where the site has none; CacheFallback
+    where the directory names a variable this host does not set."""
+    from hpctrain.config.loading import expand_vars
+
     cfg = site.cache
+    if cfg.dir is None:
+        return None
+    root = os.path.expanduser(expand_vars(cfg.dir))
+    if "$" in root or not os.path.isabs(root):
+        raise CacheFallback(f"[cache] dir {cfg.dir!r} is {root!r} on this host")
     return ShardCache(Path(root), _mib(cfg.max_size), _mib(cfg.min_free) or 0, _mib(cfg.prefetch) or 0)
 
 

@@ -16,6 +16,7 @@ from hpctrain.jobs import stragglers
 from hpctrain.jobs.accounting import Total, Usage, overall, percent, summary, totals, usage
 from hpctrain.jobs.goodput import GPU_CAUSES
 from hpctrain.jobs.gpus import gpu_use, gpus_line
+from hpctrain.jobs.shard_cache import cache_counts, cache_words
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.attempts import outcome
 from hpctrain.ledger.evaluations import outcome as evaluation_outcome
@@ -51,6 +52,8 @@ def job_report(ledger: Ledger, site_cfg: SiteConfig, job_id: int, data: collect.
         facts.append(("sweep", job["sweep_id"]))
     if use := gpu_use(ledger.gpus.of_job(job_id)):
         facts.append(("GPU use", gpus_line(use)))
+    if cached := cache_counts(ledger, job_id):
+        facts.append(("shards", cache_words(cached)))
     if slow := stragglers.latest(ledger, job_id):
         facts.append(("stragglers", f"at step {slow[0]}: {', '.join(map(str, slow[1])) or 'none'}"))
     plots = [

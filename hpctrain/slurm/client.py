@@ -31,6 +31,7 @@ CLIENT_COMMANDS = ("sbatch", "squeue", "sacct", "sinfo", "scontrol", "sacctmgr",
 # other task answering "No error"): they need none.
 TASKS_ENDED = re.compile(r"^\S+: (No error|Job has already finished|Job is no longer pending execution)$")
 # A cancel of a job or task that ended meanwhile (or left the controller's memory): nothing is left to do.
+SLURM_NODE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,254}"  # a node's name: never an option
 CANCEL_ENDED = re.compile(
     r"^scancel: error: Kill job error on job id \S+: (Job/step already completing or completed|Invalid job id specified)$"
 )
@@ -251,6 +252,25 @@ class SlurmClient:
         says it (one `squeue` call; sacct does not say it on every release)."""
         out = self.run("squeue", "-h", "-r", "-t", "PENDING", "-o", "%i|%r", "-j", ",".join(job_ids))
         return dict(line.split("|", 1) for line in out.splitlines() if "|" in line)
+
+    def on_node(self, node: str, partition: str, argv: list[str], minutes: int = 5, start_s: int = 120) -> str:
+        """Run ``argv`` as a one-task job step on ``node`` (srun, a job of its own that must start within
+        ``start_s``); its stdout."""
+        if not re.fullmatch(SLURM_NODE, node):
+            raise SlurmError(f"{node!r}: not a node name")
+        return self.run(
+            "srun",
+            f"--nodelist={node}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--time={minutes}",
+            f"--immediate={start_s}",
+            f"--partition={partition}",
+            "--job-name=hpctrain-on-node",
+            "--quiet",
+            "--",
+            *argv,
+        )
 
     def scancel(
         self,

@@ -6,6 +6,7 @@ read without the cache's, bitwise."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -14,6 +15,7 @@ import pytest
 
 from hpctrain.data import ShardLoader
 
+from helpers.cli import run_cli
 from helpers.data import make_dataset
 from helpers.paths import REPO
 from helpers.slow_source import reads, slow_index
@@ -63,3 +65,11 @@ def test_two_jobs_on_two_nodes_fetch_each_shard_once_a_node_and_read_it_bitwise(
             plain = ShardLoader(index, batch_size=4, dp_rank=rank, dp_size=4, workers=1, seed=3)
             assert said["epochs"] == [[str(k) for batch in plain for k in batch["__key__"]] for _ in range(2)]
             assert said["cache"]["cache_hits"] + said["cache"]["cache_misses"] > 0
+    node = sorted({n for _, n in fetched})[0]  # `hpctrain cache` there, as a job step: its copies are those it fetched
+    listed = run_cli("cache", "ls", "--node", node, "--site", str(site), "--json", timeout=300)
+    assert listed.returncode == 0, listed.stderr
+    found = json.loads(listed.stdout)
+    assert found["host"] == node and found["dir"] == f"{tmp_path}/cache/{node}/hpctrain-{os.getuid()}"
+    by_name = {s.sha256: s.name for s in index.shards}
+    assert sorted(by_name[c["sha256"]] for c in found["copies"]) == sorted(n for n, at in fetched if at == node)
+    assert all(c["verified"] and not c["in_use"] for c in found["copies"])

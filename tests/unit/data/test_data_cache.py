@@ -5,6 +5,7 @@ cache that cannot be written falls back to the source with one alert."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -19,7 +20,9 @@ from hpctrain.data.prefetch import Prefetcher
 from hpctrain.data.tarshard import Shard
 from hpctrain.ledger.journal import Journal
 
+from helpers.cli import run_cli
 from helpers.data import KW, flip_byte, make_dataset, take_across_epochs
+from helpers.paths import REPO
 from helpers.slow_source import reads, slow_index
 from helpers.waiting import wait_until
 
@@ -171,3 +174,28 @@ def test_with_prefetch_the_loader_still_fetches_each_shard_once_and_reads_bitwis
     assert take_across_epochs(loader, 50) == plain
     assert Counter(name for name, _ in reads(tmp_path / "reads.log")) == {s.name: 1 for s in index.shards}
     assert loader.stats.cache.misses == 12 and loader.stats.cache.source_bytes == sum(s.bytes for s in index.shards)
+
+
+def test_the_cache_command_lists_verifies_and_clears_this_hosts_copies(slow, tmp_path):
+    site = tmp_path / "site.toml"
+    site.write_text((REPO / "site_configs" / "dev.toml").read_text() + f'\n[cache]\ndir = "{tmp_path}/cache"\n')
+    cache = ShardCache(tmp_path / "cache")
+    read_all(cache, slow)
+    flip_byte(cache.path(slow.shards[5].sha256), 700)
+    listed = json.loads(run_cli("cache", "ls", "--site", str(site), "--json").stdout)
+    assert listed["dir"] == str(cache.dir) and len(listed["copies"]) == 12
+    assert sum(not c["verified"] for c in listed["copies"]) == 1  # the changed one: its ctime moved
+    verified = run_cli("cache", "verify", "--site", str(site))
+    assert verified.returncode == 1 and "11 copies verified, 1 corrupt (removed)" in verified.stdout
+    with cache.location(slow, slow.shards[0]):  # read now: kept
+        cleared = json.loads(run_cli("cache", "clear", "--site", str(site), "--json").stdout)
+    assert cleared["removed"] == 10 and cleared["in_use"] == 1 and [p.stem for p in cache.shards.glob("*.tar")] == \
+        [slow.shards[0].sha256]
+    unset = tmp_path / "unset.toml"
+    unset.write_text(site.read_text().replace(f"{tmp_path}/cache", "/var/tmp/${HPCTRAIN_NO_SUCH_VARIABLE}"))
+    refused = run_cli("cache", "ls", "--site", str(unset))
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "hpctrain: error: [cache] dir '/var/tmp/${HPCTRAIN_NO_SUCH_VARIABLE}' is "
+        "'/var/tmp/${HPCTRAIN_NO_SUCH_VARIABLE}' on this host: give --node NODE to look on a compute node")
+    assert run_cli("cache", "ls", "--node", "-n1", "--site", str(site)).stderr.strip() == \
+        "hpctrain: error: '-n1': not a node name"
