@@ -163,12 +163,17 @@ class Metrics:
                 }
         return found
 
-    def last_values(self, job_id: int, names: tuple[str, ...]) -> dict[str, float]:
-        """The newest value of each of ``names`` that the task that reported last has, by name (an index seek each)."""
+    def last_values(self, job_id: int, names: tuple[str, ...], task_index: int | None = None) -> dict[str, float]:
+        """The newest value of each of ``names`` that task ``task_index`` (default: the one that reported last) has,
+        by name (an index seek each)."""
         db, found = self.ledger.db, {}
-        task = db.execute(
-            "SELECT task_index FROM metric_tails WHERE job_id = ? ORDER BY last_at DESC LIMIT 1", [job_id]
-        ).fetchone()
+        task = (
+            (task_index,)
+            if task_index is not None
+            else db.execute(
+                "SELECT task_index FROM metric_tails WHERE job_id = ? ORDER BY last_at DESC LIMIT 1", [job_id]
+            ).fetchone()
+        )
         for name in names if task is not None else ():
             row = db.execute(
                 "SELECT value FROM metrics WHERE job_id = ? AND task_index = ? AND name = ? AND value IS NOT NULL "

@@ -52,6 +52,7 @@ class Run:
     attempts: int
     preemptions: int
     gpu_util: float | None = None  # mean percent over its GPUs and runs, as the nodes' samplers read them
+    source_bytes: float | None = None  # read from the shards' sources by its rank 0 loader through the node's cache
 
 
 @dataclass
@@ -77,7 +78,7 @@ class Comparison:
 
     def results_table(self) -> tuple[list[str], list[list[Any]]]:
         """(columns, rows): each run's final and best value ("2.31 @ 400") of each metric, steps, GPU-hours, goodput,
-        GPU utilization, attempts and preemptions."""
+        GPU utilization, the MB read from the shards' sources through the node's cache, attempts and preemptions."""
         metrics = list(self.metrics)
         columns = ["run", "name", "state", *(f"{m} {what}" for m in metrics for what in ("final", "best"))]
         rows = []
@@ -92,8 +93,12 @@ class Comparison:
                 )
             goodput = "-" if r.goodput is None else f"{100 * r.goodput:.1f}%"
             util = "-" if r.gpu_util is None else f"{r.gpu_util:.0f}%"
-            rows.append([*cells, r.steps or "-", f"{r.gpu_hours:.2f}", goodput, util, r.attempts, r.preemptions])
-        return [*columns, "steps", "GPU-hours", "goodput", "GPU util", "attempts", "preemptions"], rows
+            source = "-" if r.source_bytes is None else f"{r.source_bytes / 1e6:.0f}"
+            rows.append(
+                [*cells, r.steps or "-", f"{r.gpu_hours:.2f}", goodput, util, source, r.attempts, r.preemptions]
+            )
+        columns += ["steps", "GPU-hours", "goodput", "GPU util", "source MB", "attempts", "preemptions"]
+        return columns, rows
 
     def to_json(self) -> dict[str, Any]:
         """What `hpctrain compare --json` prints."""
@@ -159,6 +164,9 @@ def runs_of_sweep(ledger: Ledger, sweep_id: str) -> tuple[list[RunRef], dict[str
     return refs, {sweep.spec.metric: sweep.spec.direction == "minimize"}
 
 
+SOURCE_BYTES = ("cache_source_bytes",)  # a run's loader's count (hpctrain.data.cache), its newest
+
+
 def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metrics: Mapping[str, bool]) -> Comparison:
     """The runs ``refs`` side by side, with ``metrics`` (name -> lower is better) summarised."""
     if not refs:
@@ -193,6 +201,7 @@ def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metri
                 attempts=tries[key][0],
                 preemptions=tries[key][1],
                 gpu_util=util.get(key),
+                source_bytes=ledger.metrics.last_values(ref.job_id, SOURCE_BYTES, ref.task_index).get(SOURCE_BYTES[0]),
             )
         )
     return Comparison(runs, dict(metrics))

@@ -71,6 +71,8 @@ def ledger_path(tmp_path_factory):
             ledger.gpus.record(key, "n1", "nvml", {str(d): {"samples": 720, "seconds": 3600.0, "mean": util,
                                                           "idle_s": 0.0, "idle_now_s": 0.0} for d in range(4)},
                                policy, [], T0 + (attempt + 1) * 3600, True)
+        for step, read in ((50, 2e8), (100, 3.4e8)):  # its loader's reads from the shards' source, through a cache
+            ledger.metrics.record(fast, -1, step, {"cache_source_bytes": read}, 0, T0 + step)
         slow = _job(ledger, "gpt", {**LINEAGE, "hyperparameters": {"lr": 1e-3, "warmup": 10}, "spec_sha256": "x"})
         _run(ledger, slow, -1, ("completed",), 1.1)
         path = tmp / "sweep.toml"
@@ -135,6 +137,7 @@ def test_json_table_and_errors_on_the_command_line(ledger_path, tmp_path):
     assert table.returncode == 0 and "hyperparameters.lr" in table.stdout and "2.95 @ 75" in table.stdout
     assert "same in every run: code.commit=abc123" in table.stdout
     assert data["runs"][0]["gpu_util"] == pytest.approx(60.0) and "GPU util" in table.stdout and "60%" in table.stdout
+    assert [r["source_bytes"] for r in data["runs"]] == [3.4e8, None] and "source MB" in table.stdout
     for args, error in ((["99"], "hpctrain: error: job 99: no such ledger id (see `hpctrain status --all`)\n"),
                         (["--sweep", "nope"], "hpctrain: error: sweep 'nope': not in the ledger "
                                               "(see `hpctrain sweep status`)\n"),
