@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -25,16 +26,30 @@ def cache() -> None:
     """The node-local cache of shards (site [cache]): what it holds, each copy hashed again, cleared."""
 
 
-@cache.command("ls")
-@site_option
-@node_option
-@json_option
-def ls(site: str | None, node: str | None, as_json: bool) -> None:
+def _action(name: str) -> Callable[[Callable[[dict[str, Any]], None]], click.Command]:
+    """`hpctrain cache NAME [--site S] [--node N] [--json]`: the answer as JSON, or as the decorated function says it
+    (its docstring the command's help)."""
+
+    def command(say: Callable[[dict[str, Any]], None]) -> click.Command:
+        @cache.command(name, help=say.__doc__)
+        @site_option
+        @node_option
+        @json_option
+        def run(site: str | None, node: str | None, as_json: bool) -> None:
+            found = _run(site, node, name)
+            if as_json:
+                click.echo(json_text(found))
+            else:
+                say(found)
+
+        return run
+
+    return command
+
+
+@_action("ls")
+def _ls(found: dict[str, Any]) -> None:
     """The copies in the cache, most recently used first: sha256, size, last use, verified, in use."""
-    found = _run(site, node, "ls")
-    if as_json:
-        click.echo(json_text(found))
-        return
     from datetime import datetime
 
     copies = found["copies"]
@@ -47,17 +62,10 @@ def ls(site: str | None, node: str | None, as_json: bool) -> None:
         click.echo(f"  {c['sha256'][:16]}  {c['bytes'] / 1e6:9.1f} MB  last used {when}  {flags}")
 
 
-@cache.command()
-@site_option
-@node_option
-@json_option
-def verify(site: str | None, node: str | None, as_json: bool) -> None:
+@_action("verify")
+def _verify(found: dict[str, Any]) -> None:
     """Hash every copy again (its name is its sha256); a copy that does not match is removed, and fetched again by
-    the next reader."""
-    found = _run(site, node, "verify")
-    if as_json:
-        click.echo(json_text(found))
-        return
+    the next reader (exit 1)."""
     click.echo(
         f"{found['dir']} on {found['host']}: {found['verified']} copies verified, {found['corrupt']} corrupt (removed)"
     )
@@ -65,16 +73,9 @@ def verify(site: str | None, node: str | None, as_json: bool) -> None:
         sys.exit(1)
 
 
-@cache.command()
-@site_option
-@node_option
-@json_option
-def clear(site: str | None, node: str | None, as_json: bool) -> None:
+@_action("clear")
+def _clear(found: dict[str, Any]) -> None:
     """Remove every copy no process reads or fetches now."""
-    found = _run(site, node, "clear")
-    if as_json:
-        click.echo(json_text(found))
-        return
     click.echo(
         f"{found['dir']} on {found['host']}: {found['removed']} copies removed "
         f"({found['bytes'] / 1e6:.0f} MB), {found['in_use']} in use kept"
