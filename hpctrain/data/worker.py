@@ -197,7 +197,10 @@ def _prefetcher(job: EpochJob, order: list[ShardInfo]) -> Prefetcher | None:
     """The thread that fetches the worker's next shards into the node's cache, where it has one that prefetches."""
     if job.cache is None or not job.cache.prefetch_bytes or len(order) < 2:
         return None
-    return Prefetcher(job.cache, job.index, order, job.cache.prefetch_bytes)
+    ahead = job.cache.prefetch_bytes
+    if job.cache.max_bytes is not None:  # a small cache: what is fetched ahead must not evict what is read next
+        ahead = min(ahead, job.cache.max_bytes // 4)
+    return Prefetcher(job.cache, job.index, order, ahead)
 
 
 def _cache_report(job: EpochJob, ahead: Prefetcher | None) -> dict[str, Any]:
