@@ -3,10 +3,9 @@ those no process uses; each answer a JSON-ready dict naming the node and the dir
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
+from hpctrain.contract import JobEnvironment
 from hpctrain.data.cache import ShardCache
 
 ACTIONS = ("ls", "verify", "clear")
@@ -15,8 +14,8 @@ ACTIONS = ("ls", "verify", "clear")
 def act(shards: ShardCache, action: str) -> dict[str, Any]:
     """``action`` (of ACTIONS) on ``shards``."""
     copies = shards.copies()
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # the dev cluster's nodes share one host
-    found: dict[str, Any] = {"host": node, "dir": str(shards.dir)}
+    # Slurm's name of the node (the dev cluster's nodes share one host), else the host's
+    found: dict[str, Any] = {"host": JobEnvironment().node, "dir": str(shards.dir)}
     if action == "ls":
         found["copies"] = [c.__dict__ for c in copies]
     elif action == "verify":
