@@ -13,8 +13,9 @@ mid-fetch leaves no file under a shard's name. A verified copy is remembered by 
 `.ok` file beside it, whose mtime is the copy's last use): a copy changed on disk after it was verified changes its
 ctime, is hashed again, and when it no longer matches is counted corrupt, removed and fetched again, never read.
 
-Before a fetch, copies least recently used are evicted until the new shard fits under ``max_size`` with ``min_free``
-left on the disk. When it cannot fit, or the directory cannot be written (full, read-only, not there), the shard is
+Before a fetch, under the node's `room` lock, copies least recently used are evicted until the new shard fits under
+``max_size`` with ``min_free`` left on the disk, beside the fetches under way, and the fetch's temporary file is
+allocated at the shard's size (so fetches of different shards at once stay under the limits together). When it cannot fit, or the directory cannot be written (full, read-only, not there), the shard is
 read from its source as without a cache, and the job says so once (`CacheFallback`); the job never fails for it.
 """
 
@@ -220,15 +221,16 @@ class ShardCache:
     def _fetch(self, index: ShardIndex, info: ShardInfo) -> None:
         """The shard from its source into the cache, verified; ShardCorrupt when the source's bytes are wrong each
         time. CacheFallback when the cache's disk cannot take it."""
-        self._make_room(info.bytes)
         location = index.location(info)
         for _ in range(FETCHES):
             tmp = self.shards / f".{info.sha256}.{os.getpid()}.{time.monotonic_ns()}.tmp"
             try:
+                self._reserve(tmp, info.bytes)
                 src, _size = open_shard(location)
-                with src, open(tmp, "wb") as dst:
+                with src, open(tmp, "r+b") as dst:
                     got = _digest(src, dst)
                     size = dst.tell()
+                    dst.truncate(size)
                 self.counts.source_bytes += size
                 if size == info.bytes and got == info.sha256:
                     os.replace(tmp, self.path(info.sha256))
@@ -243,12 +245,30 @@ class ShardCache:
             self.counts.corrupt += 1
         raise ShardCorrupt(f"its bytes from {location} do not match the index's size and sha256 ({FETCHES} fetches)")
 
-    def _make_room(self, needed: int) -> None:
-        """Evict the least recently used copies not in use until ``needed`` more bytes fit; CacheFallback if not."""
+    def _reserve(self, tmp: Path, needed: int) -> None:
+        """``tmp``, a fetch's file, made ``needed`` bytes long under the node's room lock once there is room for it:
+        fetches of different shards at once each count the others' reservations, so together they stay under
+        ``max_size`` and ``min_free``."""
         self.shards.mkdir(parents=True, exist_ok=True)
+        with self._lock("node", "room", fcntl.LOCK_EX):
+            self._make_room(needed)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                if needed:
+                    os.posix_fallocate(fd, 0, needed)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                os.ftruncate(fd, needed)  # a file system that cannot allocate ahead: at least its size counts
+            finally:
+                os.close(fd)
+
+    def _make_room(self, needed: int) -> None:
+        """Evict the least recently used copies not in use until ``needed`` more bytes fit beside the copies and the
+        fetches under way; CacheFallback if they cannot."""
         self._clear_stale_temporaries()
         copies = sorted(self._copies(), key=lambda c: c[0])  # (last use, size, sha256), oldest first
-        used = sum(size for _, size, _ in copies)
+        used = sum(size for _, size, _ in copies) + self._fetching()
         for _, size, sha in copies:
             if self._fits(needed, used):
                 return
@@ -257,7 +277,7 @@ class ShardCache:
         if not self._fits(needed, used):
             free = shutil.disk_usage(self.dir).free
             raise CacheFallback(
-                f"{self.dir}: no room for {needed} bytes ({used} cached, {free} free on its disk; "
+                f"{self.dir}: no room for {needed} bytes ({used} cached or being fetched, {free} free on its disk; "
                 f"max_size {self.max_bytes}, min_free {self.min_free_bytes}; copies in use are kept)"
             )
 
@@ -278,6 +298,14 @@ class ShardCache:
             except OSError:
                 last = 0.0
             yield last, size, path.stem
+
+    def _fetching(self) -> int:
+        """Bytes reserved by the fetches under way (their temporary files; a `.ok` file's are not fetches)."""
+        total = 0
+        for tmp in self.shards.glob(".*.tmp"):
+            with contextlib.suppress(OSError):
+                total += tmp.stat().st_size if ".ok." not in tmp.name else 0
+        return total
 
     def _evict(self, sha: str) -> bool:
         """Remove one copy if no process reads or fetches it (never waits for one that does)."""

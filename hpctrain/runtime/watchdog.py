@@ -18,6 +18,7 @@ The reference trainer times its start-up and steps; a user's loop is timed throu
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import os
 import re
@@ -79,6 +80,11 @@ class Watchdog:
                 self.dump_file = open(dump, "a", encoding="utf-8")
                 # chain: the signal's own action follows the stacks (SIGQUIT's default ends the process), so a
                 # stopped rank continued for its stacks runs none of its code again (hpctrain.launch.rankwatch).
+                # A job started in the background of a non-interactive shell inherits SIGQUIT ignored: the chained
+                # action would then be nothing, and the rank would run on after its stacks.
+                if signal.getsignal(DUMP_SIGNAL) == signal.SIG_IGN:
+                    with contextlib.suppress(ValueError):  # not the main thread: it may not set a disposition
+                        signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
                 faulthandler.register(DUMP_SIGNAL, file=self.dump_file, all_threads=True, chain=True)
             threading.Thread(target=self._exit_when_hung, name="hpctrain-watchdog", daemon=True).start()
             # A rank whose code has returned is not in a step: its exit (other atexit handlers, the modules' teardown,

@@ -5,6 +5,7 @@ cache that cannot be written falls back to the source with one alert."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
@@ -86,6 +87,37 @@ def test_a_capped_cache_evicts_the_least_recently_used_never_one_in_use(slow, tm
     kept = {p.stem for p in cache.shards.glob("*.tar")}
     assert first.sha256 in kept and second.sha256 not in kept and len(kept) <= 3
     assert sum(p.stat().st_size for p in cache.shards.glob("*.tar")) <= 3 * size + 10
+
+
+def read_capped(root: str, index_path: str, cap: int, start: int) -> None:
+    from hpctrain.data.index import load_index
+
+    index = load_index(index_path)
+    cache = ShardCache(root, max_bytes=cap)
+    for info in index.shards[start:] + index.shards[:start]:
+        with cache.location(index, info):
+            pass
+
+
+def test_processes_fetching_different_shards_at_once_stay_under_the_cap_together(slow, tmp_path):
+    """Four processes, each starting at a different shard, through a cache of three: at no moment do the copies
+    and the fetches under way hold more than the cap (each fetch counts the others' reservations)."""
+    cap = 3 * max(s.bytes for s in slow.shards)
+    shards, most = tmp_path / "cache" / f"hpctrain-{os.getuid()}" / "shards", 0
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        done = pool.starmap_async(read_capped, [(str(tmp_path / "cache"), str(slow.path), cap, 3 * k)
+                                                for k in range(4)])
+        while not done.ready():
+            held = 0
+            for path in shards.glob("*"):
+                if path.suffix != ".ok" and ".ok." not in path.name:
+                    with contextlib.suppress(OSError):
+                        held += path.stat().st_size
+            most = max(most, held)
+            time.sleep(0.002)
+        done.get()
+    assert most <= cap, (most, cap)
+    assert Counter(name for name, _ in reads(tmp_path / "reads.log")).total() > len(slow.shards)  # it evicted
 
 
 def fetch_forever(root: str, index_path: str) -> None:

@@ -67,10 +67,12 @@ COUNTED = LOOP.replace("    train_step()\n", "    train_step()\n    steps.write(
 
 def test_a_stopped_rank_runs_none_of_its_code_again_when_continued_for_its_stacks(tmp_path):
     """Issue 58.6: continued so that it could write its stacks, a stopped rank ran its own code until the shim killed
-    it, and trained a step more. Its stacks now end it: as many steps after the stop as before."""
+    it, and trained a step more. Its stacks now end it: as many steps after the stop as before. Even where it
+    inherited SIGQUIT ignored, as a job started in the background of a non-interactive shell does (and CI's did)."""
     env = job_env(tmp_path, step_s=1)
     shim = subprocess.Popen([sys.executable, "-m", "hpctrain.launch.task", "--", sys.executable, "-c", COUNTED],
-                            env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+                            env=env, stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGQUIT, signal.SIG_IGN))
     rank = int(shim.stdout.readline())
     wait_until(lambda: (tmp_path / "steps").exists() and len((tmp_path / "steps").read_text()) >= 5, 30, 0.05,
                "a few steps")

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pynvml
 import pytest
 
@@ -20,6 +21,8 @@ from hpctrain.runtime.utilization import (
     Reading,
     open_source,
 )
+
+from helpers.waiting import wait_until
 
 
 def test_without_a_driver_nvml_says_why_and_the_processes_are_read():
@@ -43,13 +46,14 @@ def test_a_reading_nvml_refuses_is_missing_not_a_failure():
     assert source.read() == [Reading(None)]
 
 
-BUSY = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
-IDLE = "import time; time.sleep(30)"
+BUSY = "import time\nend = time.time() + 300\nwhile time.time() < end: pass"
+IDLE = "import time; time.sleep(300)"
 
 
 def test_each_local_ranks_processes_stand_for_its_gpu():
     """Two 'shims' (children of this process, as tasks are of their slurmstepd) with SLURM_LOCALID 0 and 1, each
-    running a Python of its own: rank 0's spins, rank 1's sleeps; the shims themselves are not counted."""
+    running a Python of its own: rank 0's spins, rank 1's sleeps; the shims themselves are not counted. Rank 0's
+    reading holds at least the CPU time its process was seen to use meanwhile, whatever else the machine runs."""
     shims = [
         subprocess.Popen(["sh", "-c", f'"$0" -c "$1"; true', sys.executable, code],
                          env={**os.environ, "SLURM_LOCALID": str(rank)}, start_new_session=True)
@@ -62,10 +66,16 @@ def test_each_local_ranks_processes_stand_for_its_gpu():
             first = source.read()
             time.sleep(0.1)
         assert [r.util for r in first] == [None, None]  # the first reading is the baseline of CPU time
-        time.sleep(2)
+        [spinner] = wait_until(lambda: psutil.Process(shims[0].pid).children(), timeout=30)
+        started = time.monotonic()
+        source.read()  # the window starts: rank 0's CPU time from here on
+        spun = spinner.cpu_times()
+        wait_until(lambda: sum(spinner.cpu_times()[:2]) - sum(spun[:2]) >= 0.5, timeout=120)
+        spent = sum(spinner.cpu_times()[:2]) - sum(spun[:2])
         busy, idle = source.read()
+        window = time.monotonic() - started  # at most the reading's own window
         assert source.shims == {0: shims[0].pid, 1: shims[1].pid}
-        assert busy.util is not None and busy.util > 25, busy  # a core spinning, on a machine others share
+        assert busy.util is not None and busy.util / 100 * window >= spent * 0.95, (busy, window, spent)
         assert idle.util is not None and idle.util < 5, idle
         assert busy.mem_used and idle.mem_used and busy.mem_total
     finally:
