@@ -279,12 +279,13 @@ class ShardLoader:
         self._next_epoch_if_done()
 
     def _alert_fallback(self, why: str) -> None:
-        """Once a loader: shards are read from their source, not the node's cache (the job goes on)."""
+        """Shards are read from their source, not the node's cache (the job goes on): logged once a loader,
+        journaled once a run and node."""
         message = f"shards read from their source, not the node's cache: {why}"
         log.warning("%s", message)
         if self.journal is not None:
             with contextlib.suppress(OSError):
-                self.journal.write("cache_fallback", message=message)
+                self.journal.write_once("cache_fallback", message=message)
 
     def _next_epoch_if_done(self) -> None:
         if all(seg == len(segs) for (seg, _), segs in zip(self._positions, self._plan)):

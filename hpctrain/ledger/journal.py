@@ -58,6 +58,19 @@ class Journal:
         write_json_atomic(path, {"kind": kind, "time": time.time(), **ctx, **payload})
         return path
 
+    def write_once(self, kind: str, **payload: Any) -> Path | None:
+        """Append a record of ``kind`` unless one was written by this run on this node (the node's ranks and their
+        loader workers alike): decided by an exclusive marker made first; None when another process had it."""
+        ctx = job_context()
+        marks = self.dir / "once"
+        marks.mkdir(parents=True, exist_ok=True)
+        try:
+            os.close(os.open(marks / f"{kind}.{ctx['task_index']}.{ctx['attempt']}.{ctx['host']}",
+                             os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return None
+        return self.write(kind, **payload)
+
     def names(self, kinds: Iterable[str] | None = None) -> list[str]:
         """Record file names in write order, only of ``kinds`` if given (told by the name, nothing is read)."""
         if not self.dir.is_dir():

@@ -71,6 +71,13 @@ def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str
     return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
 
 
+def site_with_cache(path: Path, cache_dir: str, extra: str = "") -> str:
+    """The dev site at ``path`` with a `[cache]` in ``cache_dir`` (expanded on each node: a folder per node, as the
+    dev cluster's nodes share one host) and ``extra`` settings of it; its path, for `load_site` and `--site`."""
+    path.write_text((REPO / "site_configs" / "dev.toml").read_text() + f'\n[cache]\ndir = "{cache_dir}"\n{extra}')
+    return str(path)
+
+
 def sacct_gpu_hours(slurm_id: str) -> float:
     """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
     out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],

@@ -292,24 +292,35 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
             "keys": sorted(captured)}
 
 
+def _proc(pid: str, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
 def rank_pid(slurm_job_id: str, rank: int, program: str = "hpctrain.train") -> int | None:
     """The pid of one rank of a job running ``program`` (every dev cluster node is this host): the process its task
     shim started, not the shim, nor the rank's data-loader workers."""
-    def read(pid: str, name: str) -> bytes:
-        try:
-            return Path(f"/proc/{pid}/{name}").read_bytes()
-        except OSError:
-            return b""
-
     for proc in Path("/proc").iterdir():
-        environ = read(proc.name, "environ").split(b"\0")
-        cmdline = read(proc.name, "cmdline")
+        environ = _proc(proc.name, "environ").split(b"\0")
+        cmdline = _proc(proc.name, "cmdline")
         if program.encode() in cmdline and b"hpctrain.launch.task" not in cmdline \
                 and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ \
                 and f"SLURM_PROCID={rank}".encode() in environ:
-            parent = read(proc.name, "stat").rpartition(b")")[2].split()[1:2]
-            if parent and b"hpctrain.launch.task" in read(parent[0].decode(), "cmdline"):
+            parent = _proc(proc.name, "stat").rpartition(b")")[2].split()[1:2]
+            if parent and b"hpctrain.launch.task" in _proc(parent[0].decode(), "cmdline"):
                 return int(proc.name)
+    return None
+
+
+def srun_pid(slurm_job_id: str) -> int | None:
+    """The pid of the srun that launches a job's task shims (in its batch script, on the batch host: this host)."""
+    for proc in Path("/proc").iterdir():
+        argv = _proc(proc.name, "cmdline").split(b"\0")
+        if argv[0].endswith(b"srun") and b"hpctrain.launch.task" in argv \
+                and f"SLURM_JOB_ID={slurm_job_id}".encode() in _proc(proc.name, "environ").split(b"\0"):
+            return int(proc.name)
     return None
 
 

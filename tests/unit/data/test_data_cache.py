@@ -153,9 +153,12 @@ def test_a_cache_that_cannot_be_written_reads_the_source_and_says_so_once(index,
     loader = ShardLoader(index, **KW, cache=cache, journal=journal)
     plain = ShardLoader(index, **KW)
     assert take_across_epochs(loader, 30) == take_across_epochs(plain, 30)
-    [alert] = [rec for _, rec in journal.records(kinds=("cache_fallback",))]
+    neighbour = ShardLoader(index, **KW, cache=ShardCache(full, min_free_bytes=1 << 60), journal=journal)
+    assert take_across_epochs(neighbour, 5) == take_across_epochs(ShardLoader(index, **KW), 5)  # the node's other rank
+    [alert] = [rec for _, rec in journal.records(kinds=("cache_fallback",))]  # one a run and node
     assert "no room for" in alert["message"] and "min_free" in alert["message"]
     assert loader.stats.cache.fallbacks >= 12 and loader.stats.cache.source_bytes == 0
+    assert neighbour.stats.cache.fallbacks > 0
 
 
 def test_the_loader_reads_the_second_epoch_and_a_second_job_from_the_cache_alike(slow, index, tmp_path):
