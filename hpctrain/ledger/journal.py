@@ -62,11 +62,10 @@ class Journal:
         """Append a record of ``kind`` unless one was written by this run on this node (the node's ranks and their
         loader workers alike): decided by an exclusive marker made first; None when another process had it."""
         ctx = job_context()
-        marks = self.dir / "once"
-        marks.mkdir(parents=True, exist_ok=True)
+        mark = self.dir / "once" / f"{kind}.{ctx['task_index']}.{ctx['attempt']}.{ctx['host']}"
+        mark.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.close(os.open(marks / f"{kind}.{ctx['task_index']}.{ctx['attempt']}.{ctx['host']}",
-                             os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
         except FileExistsError:
             return None
         return self.write(kind, **payload)
