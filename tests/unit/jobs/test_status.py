@@ -157,3 +157,37 @@ def test_a_poll_that_sees_a_job_end_decides_its_runs(tmp_path):
         assert ledger.jobs.get(1)["state"] == "COMPLETED"
         assert [(a["attempt"], a["requeued"], a["decision"]) for a in ledger.attempts.of_job(1)] == [
             (0, 1, "requeued by Slurm"), (1, 1, "requeued by Slurm"), (2, 0, "no more runs: COMPLETED")]
+
+
+def test_a_run_left_by_another_writer_is_decided_by_the_next_poll_then_none_is_looked_for(tmp_path):
+    """`cancel`, not the poll, ends a job whose run had not started: the next poll, with nothing new from Slurm,
+    decides that run. Once none is left, a poll with nothing new reads the ledger's mark, not every live run (issue
+    59: that check was 0.1 s of `status` on 2,000 active jobs)."""
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.ledger import Ledger
+    from hpctrain.ledger.table import Table
+
+    class Slurm:
+        def sacct(self, ids, fields):
+            return parse_parsable_with_header(
+                "JobID|State|ExitCode|Submit|Start|End|NodeList|AllocTRES|Reason\n"
+                "13|RUNNING|0:0|2026-11-27T06:00:00|2026-11-27T06:00:01|Unknown|n1||None\n")
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        for name, slurm_id, state in (("runs", "13", "RUNNING"), ("waits", "14", "PENDING")):
+            Table(ledger, "jobs").insert({"name": name, "site": "dev", "slurm_job_id": slurm_id, "state": state,
+                                          "spec_json": "{}"})
+        poller = Poller(ledger, Slurm(), "dev")
+        ledger.attempts.record(2, -1, 0, state="PENDING")
+        poller.refresh()
+        assert not ledger.attempts.may_be_left_over()
+        ledger.jobs.set_state(2, "CANCELLED")  # as `hpctrain cancel` does
+        assert ledger.attempts.may_be_left_over()
+        poller.refresh()
+        [run] = ledger.attempts.of_job(2)
+        assert (run["requeued"], run["decision"]) == (0, "no more runs: PENDING")  # its last state
+        assert not ledger.attempts.may_be_left_over()
+        statements: list[str] = []
+        ledger.db.conn.set_trace_callback(statements.append)
+        assert poller.refresh() == 0
+        assert statements and not [s for s in statements if "attempts" in s], statements
