@@ -13,7 +13,6 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
@@ -71,10 +70,8 @@ def read_mapping(path: Path) -> dict[str, Any]:
         data = _parse(kind, text)
     except RecursionError:
         raise ConfigError(f"{path}: invalid {kind}: nested too deeply") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    except _YamlError as exc:
+        raise ConfigError(f"{path}: invalid YAML{exc}") from None
     except ValueError as exc:  # also TOML and JSON integers past Python's 4300-digit limit
         raise ConfigError(f"{path}: invalid {kind}: {exc}") from None
     if not isinstance(data, dict):
@@ -95,12 +92,23 @@ def _read_regular(path: Path) -> str:
         return file.read()
 
 
+class _YamlError(Exception):
+    """A YAML file's error: where (if known) and what, as the error line ends."""
+
+
 def _parse(kind: str, text: str) -> Any:
     if kind == "JSON":
         return json.loads(text)
     if kind == "TOML":
         return tomllib.loads(text)
-    data = yaml.safe_load(text)
+    import yaml  # only for a YAML file: 10 ms of every command's start otherwise
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise _YamlError(f"{where}: {getattr(exc, 'problem', exc)}") from None
     try:
         json.dumps(data, default=str, skipkeys=True)
     except ValueError:  # an anchor used inside itself: validation and the ledger would recurse forever
