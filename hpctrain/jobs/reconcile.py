@@ -5,9 +5,9 @@ Run by hand or from cron on the login node; safe to run concurrently and repeate
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from hpctrain.contract import JobPaths
 from hpctrain.jobs.accounting import SETTLE_BATCH, settle
@@ -41,7 +41,7 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     changed = poller.refresh()
     now = time.time()
     dirs = ledger.jobs.journals_to_read(site, TERMINAL, now - JOURNALS_READ_S)
-    records = read_journals(ledger, [Journal(JobPaths(Path(d)).journal_dir) for d in dirs])
+    records = read_journals(ledger, [JobPaths.journal_of(d) for d in dirs])
     ledger.jobs.journals_read([i for ids in dirs.values() for i in ids], now)
     closed = ledger.evaluations.close_ended(TERMINAL)
     settle(ledger, site, now, limit=SETTLE_BATCH)  # cost and reports then sum them; they settle the rest
@@ -55,24 +55,24 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
     )
 
 
-def read_journals(ledger: Ledger, journals: list[Journal]) -> int:
-    """Fold in the records of ``journals`` whose directory changed since it was last read through (its mtime, taken
-    before the listing, so a record renamed in meanwhile changes it again); how many were new. An mtime younger than
-    SETTLED_S is not noted: a record written within the file system's timestamp granularity, or under a clock a
-    little behind ours, might leave it as it was."""
+def read_journals(ledger: Ledger, journals: list[str]) -> int:
+    """Fold in the records of ``journals`` (their directories) whose directory changed since it was last read
+    through (its mtime, taken before the listing, so a record renamed in meanwhile changes it again); how many were
+    new. An mtime younger than SETTLED_S is not noted: a record written within the file system's timestamp
+    granularity, or under a clock a little behind ours, might leave it as it was."""
     records = 0
     with ledger.reading():
-        seen = ledger.ingested.seen([str(j.dir) for j in journals])
+        seen = ledger.ingested.seen(journals)
         for journal in journals:
             try:
-                mtime = journal.dir.stat().st_mtime_ns
+                mtime = os.stat(journal).st_mtime_ns
             except FileNotFoundError:
                 continue  # not made yet: the job has not started
             except OSError:
                 mtime = None  # unreadable: listed as ever
-            if mtime is not None and seen.get(str(journal.dir)) == mtime:
+            if mtime is not None and seen.get(journal) == mtime:
                 continue
-            records += ingest_journal(ledger, journal)
+            records += ingest_journal(ledger, Journal(journal))
             if mtime is not None and time.time_ns() - mtime > SETTLED_S * 1e9:
-                ledger.ingested.saw(str(journal.dir), mtime)
+                ledger.ingested.saw(journal, mtime)
     return records

@@ -26,14 +26,15 @@ def test_only_the_journals_written_to_since_are_listed_again(isolated_ledger, tm
             old = time.time() - 120  # written two minutes ago
             os.utime(journal.dir, (old, old))
             journals.append(journal)
-        missing = Journal(tmp_path / "pending" / "journal")  # a job not started: no journal yet
+        missing = str(tmp_path / "pending" / "journal")  # a job not started: no journal yet
+        dirs = [str(j.dir) for j in journals]
 
-        assert read_journals(ledger, [*journals, missing]) == 6 and len(listed) == 3  # nothing to list: no folder
+        assert read_journals(ledger, [*dirs, missing]) == 6 and len(listed) == 3  # nothing to list: no folder
         listed.clear()
-        assert read_journals(ledger, [*journals, missing]) == 0 and listed == []
+        assert read_journals(ledger, [*dirs, missing]) == 0 and listed == []
         journals[1].write("event", job_id=2, message="step 3")
         listed.clear()
-        assert read_journals(ledger, journals) == 1 and len(listed) == 1
+        assert read_journals(ledger, dirs) == 1 and len(listed) == 1
         listed.clear()  # written just now: its mtime is not trusted yet, so it is listed again
-        assert read_journals(ledger, journals) == 0 and len(listed) == 1
+        assert read_journals(ledger, dirs) == 0 and len(listed) == 1
         assert ledger.db.execute("SELECT count(*) FROM events").fetchone()[0] == 7
