@@ -45,7 +45,7 @@ class Poller:
             digest = sacct.digest(rows) if self.warning is None else None
             if rows and (digest is None or digest != job["sacct_digest"]):
                 news.append((job, rows, digest))  # else nothing new since the last poll: nothing to read or write
-        if not news and (self.warning is not None or not self.ledger.attempts.may_be_left_over()):
+        if not news and (self.warning is not None or not self.ledger.attempts.may_be_left_over(self.site)):
             return 0  # the usual poll of a status: no write lock taken
         changed, digests = 0, {}
         with self.ledger.transaction():

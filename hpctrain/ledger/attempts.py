@@ -107,9 +107,9 @@ class Attempts:
     def decide_left_over(self, site: str, no_more_runs: Collection[str]) -> int:
         """Decide the runs nothing else decides on: a run that another run of its task followed was requeued; the
         last run of a plain job or array task now in one of ``no_more_runs`` (cancelled before it started, ...)
-        runs no more. They leave `attempts_undecided`, which then holds the live runs only; with none left in any
-        site, the ledger's mark that some may be (`may_be_left_over`) is cleared. Returns how many."""
-        if not self.may_be_left_over():
+        runs no more. They leave `attempts_undecided`, which then holds the live runs only, and the site leaves
+        `sites_to_decide` (`may_be_left_over`). Returns how many."""
+        if not self.may_be_left_over(site):
             return 0  # the usual answer, one row read without taking the write lock
         (requeued_where, requeued_args), (stopped_where, stopped_args) = _left_over(site, no_more_runs)
         undecided = "UPDATE attempts AS a INDEXED BY attempts_undecided SET requeued = {}, decision = {} WHERE "
@@ -118,25 +118,13 @@ class Attempts:
             stopped = db.execute(
                 undecided.format(0, "'no more runs: ' || a.state") + stopped_where, stopped_args
             ).rowcount
-            if not self._any_left_over(None, no_more_runs):  # in the same transaction: no change comes between
-                db.execute("UPDATE ledger_info SET runs_to_decide = 0")
+            db.execute("DELETE FROM sites_to_decide WHERE site = ?", [site])  # in its transaction: nothing between
         return requeued + stopped
 
-    def may_be_left_over(self) -> bool:
-        """Whether a change since the last `decide_left_over` may have left a run to decide (ledger_info's mark, set
-        by the triggers of every such change)."""
-        return bool(self.ledger.db.execute("SELECT runs_to_decide FROM ledger_info").fetchone()[0])
-
-    def _any_left_over(self, site: str | None, no_more_runs: Collection[str]) -> bool:
-        (requeued_where, requeued_args), (stopped_where, stopped_args) = _left_over(site, no_more_runs)
-        return (
-            self.ledger.db.execute(
-                f"SELECT EXISTS (SELECT 1 FROM attempts AS a INDEXED BY attempts_undecided WHERE {requeued_where}) "
-                f"OR EXISTS (SELECT 1 FROM attempts AS a INDEXED BY attempts_undecided WHERE {stopped_where})",
-                [*requeued_args, *stopped_args],
-            ).fetchone()[0]
-            == 1
-        )
+    def may_be_left_over(self, site: str) -> bool:
+        """Whether a change since the last `decide_left_over` of ``site`` may have left a run of it to decide (the
+        triggers of every such change add its site to `sites_to_decide`)."""
+        return self.ledger.db.execute("SELECT 1 FROM sites_to_decide WHERE site = ?", [site]).fetchone() is not None
 
     def interruptions(self, site: str, partition: str, qos: str, gpus: int, since: float) -> Interruptions:
         """Runs that ended since ``since`` of jobs like one of ``gpus`` GPUs in ``partition`` and ``qos``: how many
@@ -189,20 +177,18 @@ class Attempts:
         return cast("list[RunFacts]", list(self.ledger.db.query(sql, params)))
 
 
-def _left_over(site: str | None, no_more_runs: Collection[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
+def _left_over(site: str, no_more_runs: Collection[str]) -> tuple[tuple[str, list[str]], tuple[str, list[str]]]:
     """The conditions (and their arguments) of the undecided runs that were requeued, and of those that run no more
-    (`Attempts.decide_left_over`), of ``site`` (None: of any)."""
+    (`Attempts.decide_left_over`)."""
     marks = ",".join("?" * len(no_more_runs))
     later = "EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.task_index = a.task_index AND b.attempt > a.attempt)"
-    of_site, sites = (
-        ("EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id AND j.site = ?)", [site]) if site else ("1", [])
-    )
+    of_site = "EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id AND j.site = ?)"
     ended = (
         "EXISTS (SELECT 1 FROM jobs j LEFT JOIN array_tasks t ON t.job_id = j.id AND t.task_index = a.task_index "
-        f"WHERE j.id = a.job_id AND {'j.site = ?' if site else '1'} AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 "
-        f"AND j.state IN ({marks}) ELSE t.state IN ({marks}) END)"
+        f"WHERE j.id = a.job_id AND j.site = ? AND CASE WHEN a.task_index < 0 THEN j.is_array = 0 AND j.state IN "
+        f"({marks}) ELSE t.state IN ({marks}) END)"
     )
     return (
-        (f"requeued IS NULL AND {later} AND {of_site}", sites),
-        (f"requeued IS NULL AND NOT {later} AND {ended}", [*sites, *no_more_runs, *no_more_runs]),
+        (f"requeued IS NULL AND {later} AND {of_site}", [site]),
+        (f"requeued IS NULL AND NOT {later} AND {ended}", [site, *no_more_runs, *no_more_runs]),
     )

@@ -152,7 +152,7 @@ _TAIL_UPSERT = """INSERT INTO metric_tails VALUES (NEW.job_id, NEW.task_index, N
     last_at = max(coalesce(last_at, excluded.last_at), coalesce(excluded.last_at, last_at)),
     last_step = max(last_step, excluded.last_step)"""
 
-_TO_DECIDE = "UPDATE ledger_info SET runs_to_decide = 1 WHERE runs_to_decide = 0"
+_TO_DECIDE = "INSERT OR IGNORE INTO sites_to_decide SELECT site FROM jobs WHERE id = NEW.job_id AND site IS NOT NULL"
 
 MIGRATIONS: list[list[Step]] = [
     # 1: the core tables.
@@ -660,16 +660,18 @@ MIGRATIONS: list[list[Step]] = [
             PRIMARY KEY (job_id, at, task_index, node)
         ) WITHOUT ROWID""",
     ],
-    # 25: whether a run may be left undecided (`Attempts.decide_left_over`): set by every change that can leave one
-    # (a run added or undecided again, a job's or task's state changed), cleared once none is left. A poll with
-    # nothing new then reads one row instead of checking each live run (0.1 s of `status` on 2,000 active jobs).
+    # 25: the sites where a run may be left undecided (`Attempts.decide_left_over`): a site is added by every change
+    # that can leave one there (a run added or undecided again, a job's or task's state changed), and removed once
+    # none is left in it. A poll with nothing new then reads one row instead of checking each live run (0.1 s of
+    # `status` on 2,000 active jobs).
     [
-        "ALTER TABLE ledger_info ADD COLUMN runs_to_decide INTEGER NOT NULL DEFAULT 1",
+        "CREATE TABLE sites_to_decide (site TEXT PRIMARY KEY) WITHOUT ROWID",
+        "INSERT INTO sites_to_decide SELECT DISTINCT site FROM jobs WHERE site IS NOT NULL",
         f"CREATE TRIGGER attempts_new_to_decide AFTER INSERT ON attempts BEGIN {_TO_DECIDE}; END",
         f"""CREATE TRIGGER attempts_undecided_to_decide AFTER UPDATE OF requeued ON attempts
             WHEN NEW.requeued IS NULL AND OLD.requeued IS NOT NULL BEGIN {_TO_DECIDE}; END""",
         f"""CREATE TRIGGER jobs_state_to_decide AFTER UPDATE OF state ON jobs
-            WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE}; END""",
+            WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE.replace("NEW.job_id", "NEW.id")}; END""",
         f"CREATE TRIGGER tasks_new_to_decide AFTER INSERT ON array_tasks BEGIN {_TO_DECIDE}; END",
         f"""CREATE TRIGGER tasks_state_to_decide AFTER UPDATE OF state ON array_tasks
             WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE}; END""",

@@ -180,13 +180,13 @@ def test_a_run_left_by_another_writer_is_decided_by_the_next_poll_then_none_is_l
         poller = Poller(ledger, Slurm(), "dev")
         ledger.attempts.record(2, -1, 0, state="PENDING")
         poller.refresh()
-        assert not ledger.attempts.may_be_left_over()
+        assert not ledger.attempts.may_be_left_over("dev")
         ledger.jobs.set_state(2, "CANCELLED")  # as `hpctrain cancel` does
-        assert ledger.attempts.may_be_left_over()
+        assert ledger.attempts.may_be_left_over("dev")
         poller.refresh()
         [run] = ledger.attempts.of_job(2)
         assert (run["requeued"], run["decision"]) == (0, "no more runs: PENDING")  # its last state
-        assert not ledger.attempts.may_be_left_over()
+        assert not ledger.attempts.may_be_left_over("dev")
         statements: list[str] = []
         ledger.db.conn.set_trace_callback(statements.append)
         assert poller.refresh() == 0
