@@ -15,8 +15,9 @@ ctime, is hashed again, and when it no longer matches is counted corrupt, remove
 
 Before a fetch, under the node's `room` lock, copies least recently used are evicted until the new shard fits under
 ``max_size`` with ``min_free`` left on the disk, beside the fetches under way, and the fetch's temporary file is
-allocated at the shard's size (so fetches of different shards at once stay under the limits together). When it cannot fit, or the directory cannot be written (full, read-only, not there), the shard is
-read from its source as without a cache, and the job says so once (`CacheFallback`); the job never fails for it.
+allocated at the shard's size (so fetches of different shards at once stay under the limits together). When it
+cannot fit, or the directory cannot be written (full, read-only, not there), the shard is read from its source as
+without a cache, and the job says so once (`CacheFallback`); the job never fails for it.
 """
 
 from __future__ import annotations
@@ -303,8 +304,9 @@ class ShardCache:
         """Bytes reserved by the fetches under way (their temporary files; a `.ok` file's are not fetches)."""
         total = 0
         for tmp in self.shards.glob(".*.tmp"):
-            with contextlib.suppress(OSError):
-                total += tmp.stat().st_size if ".ok." not in tmp.name else 0
+            if ".ok." not in tmp.name:
+                with contextlib.suppress(OSError):  # renamed or cleared meanwhile
+                    total += tmp.stat().st_size
         return total
 
     def _evict(self, sha: str) -> bool:

@@ -670,8 +670,9 @@ MIGRATIONS: list[list[Step]] = [
         f"CREATE TRIGGER attempts_new_to_decide AFTER INSERT ON attempts BEGIN {_TO_DECIDE}; END",
         f"""CREATE TRIGGER attempts_undecided_to_decide AFTER UPDATE OF requeued ON attempts
             WHEN NEW.requeued IS NULL AND OLD.requeued IS NOT NULL BEGIN {_TO_DECIDE}; END""",
-        f"""CREATE TRIGGER jobs_state_to_decide AFTER UPDATE OF state ON jobs
-            WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE.replace("NEW.job_id", "NEW.id")}; END""",
+        """CREATE TRIGGER jobs_state_to_decide AFTER UPDATE OF state ON jobs
+            WHEN NEW.state IS NOT OLD.state AND NEW.site IS NOT NULL BEGIN
+            INSERT OR IGNORE INTO sites_to_decide VALUES (NEW.site); END""",
         f"CREATE TRIGGER tasks_new_to_decide AFTER INSERT ON array_tasks BEGIN {_TO_DECIDE}; END",
         f"""CREATE TRIGGER tasks_state_to_decide AFTER UPDATE OF state ON array_tasks
             WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE}; END""",

@@ -73,7 +73,7 @@ def test_each_local_ranks_processes_stand_for_its_gpu():
         wait_until(lambda: sum(spinner.cpu_times()[:2]) - sum(spun[:2]) >= 0.5, timeout=120)
         spent = sum(spinner.cpu_times()[:2]) - sum(spun[:2])
         busy, idle = source.read()
-        window = time.monotonic() - started  # at most the reading's own window
+        window = time.monotonic() - started  # at least the reading's own window
         assert source.shims == {0: shims[0].pid, 1: shims[1].pid}
         assert busy.util is not None and busy.util / 100 * window >= spent * 0.95, (busy, window, spent)
         assert idle.util is not None and idle.util < 5, idle
