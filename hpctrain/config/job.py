@@ -22,6 +22,7 @@ from hpctrain.config.loading import (
     secret_variables,
     validate,
 )
+from hpctrain.config.policies import HangPolicy, IdlePolicy
 from hpctrain.config.shell import check_shell_command
 from hpctrain.config.types import (
     ENV_NAME,
@@ -40,7 +41,6 @@ from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_LOSS, EVAL_OUTPUT_ENV, P
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_ARRAY_TASKS = 100_000  # per submission: every task's parameters are held in memory and in the ledger
-MAX_TIMEOUT_S = 30 * 86400  # a longer timeout is a mistake (and one of centuries overflows the clocks that arm it)
 SLURM_ID_MAX = 2**32 - 1  # Slurm's job and array task ids are 32-bit
 LEDGER_ID_MAX = 2**63 - 1  # ledger ids are SQLite integers
 EVAL_TIME_S = 30 * 60  # an evaluation job's time limit unless [eval] time says
@@ -179,94 +179,6 @@ class Data(StrictModel):
         None,
         description='"node": shards read through the node\'s cache (site [cache]); default "node" where it has one',
     )
-
-
-class HangPolicy(StrictModel):
-    """How long each phase of a rank may go without progress before it counts as hung (0: never; unset in a
-    job spec: the site's [hang])."""
-
-    startup_s: FiniteFloat | None = Field(
-        None,
-        ge=0,
-        le=MAX_TIMEOUT_S,
-        description=("process start to the first training step (imports, rendezvous, checkpoint load)"),
-    )
-    step_s: FiniteFloat | None = Field(
-        None, ge=0, le=MAX_TIMEOUT_S, description=("one training step, a synchronous checkpoint save included")
-    )
-    output_s: FiniteFloat | None = Field(
-        None,
-        ge=0,
-        le=MAX_TIMEOUT_S,
-        description="the job's log gaining nothing: for code that asks no guard (PreemptionGuard, the callbacks)",
-    )
-    buffered_output: bool | None = Field(
-        None,
-        description=(
-            "under output_s, leave a Python entry point's stdout block-buffered (by default its ranks run with "
-            "PYTHONUNBUFFERED=1, so that the log grows as they print, not as an 8 KiB buffer fills)"
-        ),
-    )
-
-    def over(self, defaults: HangPolicy) -> HangPolicy:
-        """These settings, ``defaults``' where unset, 0 (off) where both are."""
-        return HangPolicy.model_validate(
-            {
-                name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), 0)
-                for name in HangPolicy.model_fields
-            },
-            strict=False,  # 0 for buffered_output: False
-        )
-
-
-IDLE_DEFAULTS: dict[str, Any] = {
-    "sample_s": 5.0,
-    "below_percent": 5.0,
-    "after_minutes": 1.0,
-    "alert_minutes": 10.0,
-    "action": "alert",
-    "cancel_minutes": 60.0,
-}
-
-
-class IdlePolicy(StrictModel):
-    """How each node's sampler reads the job's GPUs (hpctrain.runtime.utilization), and when a GPU counts as idle
-    (unset in a job spec: the site's [idle], else IDLE_DEFAULTS)."""
-
-    sample_s: FiniteFloat | None = Field(
-        None, ge=1, le=300, description="seconds between two readings of a node's GPUs (default 5)"
-    )
-    below_percent: FiniteFloat | None = Field(
-        None, ge=0, le=100, description="a GPU busy less than this share of the time is idle (default 5)"
-    )
-    after_minutes: FiniteFloat | None = Field(
-        None, ge=0, le=1440, description="a GPU counts as idle once it has stayed so this long (default 1)"
-    )
-    alert_minutes: FiniteFloat | None = Field(
-        None, ge=0, le=10080, description="`hpctrain status` alerts on GPUs idle this long (default 10)"
-    )
-    action: Literal["alert", "cancel"] | None = Field(
-        None, description='"cancel": a job whose every GPU stayed idle cancel_minutes is ended, never requeued'
-    )
-    cancel_minutes: FiniteFloat | None = Field(
-        None,
-        ge=0.1,
-        le=10080,
-        description='with action = "cancel": how long every GPU of the job may idle (default 60)',
-    )
-
-    def resolved(self) -> IdlePolicy:
-        """These settings, IDLE_DEFAULTS where unset."""
-        return self.over(IdlePolicy())
-
-    def over(self, defaults: IdlePolicy) -> IdlePolicy:
-        """These settings, ``defaults``' where unset, IDLE_DEFAULTS where both are."""
-        return IdlePolicy(
-            **{
-                name: next((v for v in (getattr(self, name), getattr(defaults, name)) if v is not None), default)
-                for name, default in IDLE_DEFAULTS.items()
-            }
-        )
 
 
 class GatePolicy(StrictModel):

@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
-from hpctrain.config.job import MAX_TIMEOUT_S, HangPolicy, IdlePolicy
 from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.config.policies import MAX_TIMEOUT_S, HangPolicy, IdlePolicy
 from hpctrain.config.types import (
     ENV_NAME,
     MAX_EVERY_MINUTES,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from hpctrain.errors import HpctrainError
 
 if TYPE_CHECKING:
-    from hpctrain.config.job import IdlePolicy
+    from hpctrain.config.policies import IdlePolicy
     from hpctrain.contract import JobEnvironment
     from hpctrain.ledger.journal import Journal
     from hpctrain.runtime.idle_cancel import IdleCancel
@@ -408,7 +408,8 @@ class NodeSampling:
 def job_idle_policy(env: JobEnvironment) -> IdlePolicy:
     """The job's [idle] over its site's, over the defaults; the defaults where the spec cannot be read (the
     sampler fails no job)."""
-    from hpctrain.config.job import IdlePolicy, load_job_spec
+    from hpctrain.config.job import load_job_spec
+    from hpctrain.config.policies import IdlePolicy
     from hpctrain.config.site import job_site
     from hpctrain.errors import HpctrainError
 

@@ -34,7 +34,7 @@ from hpctrain.runtime import blame
 from hpctrain.runtime.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
-    from hpctrain.config.job import HangPolicy
+    from hpctrain.config.policies import HangPolicy
 
 EXIT_AFTER_S = 3.0  # from the stacks to the exit: time for the peers stuck on this rank to write theirs
 # A stopped rank's own report, added to its stack file by its task shim: `hang_report` names it the stuck one.
@@ -134,7 +134,7 @@ class Watchdog:
 
 def hang_timeouts(spec: Any) -> HangPolicy:
     """The spec's [hang] timeouts, the site's where it sets none."""
-    from hpctrain.config.job import HangPolicy
+    from hpctrain.config.policies import HangPolicy
     from hpctrain.config.site import job_site
 
     site = job_site()
@@ -143,7 +143,8 @@ def hang_timeouts(spec: Any) -> HangPolicy:
 
 def job_hang_timeouts(env: JobEnvironment | None = None) -> HangPolicy:
     """This job's `hang_timeouts`, from the spec its batch script names; none (0) outside an hpctrain job."""
-    from hpctrain.config.job import HangPolicy, load_job_spec
+    from hpctrain.config.job import load_job_spec
+    from hpctrain.config.policies import HangPolicy
 
     env = env or JobEnvironment()
     if env.job_dir is None or env.spec_file is None:

@@ -1,5 +1,7 @@
 """Site config and job spec validation: every problem is one line naming file, key path and expectation."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,3 +334,14 @@ def test_spare_nodes_need_restarts_in_the_allocation(tmp_path):
     resources = load_job_spec(write(tmp_path, text + "\n[retry]\nin_place = 1\n")).resources
     # The layout fills the step's nodes; Slurm is asked for the spares too.
     assert (resources.nodes, resources.allocated_nodes, resources.allocated_gpus) == (2, 3, 12)
+
+
+def test_a_site_config_loads_without_the_job_specs_models():
+    # Every read command (status, the tick, cost) loads the site config: building the job spec's models as well cost
+    # each of them about 0.1 CPU-s as typed (issue 59).
+    code = (
+        "import sys\nfrom hpctrain.config import load_site\n"
+        f"load_site({str(REPO / 'site_configs' / 'dev.toml')!r})\nprint('hpctrain.config.job' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "False\n"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config import load_job_spec, load_site
-from hpctrain.config.job import LEDGER_ID_MAX, MAX_TIMEOUT_S, SLURM_ID_MAX
+from hpctrain.config.job import LEDGER_ID_MAX, SLURM_ID_MAX
+from hpctrain.config.policies import MAX_TIMEOUT_S
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.watchdog import Watchdog
 from hpctrain.sweep.spec import load_sweep_spec
