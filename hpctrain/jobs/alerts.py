@@ -9,14 +9,16 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.config.site import Alerts
 from hpctrain.contract import RESUME_NOT_BITWISE
 from hpctrain.jobs.gpus import idle_words, uses_of
 from hpctrain.jobs.shard_cache import cache_counts, cold_words
-from hpctrain.jobs.stragglers import latest
+from hpctrain.jobs.stragglers import Straggler, latest_of
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import CheckpointRow, LoggedEvent
 
 RECENT_STEPS = 20
 SAVES_COMPARED = 10  # the newest checkpoint against the median of this many before it
@@ -25,12 +27,20 @@ SAVES_COMPARED = 10  # the newest checkpoint against the median of this many bef
 def job_alerts(
     ledger: Ledger, jobs: Sequence[Mapping[str, Any]], limits: Alerts, now: float | None = None
 ) -> dict[int, list[str]]:
-    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state)."""
+    """Alerts of each RUNNING job among ``jobs`` (ledger rows or summaries with id and state): a few statements
+    for all of them, whatever their number."""
     now = now or time.time()
-    running = [job for job in jobs if job["state"] == "RUNNING"]
+    ids = [job["id"] for job in jobs if job["state"] == "RUNNING"]
     with ledger.reading():
-        found = {job["id"]: _alerts(ledger, job, limits, now) for job in running}
-        ids = list(found)
+        facts = _Facts(
+            inexact=ledger.events.last_of(ids, RESUME_NOT_BITWISE),
+            started=ledger.attempts.last_starts(ids),
+            last_step=ledger.metrics.last_times(ids),
+            data_wait=ledger.metrics.data_wait_fractions(ids, RECENT_STEPS),
+            slow=latest_of(ledger, ids),
+            saves=ledger.checkpoints.newest_of(ids, SAVES_COMPARED + 1),
+        )
+        found = {job_id: _alerts(ledger, job_id, facts, limits, now) for job_id in ids}
         uses = uses_of(ledger, ids)
         window = limits.gpu_low_minutes * 60
         recent = ledger.gpus.recent(ids, now - window)
@@ -46,38 +56,48 @@ def job_alerts(
     return {job_id: said for job_id, said in found.items() if said}
 
 
-def _alerts(ledger: Ledger, job: Mapping[str, Any], limits: Alerts, now: float) -> list[str]:
-    """The alerts of one running job."""
+@dataclass(frozen=True)
+class _Facts:
+    """What the alerts read of the running jobs, by job id (a job without the fact is absent)."""
+
+    inexact: dict[int, LoggedEvent]  # its latest resume-not-bitwise notice
+    started: dict[int, float]  # its latest run's start
+    last_step: dict[int, float]  # its latest metric
+    data_wait: dict[int, float]  # over its last RECENT_STEPS steps
+    slow: dict[int, tuple[int, list[Straggler]]]  # its latest ranks record's step and stragglers
+    saves: dict[int, list[CheckpointRow]]  # its SAVES_COMPARED + 1 newest checkpoints
+
+
+def _alerts(ledger: Ledger, job_id: int, facts: _Facts, limits: Alerts, now: float) -> list[str]:
+    """The alerts of one running job but its GPU use's (a read of the ledger only if it is data-bound)."""
     found = []
-    if (inexact := ledger.events.last(job["id"], RESUME_NOT_BITWISE)) and (said := inexact["message"]):
+    if (inexact := facts.inexact.get(job_id)) and (said := inexact["message"]):
         found.append(said)
-    started = ledger.attempts.last_start(job["id"])  # this run's start
+    started = facts.started.get(job_id)  # this run's start
     # Only a job that reports steps has a stall clock (a plain command, an array of evaluations, has none);
     # it restarts with each run.
-    if (last := ledger.metrics.last_time(job["id"])) is not None:
+    if (last := facts.last_step.get(job_id)) is not None:
         since = max(last, started or last)
         if now - since > limits.stall_minutes * 60:
             found.append(
                 f"stalled: no training step for {(now - since) / 60:.0f} min"
                 + ("" if since == last else " (none since the run started)")
             )
-    wait = ledger.metrics.data_wait_fraction(job["id"], RECENT_STEPS)
-    if wait is not None and wait > limits.data_wait_fraction:
+    if (wait := facts.data_wait.get(job_id)) is not None and wait > limits.data_wait_fraction:
         found.append(
             f"data-bound: {100 * wait:.0f}% of step time waiting for data (last {RECENT_STEPS} steps)"
-            + cold_words(cache_counts(ledger, job["id"]))
+            + cold_words(cache_counts(ledger, job_id))  # is its node cache cold?
         )
-    if (slow := latest(ledger, job["id"])) and slow[1]:
+    if (slow := facts.slow.get(job_id)) and slow[1]:
         found.append(f"stragglers at step {slow[0]}: {', '.join(map(str, slow[1]))}")
-    found += checkpoint_alerts(ledger, job["id"], limits, now, started)
+    found += checkpoint_alerts(facts.saves.get(job_id, []), limits, now, started)
     return found
 
 
-def checkpoint_alerts(ledger: Ledger, job_id: int, limits: Alerts, now: float, started: float | None) -> list[str]:
+def checkpoint_alerts(saves: list[CheckpointRow], limits: Alerts, now: float, started: float | None) -> list[str]:
     """A slow newest save (``slow_save_factor`` times the median of the ones before), and work at risk: training
     since the newest committed checkpoint (or this run's start, ``started``, when later) past
-    ``work_at_risk_minutes``. A job without checkpoints has neither."""
-    saves = ledger.checkpoints.newest(job_id, SAVES_COMPARED + 1)
+    ``work_at_risk_minutes``. ``saves``: the job's newest checkpoints, newest first; a job without has neither."""
     if not saves:
         return []
     found = []

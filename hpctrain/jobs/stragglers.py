@@ -7,6 +7,7 @@ its whole group."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -41,5 +42,12 @@ def stragglers(ranks: list[dict[str, Any]], factor: float = FACTOR) -> list[Stra
 
 def latest(ledger: Ledger, job_id: int) -> tuple[int, list[Straggler]] | None:
     """The step of the job's latest `ranks` record and the stragglers it shows; None if it has none."""
-    event = ledger.events.last(job_id, "ranks")
-    return (event["data"]["step"], stragglers(event["data"]["ranks"])) if event else None
+    return latest_of(ledger, [job_id]).get(job_id)
+
+
+def latest_of(ledger: Ledger, job_ids: Iterable[int]) -> dict[int, tuple[int, list[Straggler]]]:
+    """`latest` of each job that has a `ranks` record."""
+    return {
+        job_id: (event["data"]["step"], stragglers(event["data"]["ranks"]))
+        for job_id, event in ledger.events.last_of(job_ids, "ranks").items()
+    }

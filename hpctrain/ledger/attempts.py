@@ -3,13 +3,12 @@ taken after it (requeued or stopped), with the queries GPU-hours and alerts read
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from hpctrain.ledger.rows import AttemptFields, AttemptRow, Interruptions, RunFacts
 from hpctrain.ledger.schema import LOSES_WORK, LOSES_WORK_STATES
-from hpctrain.ledger.table import Table
+from hpctrain.ledger.table import Table, ids_json
 from hpctrain.ledger.usage import scope
 
 if TYPE_CHECKING:
@@ -145,8 +144,13 @@ class Attempts:
         ).fetchone()
         return Interruptions(int(ended + in_place), int(in_place), seconds)
 
-    def last_start(self, job_id: int) -> float | None:
-        return self.ledger.db.execute("SELECT max(started_at) FROM attempts WHERE job_id = ?", [job_id]).fetchone()[0]
+    def last_starts(self, job_ids: Iterable[int]) -> dict[int, float]:
+        """When each job's latest run started (of those started): one statement."""
+        rows = self.ledger.db.execute(
+            "SELECT j.value, (SELECT max(started_at) FROM attempts WHERE job_id = j.value) FROM json_each(?) j",
+            [ids_json(job_ids)],
+        )
+        return {job_id: started for job_id, started in rows if started is not None}
 
     def unsettled_usage(
         self,
@@ -170,7 +174,7 @@ class Attempts:
         """Every started run of these jobs, as `unsettled_usage` gives them."""
         return self._facts(
             _USAGE_SQL.format(jobs="jobs j", where="a.job_id IN (SELECT value FROM json_each(:ids))"),
-            {"now": now, "ids": json.dumps(sorted(set(job_ids)))},
+            {"now": now, "ids": ids_json(job_ids)},
         )
 
     def _facts(self, sql: str, params: dict[str, Any]) -> list[RunFacts]:

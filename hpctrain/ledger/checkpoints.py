@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from hpctrain.ledger.rows import CheckpointRow, NewCheckpoint
-from hpctrain.ledger.table import Table
+from hpctrain.ledger.table import Table, ids_json
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -32,9 +33,19 @@ class Checkpoints:
     def of_job(self, job_id: int) -> list[CheckpointRow]:
         return self._rows.rows("job_id = ?", [job_id], order_by="task_index, step")
 
-    def newest(self, job_id: int, limit: int) -> list[CheckpointRow]:
-        """The job's ``limit`` newest checkpoints by commit time (any task, any state: each was committed)."""
-        return self._rows.rows("job_id = ?", [job_id], order_by="created_at DESC", limit=limit)
+    def newest_of(self, job_ids: Iterable[int], limit: int) -> dict[int, list[CheckpointRow]]:
+        """Each job's ``limit`` newest checkpoints by commit time, newest first (any task, any state: each was
+        committed), of the jobs that have any: one statement."""
+        found: dict[int, list[CheckpointRow]] = {}
+        for row in self._rows.rows(
+            "rowid IN (SELECT c.rowid FROM json_each(?) j JOIN checkpoints c ON c.rowid IN (SELECT rowid FROM "
+            "checkpoints WHERE job_id = j.value ORDER BY created_at DESC LIMIT ?))",
+            [ids_json(job_ids), limit],
+            order_by="job_id, created_at DESC",
+        ):
+            if (job_id := row["job_id"]) is not None:  # always: the rows are of these jobs
+                found.setdefault(job_id, []).append(row)
+        return found
 
     def at(self, path: str) -> CheckpointRow | None:
         return self._rows.first("path = ?", [path])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.ledger.rows import EventRow, LoggedEvent
-from hpctrain.ledger.table import Table
+from hpctrain.ledger.table import Table, ids_json
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -45,5 +45,15 @@ class Events:
 
     def last(self, job_id: int, kind: str) -> LoggedEvent | None:
         """The job's latest event of ``kind``, its data decoded."""
-        found = self._rows.first("job_id = ? AND kind = ?", [job_id, kind], order_by="time DESC")
-        return {**found, "data": json.loads(found["data_json"] or "{}")} if found else None
+        return self.last_of([job_id], kind).get(job_id)
+
+    def last_of(self, job_ids: Iterable[int], kind: str) -> dict[int, LoggedEvent]:
+        """Each job's latest event of ``kind`` (of those that have one), its data decoded: one statement."""
+        found = self._rows.rows(
+            "rowid IN (SELECT (SELECT e.rowid FROM events e WHERE e.job_id = j.value AND e.kind = ? "
+            "ORDER BY e.time DESC LIMIT 1) FROM json_each(?) j)",
+            [kind, ids_json(job_ids)],
+        )
+        return {
+            job: {**r, "data": json.loads(r["data_json"] or "{}")} for r in found if (job := r["job_id"]) is not None
+        }

@@ -6,7 +6,6 @@ States are Slurm's (plus SUBMITTING, SUBMIT_FAILED, REQUEUED); which are final i
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from hpctrain.errors import LedgerError
 from hpctrain.ledger.rows import ArrayTaskRow, JobRow, JobSummary, JobTimes, NewJob, NewTask, SubmittedJob
 from hpctrain.ledger.schema import EVAL_ON_CHECKPOINT
-from hpctrain.ledger.table import Table
+from hpctrain.ledger.table import Table, ids_json
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -187,7 +186,7 @@ class Jobs:
         rows = self.ledger.db.query(
             "SELECT id, job_dir FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND job_dir IS NOT NULL "
             "AND json_extract(spec_json, '$.interactive') IS NOT NULL",
-            [json.dumps(sorted(set(job_ids)))],
+            [ids_json(job_ids)],
         )
         return {r["id"]: r["job_dir"] for r in rows}
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.ledger.rows import MetricRow, MetricSummary
-from hpctrain.ledger.table import Table
+from hpctrain.ledger.table import Table, ids_json
 
 if TYPE_CHECKING:
     from hpctrain.ledger.db import Ledger
@@ -14,12 +14,13 @@ if TYPE_CHECKING:
 # Mean data wait over mean step time across the latest steps that report both, of the task that reported last (a
 # plain job's only task): read through the primary key, so the cost is the steps asked for, whatever the history.
 _DATA_WAIT_SQL = """
-SELECT avg(w.value) / avg(s.value) FROM (
+SELECT j.value, (SELECT avg(w.value) / avg(s.value) FROM (
     SELECT job_id, task_index, step, value FROM metrics
-    WHERE job_id = :job AND name = 'step_time_s' AND task_index = (
-        SELECT task_index FROM metric_tails WHERE job_id = :job ORDER BY last_at DESC LIMIT 1)
+    WHERE job_id = j.value AND name = 'step_time_s' AND task_index = (
+        SELECT task_index FROM metric_tails WHERE job_id = j.value ORDER BY last_at DESC LIMIT 1)
     ORDER BY step DESC LIMIT :steps) s
-JOIN metrics w ON w.job_id = s.job_id AND w.task_index = s.task_index AND w.step = s.step AND w.name = 'data_wait_s'
+  JOIN metrics w ON w.job_id = s.job_id AND w.task_index = s.task_index AND w.step = s.step AND w.name = 'data_wait_s')
+FROM json_each(:jobs) j
 """
 
 
@@ -184,11 +185,17 @@ class Metrics:
                 found[name] = row[0]
         return found
 
-    def last_time(self, job_id: int) -> float | None:
-        """When the job last reported a metric (a training step), from its tasks' tails."""
-        return self.ledger.db.execute("SELECT max(last_at) FROM metric_tails WHERE job_id = ?", [job_id]).fetchone()[0]
+    def last_times(self, job_ids: Iterable[int]) -> dict[int, float]:
+        """When each job last reported a metric (a training step), from its tasks' tails; jobs that never did are
+        left out. One statement."""
+        rows = self.ledger.db.execute(
+            "SELECT j.value, (SELECT max(last_at) FROM metric_tails WHERE job_id = j.value) FROM json_each(?) j",
+            [ids_json(job_ids)],
+        )
+        return {job_id: last for job_id, last in rows if last is not None}
 
-    def data_wait_fraction(self, job_id: int, steps: int) -> float | None:
-        """The part of step time spent waiting for data over the last ``steps`` steps reporting both (of the task
-        that reported last)."""
-        return self.ledger.db.execute(_DATA_WAIT_SQL, {"job": job_id, "steps": steps}).fetchone()[0]
+    def data_wait_fractions(self, job_ids: Iterable[int], steps: int) -> dict[int, float]:
+        """Each job's part of step time spent waiting for data over the last ``steps`` steps reporting both (of the
+        task that reported last); jobs without such steps are left out. One statement."""
+        rows = self.ledger.db.execute(_DATA_WAIT_SQL, {"jobs": ids_json(job_ids), "steps": steps})
+        return {job_id: wait for job_id, wait in rows if wait is not None}

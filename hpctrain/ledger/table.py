@@ -77,6 +77,11 @@ class Table(Generic[Row]):
             return None
 
 
+def ids_json(ids: Iterable[int]) -> str:
+    """Ids as one JSON array parameter, for ``IN (SELECT value FROM json_each(?))`` or a walk over each."""
+    return json.dumps(sorted(set(ids)))
+
+
 def _encode(row: Mapping[str, Any]) -> dict[str, Any]:
     """Columns named *_json hold JSON; everything else is stored as given."""
     return {

@@ -117,6 +117,21 @@ def test_the_alerts_of_a_job_read_as_much_after_a_long_history_as_after_a_short_
     assert long <= 1.5 * short + 5, (short, long)
 
 
+def test_the_alerts_of_many_running_jobs_take_the_statements_of_one(isolated_ledger):
+    """Issue 59: six statements a running job were 0.05 CPU-s of each `status` with 1,334 of them."""
+    now = time.time()
+    with Ledger(isolated_ledger) as ledger:
+        for k in range(40):
+            Table(ledger, "jobs").insert({"name": f"j{k}", "site": "dev", "state": "RUNNING"})
+            add_steps(ledger, k + 1, range(1, 30), now - 3600 * (k % 2), wait_s=0.05)
+        jobs = Table(ledger, "jobs").rows()
+        one, _ = traced(ledger, lambda: job_alerts(ledger, jobs[:1], LIMITS, now=now))
+        found: dict[int, list[str]] = {}
+        many, _ = traced(ledger, lambda: found.update(job_alerts(ledger, jobs, LIMITS, now=now)))
+    assert len(many) == len(one)
+    assert set(found) == set(range(2, 41, 2)) and found[2] == ["stalled: no training step for 60 min"]
+
+
 def test_a_data_bound_alert_says_whether_the_nodes_cache_was_cold_and_show_gives_its_counts(isolated_ledger):
     now = time.time()
     cold = {"cache_hits": 3, "cache_misses": 12, "cache_waited": 2, "cache_corrupt": 1, "cache_source_bytes": 3.4e8,
