@@ -122,7 +122,8 @@ def cost(
         if causes or as_json:
             add_idle(ledger, groups, since_ts)
         budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
-    rows: list[dict[str, Any]] = [
+    shown = len(groups) if show_all or as_json else top
+    rows: list[dict[str, Any]] = [  # of the groups shown only: --by job over a week is some 20,000
         {
             by: g.key,
             "jobs": len(g.jobs),
@@ -135,7 +136,7 @@ def cost(
             "queued_after_requeue_s": g.queue_s,
             "cost": g.cost,
         }
-        for g in groups
+        for g in groups[:shown]
     ]
     for r in rows:
         if (budget := budgets.get(r[by])) is not None:
@@ -153,8 +154,7 @@ def cost(
     budget_cols = ("budget GPU-h", "spent (Slurm)", "left") if budgets else ()
     for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", "cost", *budget_cols):
         table.add_column(col, justify="left" if col == by else "right")
-    shown = len(rows) if show_all else top
-    for r in rows[:shown]:
+    for r in rows:
         budget = (
             [
                 f"{r[k]:.1f}" if k in r else "-"
@@ -173,24 +173,24 @@ def cost(
             f"{r['cost']:.2f}",
             *budget,
         )
-    rest = [(f"{len(rows) - shown} more (--all)", groups[shown:], rows[shown:])] if rows[shown:] else []
-    summed = [*rest, ("total", groups, rows)]  # the groups not shown, in one line, and all of them
-    for label, summed_groups, summed_rows in summed:
+    rest = [(f"{len(groups) - shown} more (--all)", groups[shown:])] if groups[shown:] else []
+    summed = [*rest, ("total", groups)]  # the groups not shown, in one line, and all of them
+    for label, summed_groups in summed:
         table.add_row(
             label,
-            str(sum(r["jobs"] for r in summed_rows)),
-            str(sum(r["runs"] for r in summed_rows)),
-            f"{sum(r['gpu_hours'] for r in summed_rows):.3f}",
-            f"{sum(r['lost_gpu_hours'] for r in summed_rows):.3f}",
+            str(sum(len(g.jobs) for g in summed_groups)),
+            str(sum(g.runs for g in summed_groups)),
+            f"{sum(g.gpu_hours for g in summed_groups):.3f}",
+            f"{sum(g.lost_gpu_hours for g in summed_groups):.3f}",
             percent(pooled_goodput(summed_groups)),
-            f"{sum(r['cost'] for r in summed_rows):.2f}",
+            f"{sum(g.cost for g in summed_groups):.2f}",
             *(["", "", ""] if budgets else []),
         )
     console = make_console()
     console.print(table)
     if causes:
         lines: list[tuple[object, Any, bool]] = [(g.key, g, False) for g in groups[:shown]]
-        lines += [(label, overall(g), label == "total") for label, g, _ in summed]
+        lines += [(label, overall(g), label == "total") for label, g in summed]
         console.print(_causes_table(by, lines))
 
 

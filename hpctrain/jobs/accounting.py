@@ -183,9 +183,10 @@ def windowed(u: Usage, since: float, now: float, prices: dict[str, float]) -> Us
     share = (min(end, now) - max(u.started_at, since)) / (end - u.started_at) if end > u.started_at else 1.0
     if u.lost_from is not None:
         u.lost_gpu_hours = u.gpus * max(0.0, min(end, now) - max(u.lost_from, since)) / 3600
-    u.gpu_hours *= share
+    if share != 1.0:  # most runs of a window lie wholly in it
+        u.gpu_hours *= share
+        u.causes = {k: share * v for k, v in u.causes.items()}
     u.cost = u.gpu_hours * prices.get(u.partition or "", 0.0)
-    u.causes = {k: share * v for k, v in u.causes.items()}
     return u
 
 
