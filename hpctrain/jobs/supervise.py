@@ -35,10 +35,14 @@ def supervise(ledger: Ledger, client: SlurmClient, site: str) -> list[Decision]:
     """Decide every dead run whose last attempt nobody has decided on yet; returns what was done. The runs that
     need no decision (followed by another, or of a job that runs no more) are marked decided first."""
     ledger.attempts.decide_left_over(site, NO_MORE_RUNS)
-    return [
+    if not ledger.jobs.may_have_undecided_deaths(site):
+        return []  # the usual answer: nothing died since the last supervision decided every death
+    decisions = [
         _decide(ledger, client, ledger.jobs.known(job_id), task, ledger.attempts.of_task(job_id, task))
         for job_id, task in ledger.jobs.undecided_deaths(site, DIED)
     ]
+    ledger.jobs.no_undecided_deaths(site, DIED)
+    return decisions
 
 
 def _decide(ledger: Ledger, client: SlurmClient, job: JobRow, task: int, attempts: list[AttemptRow]) -> Decision:

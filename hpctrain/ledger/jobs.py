@@ -218,6 +218,21 @@ class Jobs:
             )
         ]
 
+    def may_have_undecided_deaths(self, site: str) -> bool:
+        """Whether a change since the last `no_undecided_deaths` of ``site`` may have left a run of it that died to
+        decide (the triggers of every such change add its site to `sites_to_supervise`)."""
+        found = self.ledger.db.execute("SELECT 1 FROM sites_to_supervise WHERE site = ?", [site]).fetchone()
+        return found is not None
+
+    def no_undecided_deaths(self, site: str, states: Collection[str]) -> bool:
+        """Whether ``site`` has no `undecided_deaths` in ``states``; if so, it leaves `sites_to_supervise`, in the
+        transaction that checked (a death recorded meanwhile waits for it, and marks the site again)."""
+        with self.ledger.transaction() as db:
+            if self.undecided_deaths(site, states):
+                return False  # a requeue that failed (Slurm down): the next supervision tries it again
+            db.execute("DELETE FROM sites_to_supervise WHERE site = ?", [site])
+            return True
+
     def unsettled_tasks(self, job_id: int, final: Collection[str], died: Collection[str]) -> int:
         """How many of an array's tasks may still run: not in a ``final`` state, or ``died`` with their last
         attempt not yet decided on."""

@@ -152,7 +152,25 @@ _TAIL_UPSERT = """INSERT INTO metric_tails VALUES (NEW.job_id, NEW.task_index, N
     last_at = max(coalesce(last_at, excluded.last_at), coalesce(excluded.last_at, last_at)),
     last_step = max(last_step, excluded.last_step)"""
 
-_TO_DECIDE = "INSERT OR IGNORE INTO sites_to_decide SELECT site FROM jobs WHERE id = NEW.job_id AND site IS NOT NULL"
+
+def _site_marks(table: str, suffix: str) -> list[Step]:
+    """``table`` (site TEXT PRIMARY KEY) and the triggers that add a job's site to it on every change that can leave
+    a run of it to decide: a run added or undecided again, a job's or array task's state changed, a task added."""
+    mark = f"INSERT OR IGNORE INTO {table} SELECT site FROM jobs WHERE id = NEW.job_id AND site IS NOT NULL"
+    return [
+        f"CREATE TABLE {table} (site TEXT PRIMARY KEY) WITHOUT ROWID",
+        f"INSERT INTO {table} SELECT DISTINCT site FROM jobs WHERE site IS NOT NULL",
+        f"CREATE TRIGGER attempts_new_{suffix} AFTER INSERT ON attempts BEGIN {mark}; END",
+        f"""CREATE TRIGGER attempts_undecided_{suffix} AFTER UPDATE OF requeued ON attempts
+            WHEN NEW.requeued IS NULL AND OLD.requeued IS NOT NULL BEGIN {mark}; END""",
+        f"""CREATE TRIGGER jobs_state_{suffix} AFTER UPDATE OF state ON jobs
+            WHEN NEW.state IS NOT OLD.state AND NEW.site IS NOT NULL BEGIN
+            INSERT OR IGNORE INTO {table} VALUES (NEW.site); END""",
+        f"CREATE TRIGGER tasks_new_{suffix} AFTER INSERT ON array_tasks BEGIN {mark}; END",
+        f"""CREATE TRIGGER tasks_state_{suffix} AFTER UPDATE OF state ON array_tasks
+            WHEN NEW.state IS NOT OLD.state BEGIN {mark}; END""",
+    ]
+
 
 MIGRATIONS: list[list[Step]] = [
     # 1: the core tables.
@@ -664,19 +682,11 @@ MIGRATIONS: list[list[Step]] = [
     # that can leave one there (a run added or undecided again, a job's or task's state changed), and removed once
     # none is left in it. A poll with nothing new then reads one row instead of checking each live run (0.1 s of
     # `status` on 2,000 active jobs).
-    [
-        "CREATE TABLE sites_to_decide (site TEXT PRIMARY KEY) WITHOUT ROWID",
-        "INSERT INTO sites_to_decide SELECT DISTINCT site FROM jobs WHERE site IS NOT NULL",
-        f"CREATE TRIGGER attempts_new_to_decide AFTER INSERT ON attempts BEGIN {_TO_DECIDE}; END",
-        f"""CREATE TRIGGER attempts_undecided_to_decide AFTER UPDATE OF requeued ON attempts
-            WHEN NEW.requeued IS NULL AND OLD.requeued IS NOT NULL BEGIN {_TO_DECIDE}; END""",
-        """CREATE TRIGGER jobs_state_to_decide AFTER UPDATE OF state ON jobs
-            WHEN NEW.state IS NOT OLD.state AND NEW.site IS NOT NULL BEGIN
-            INSERT OR IGNORE INTO sites_to_decide VALUES (NEW.site); END""",
-        f"CREATE TRIGGER tasks_new_to_decide AFTER INSERT ON array_tasks BEGIN {_TO_DECIDE}; END",
-        f"""CREATE TRIGGER tasks_state_to_decide AFTER UPDATE OF state ON array_tasks
-            WHEN NEW.state IS NOT OLD.state BEGIN {_TO_DECIDE}; END""",
-    ],
+    _site_marks("sites_to_decide", "to_decide"),
+    # 26: the same for the runs that died without a decision (`Jobs.undecided_deaths`), which supervision (the tick,
+    # reconcile) decides: a site leaves it once none is left, and a supervision with nothing new reads that row
+    # instead of every live run (0.03 s of each tick on 2,000 active jobs).
+    _site_marks("sites_to_supervise", "to_supervise"),
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
