@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hpctrain.config.job import ArraySpec
 from hpctrain.config.site import SiteConfig
 from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.files import exclusive_lock
@@ -22,13 +22,12 @@ from hpctrain.jobs.reconcile import reconcile
 from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import CANCEL_ENDED, SlurmClient
 from hpctrain.slurm.states import TERMINAL
-from hpctrain.submit import Submitter
-from hpctrain.submit.arrays import ArrayChunk
-from hpctrain.submit.placement import choose_placement
-from hpctrain.submit.quota import parallel_cap, user_limits
 from hpctrain.sweep import store
 from hpctrain.sweep.methods import suggest
 from hpctrain.sweep.stopping import trials_to_stop
+
+if TYPE_CHECKING:
+    from hpctrain.submit.arrays import ArrayChunk
 
 LOCK_WAIT_S = 600.0
 
@@ -122,6 +121,9 @@ def tick(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep_id: str) -
 def _parallel(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: store.Sweep) -> tuple[int, str | None]:
     """How many trials may run at once: max_parallel, or fewer where the account's or QOS's limits would
     leave the rest pending (and why)."""
+    from hpctrain.submit.placement import choose_placement  # only when trials are due: a tick's usual import
+    from hpctrain.submit.quota import parallel_cap, user_limits
+
     wanted = sweep.spec.max_parallel
     user, r = getpass.getuser(), sweep.job.resources
     placement = choose_placement(sweep.job, site, client, user, f"<sweep {sweep.id}>", ledger)
@@ -175,6 +177,9 @@ def _submit_new(ledger: Ledger, client: SlurmClient, site: SiteConfig, sweep: st
     new = ledger.sweeps.new_trials(sweep.id)[: max(room, 0)]
     if not new:
         return []
+    from hpctrain.config.job import ArraySpec  # only when trials are submitted: rendering's Jinja2 is 25 ms
+    from hpctrain.submit import Submitter
+
     numbers = [r["number"] for r in new]
     job = sweep.job.model_copy(update={"array": ArraySpec(params=[json.loads(r["params_json"]) for r in new])})
 
