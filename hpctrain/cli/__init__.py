@@ -17,6 +17,7 @@ from hpctrain.errors import HpctrainError
 LAZY_COMMANDS: dict[str, str] = {
     "doctor": "hpctrain.cli.doctor:doctor",
     "submit": "hpctrain.cli.jobs:submit",
+    "where": "hpctrain.cli.placement:where",
     "status": "hpctrain.cli.jobs:status",
     "show": "hpctrain.cli.jobs:show",
     "logs": "hpctrain.cli.jobs:logs",

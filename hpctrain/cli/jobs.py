@@ -36,17 +36,31 @@ def _when(ts: float | None) -> str:
 @click.option("--array", "array", metavar="N[%T]", help="run N copies as an array, at most T at once")
 @click.option("--json", "as_json", is_flag=True, help="print the result as JSON")
 @click.option("--wait", is_flag=True, help="wait until the job has finished; exit 1 unless it completed")
-def submit(spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool, wait: bool) -> None:
+@click.option(
+    "--soonest", is_flag=True, help="to the partition and account where it would start soonest (see `hpctrain where`)"
+)
+def submit(
+    spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool, wait: bool, soonest: bool
+) -> None:
     """Render SPEC for the site and submit it (a job, or arrays split past MaxArraySize)."""
+    import getpass
+
     from hpctrain.config import load_job_spec
     from hpctrain.submit import Submitter
+    from hpctrain.submit.soonest import chosen, rank
 
     spec = load_job_spec(spec_path)
     if array is not None:
         spec.array = _array_option(array)
     cfg, ledger, client = open_site(site)
     with ledger:
-        sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run)
+        placement = None
+        if soonest:
+            placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True))
+            spec.resources = spec.resources.model_copy(
+                update={"partition": placement.partition, "account": placement.account}
+            )
+        sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run, placement=placement)
         for why in sub.placement.waits:
             click.echo(f"hpctrain: warning: {why}", err=True)
         if dry_run:

@@ -218,6 +218,21 @@ class Jobs:
             )
         ]
 
+    def waits_alike(
+        self, site: str, partition: str, account: str, qos: str, gpus: int, since: float, limit: int = 50
+    ) -> list[float]:
+        """Seconds from submission to first start of the site's jobs submitted since ``since`` in ``partition``,
+        ``account`` and ``qos`` whose first run held ``gpus`` GPUs (an array's: its task 0's), newest first, at
+        most ``limit``: the history `hpctrain where` predicts from. Through the jobs' submission times only."""
+        rows = self.ledger.db.execute(
+            "SELECT a.started_at - j.submitted_at FROM jobs j INDEXED BY jobs_submitted JOIN attempts a "
+            "ON a.job_id = j.id AND a.attempt = 0 AND a.task_index = CASE WHEN j.is_array THEN 0 ELSE -1 END "
+            "WHERE j.site = ? AND j.submitted_at >= ? AND j.partition = ? AND j.account = ? AND j.qos = ? "
+            "AND a.started_at IS NOT NULL AND a.alloc_gpus = ? ORDER BY j.submitted_at DESC LIMIT ?",
+            [site, since, partition, account, qos, gpus, limit],
+        )
+        return [max(wait, 0.0) for (wait,) in rows]
+
     def may_have_undecided_deaths(self, site: str) -> bool:
         """Whether a change since the last `no_undecided_deaths` of ``site`` may have left a run of it that died to
         decide (the triggers of every such change add its site to `sites_to_supervise`)."""

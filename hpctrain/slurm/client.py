@@ -7,6 +7,7 @@ benchmarks can prove hpctrain spares the controller.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import subprocess
@@ -18,7 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import SlurmError, SlurmTimeout
-from hpctrain.slurm.parse import Parsable, parse_kv_lines, parse_parsable, parse_parsable_with_header
+from hpctrain.slurm.parse import (
+    Parsable,
+    parse_kv_lines,
+    parse_parsable,
+    parse_parsable_with_header,
+    parse_test_only,
+)
 from hpctrain.slurm.version import SlurmFeatures, SlurmVersion
 
 if TYPE_CHECKING:
@@ -73,10 +80,11 @@ class SlurmClient:
         extra_env: dict[str, str] | None = None,
         unset_env: Iterable[str] = (),
         harmless: re.Pattern[str] | None = None,
+        answer_on_stderr: bool = False,
     ) -> str:
-        """Run one Slurm command; its stdout, or SlurmError with the first line of its complaint.
-        ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out of it. A failure
-        whose every complaint line matches ``harmless`` is none."""
+        """Run one Slurm command; its stdout (its stderr with ``answer_on_stderr``), or SlurmError with the first
+        line of its complaint. ``extra_env`` adds to the command's environment, names in ``unset_env`` are taken out
+        of it. A failure whose every complaint line matches ``harmless`` is none."""
         self.calls[command] += 1
         argv = [self.executable(command), *args]
         env = {**self.env(), **(extra_env or {})}
@@ -111,7 +119,7 @@ class SlurmClient:
         said = (proc.stderr or stdout).splitlines()
         if proc.returncode != 0 and not (harmless and said and all(harmless.match(ln) for ln in said)):
             raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or stdout)}")
-        return stdout
+        return proc.stderr if answer_on_stderr else stdout
 
     # Queries used across hpctrain. Each is exactly one command run.
 
@@ -228,6 +236,17 @@ class SlurmClient:
         unset = [*unset_env, *calling_job_variables(os.environ)]
         out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset)
         return out.strip().split(";")[0]
+
+    def test_only(self, script: str, unset_env: Iterable[str] = ()) -> tuple[float, str]:
+        """When and where Slurm would start ``script`` now (`sbatch --test-only`: nothing is submitted): the start
+        (a timestamp) and the nodes. SlurmError when it would refuse the job or gives no estimate."""
+        unset = [*unset_env, *calling_job_variables(os.environ)]
+        said = self.run("sbatch", "--test-only", input=script, unset_env=unset, answer_on_stderr=True)
+        found = parse_test_only(said)
+        if found is None:
+            raise SlurmError(f"sbatch --test-only: no start estimate in its answer: {complaint(said)}")
+        at, nodes, _ = found
+        return datetime.datetime.fromisoformat(at).timestamp(), nodes
 
     def sacct(self, job_ids: list[str], fields: tuple[str, ...]) -> Sequence[dict[str, str]]:
         """One `sacct -X -D` call for all ``job_ids``: one row per allocation attempt, array tasks expanded."""

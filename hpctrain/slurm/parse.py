@@ -82,3 +82,16 @@ _GRES_GPU = re.compile(r"(?:^|,)gpu(?::([A-Za-z0-9_.-]+))?:(\d+)")
 def gpus_in_gres(gres: str) -> int:
     """'gpu:4', 'gpu:h100:8(S:0-1)', 'gpu:a100:2,gpu:v100:2' -> total GPU count."""
     return sum(int(m.group(2)) for m in _GRES_GPU.finditer(gres or ""))
+
+
+_TEST_ONLY = re.compile(
+    r"Job \d+ to start at (?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) using \d+ processors on nodes (?P<nodes>\S+) "
+    r"in partition (?P<partition>\S+)"
+)
+
+
+def parse_test_only(text: str) -> tuple[str, str, str] | None:
+    """`sbatch --test-only`'s estimate ("sbatch: Job 7 to start at 2026-12-03T17:21:56 using 1 processors on nodes
+    n3 in partition gpu", on stderr): (the start as Slurm prints it, local time; the nodes; the partition)."""
+    m = _TEST_ONLY.search(text)
+    return (m["at"], m["nodes"], m["partition"]) if m else None

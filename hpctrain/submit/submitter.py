@@ -124,13 +124,16 @@ class Submitter:
         lineage: dict[str, Any] | None = None,
         on_record: OnRecord | None = None,
         on_files: OnFiles | None = None,
+        placement: Placement | None = None,
     ) -> Submission:
         """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
-        ``on_files(paths)`` once the job directory is made, before the first sbatch."""
+        ``on_files(paths)`` once the job directory is made, before the first sbatch. ``placement``: one chosen
+        already (`hpctrain.submit.soonest`), else `choose_placement`'s."""
         params = params_lines(spec, where)
-        placement = choose_placement(spec, self.site, self.client, self.user, where, self.ledger)
+        if placement is None:
+            placement = choose_placement(spec, self.site, self.client, self.user, where, self.ledger)
         rendered = self._with_ledger_dependencies(spec, where)
         secret_values = secret_env(spec, where)
         if lineage is None and not dry_run:

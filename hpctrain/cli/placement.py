@@ -1,0 +1,67 @@
+"""`hpctrain where`: the placements a spec may run on, soonest first (imports only click at load)."""
+
+from __future__ import annotations
+
+import click
+
+from hpctrain.cli.common import make_console, open_site, site_option
+from hpctrain.cli.output import json_text
+
+
+@click.command()
+@click.argument("spec_path", metavar="SPEC", type=click.Path(dir_okay=False))
+@site_option
+@click.option("--json", "as_json", is_flag=True, help="every candidate with its figures")
+def where(spec_path: str, site: str | None, as_json: bool) -> None:
+    """Where SPEC would start soonest: each partition it fits and account you have (its QOS), Slurm's estimate
+    (`sbatch --test-only`, one call each, cached 30 s), the waits of your jobs alike in the ledger, and the start
+    predicted from both; then what was left out and why. `submit --soonest` takes the first."""
+    import getpass
+    import time
+
+    from rich.table import Table
+
+    from hpctrain.config import load_job_spec
+    from hpctrain.errors import HpctrainError
+    from hpctrain.submit.soonest import from_now, rank
+
+    spec = load_job_spec(spec_path)
+    cfg, ledger, client = open_site(site)
+    now = time.time()
+    with ledger:
+        ranking = rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, now)
+    if as_json:
+        rows = [
+            {
+                "partition": c.placement.partition,
+                "qos": c.placement.qos,
+                "account": c.placement.account,
+                "start": c.start,
+                "slurm_start": c.slurm_start,
+                "nodes": c.nodes,
+                "waits_alike_s": list(c.waits),
+                "basis": c.basis,
+                "quota_waits": list(c.placement.waits),
+            }
+            for c in ranking.candidates
+        ]
+        click.echo(json_text({"candidates": rows, "left_out": ranking.left_out}))
+        return
+    if not ranking.candidates:
+        raise HpctrainError(f"{spec_path}: no placement can run it: " + "; ".join(ranking.left_out))
+    table = Table(title=f"where {spec.name} would start on {cfg.name}, soonest first", title_justify="left")
+    for col in ("partition/QOS", "account", "start", "Slurm", "basis"):
+        table.add_column(col, justify="right" if col in ("start", "Slurm") else "left")
+    for c in ranking.candidates:
+        p = c.placement
+        table.add_row(
+            f"{p.partition}/{p.qos}",
+            p.account,
+            from_now(c.start, now),
+            from_now(c.slurm_start, now),
+            c.basis + "".join(f"; waits for {w}" for w in p.waits),
+        )
+    console = make_console()
+    console.print(table)
+    for line in ranking.left_out:
+        console.print(f"left out: {line}", markup=False)

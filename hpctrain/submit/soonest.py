@@ -1,0 +1,187 @@
+"""Where a job would start soonest (`hpctrain where`, `submit --soonest`, issue 63).
+
+The candidates are the placements the user may run a spec on: each partition of the site the spec fits, each account
+the user has there (the spec's own when it names one; with account "auto", every account of the site, best fairshare
+first), with their quota verdicts, under the spec's QOS. Each gets one `sbatch --test-only` of its own batch script
+(one partition a call: before 26.05.2 a test of several partitions was scored against the first), at most
+MAX_CANDIDATES calls, each answer cached in the ledger for CACHE_S. The prediction blends Slurm's estimate with the
+user's own waits for jobs alike in the ledger (same partition, account, QOS and GPUs over HISTORY_DAYS): a start
+Slurm sees free now is Slurm's to say; a later one, which Slurm computes from the time limits of the jobs ahead,
+moves toward the median past wait as the history grows (HISTORY_PRIOR waits weigh as much as Slurm).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from dataclasses import dataclass, replace
+
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteConfig
+from hpctrain.contract import JobPaths
+from hpctrain.errors import ConfigError, HpctrainError, SlurmError
+from hpctrain.ledger import Ledger
+from hpctrain.slurm.client import SlurmClient
+from hpctrain.submit.limits import cached
+from hpctrain.submit.placement import Placement, check_resources, choose_placement, fairshare_standings
+from hpctrain.submit.render import render_script
+
+MAX_CANDIDATES = 12  # `sbatch --test-only` calls for one ranking
+CACHE_S = 30.0  # an estimate is reused this long (a status poll's interval)
+HISTORY_DAYS = 30
+HISTORY_PRIOR = 5  # past waits alike that weigh as much as Slurm's estimate
+FREE_NOW_S = 60.0  # a start Slurm estimates within this is now
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One placement and when the job would start there."""
+
+    placement: Placement
+    start: float  # predicted
+    slurm_start: float  # `sbatch --test-only`'s estimate
+    nodes: str  # the nodes Slurm would give it
+    waits: tuple[float, ...]  # the ledger's waits of jobs alike, newest first
+    basis: str  # how the prediction was made, in words
+
+    @property
+    def name(self) -> str:
+        p = self.placement
+        return f"{p.partition}/{p.qos} as {p.account}"
+
+
+@dataclass(frozen=True)
+class Ranking:
+    candidates: list[Candidate]  # soonest first; equal starts in the order of fairshare
+    left_out: list[str]  # a line each: a partition the spec does not fit, an account that cannot run it, ...
+
+
+def duration(seconds: float) -> str:
+    """'now', '40 s', '25 min', '3.5 h', '2.0 days'."""
+    if seconds < 1:
+        return "now"
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
+
+
+def from_now(at: float, now: float) -> str:
+    """'now', 'in 25 min', ..."""
+    return "now" if at - now < 1 else f"in {duration(at - now)}"
+
+
+def predict(slurm_start: float, waits: list[float] | tuple[float, ...], now: float) -> tuple[float, str]:
+    """The predicted start from Slurm's estimate and the past waits of jobs alike, and its basis in words."""
+    alike = f"{len(waits)} job(s) alike waited {duration(statistics.median(waits))} (median)" if waits else ""
+    if slurm_start <= now + FREE_NOW_S:
+        return now, "Slurm: free now" + (f"; {alike}" if alike else "")  # its seconds are the scheduler's cycle
+    if not waits:
+        return slurm_start, f"Slurm: in {duration(slurm_start - now)} (no job alike in the ledger)"
+    weight = len(waits) / (len(waits) + HISTORY_PRIOR)
+    start = now + (1 - weight) * (slurm_start - now) + weight * statistics.median(waits)
+    source = "history" if weight > 0.5 else "Slurm"
+    return start, f"{source} ({weight:.0%} history): Slurm in {duration(slurm_start - now)}; {alike}"
+
+
+def rank(
+    spec: JobSpec,
+    site: SiteConfig,
+    client: SlurmClient,
+    user: str,
+    where: str,
+    ledger: Ledger,
+    now: float | None = None,
+    fresh: bool = False,
+) -> Ranking:
+    """Every placement the user may run ``spec`` on, soonest first (see the module's docstring); ``fresh``: no
+    estimate from the cache (a submission acts on them)."""
+    now = time.time() if now is None else now
+    placements, left_out = _placements(spec, site, client, user, where, ledger)
+    if len(placements) > MAX_CANDIDATES:
+        left_out += [
+            f"{_named(p)}: not tested (at most {MAX_CANDIDATES} a ranking)" for p in placements[MAX_CANDIDATES:]
+        ]
+        placements = placements[:MAX_CANDIDATES]
+    candidates = []
+    for p in placements:
+        try:
+            slurm_start, nodes = _estimate(spec, site, client, p, ledger, 0.0 if fresh else CACHE_S)
+        except SlurmError as exc:
+            left_out.append(f"{_named(p)}: {exc}")
+            continue
+        since = now - HISTORY_DAYS * 86400
+        waits = tuple(
+            ledger.jobs.waits_alike(site.name, p.partition, p.account, p.qos, spec.resources.allocated_gpus, since)
+        )
+        start, basis = predict(slurm_start, waits, now)
+        candidates.append(Candidate(p, start, slurm_start, nodes, waits, basis))
+    candidates.sort(key=lambda c: c.start)  # stable: the placements' order (fairshare) among equal starts
+    return Ranking(candidates, left_out)
+
+
+def chosen(ranking: Ranking, now: float | None = None) -> Placement:
+    """The soonest candidate's placement, its reason saying why (for `submit --soonest`)."""
+    if not ranking.candidates:
+        raise HpctrainError(
+            "no placement can run the job: " + ("; ".join(ranking.left_out) or "the site has no partition")
+        )
+    now = time.time() if now is None else now
+    best, others = ranking.candidates[0], ranking.candidates[1:]
+    beaten = "; ".join(f"{c.name} {from_now(c.start, now)}" for c in others) or "no other candidate"
+    return replace(
+        best.placement, reason=f"soonest: {best.name} {from_now(best.start, now)} ({best.basis}) over {beaten}"
+    )
+
+
+def _named(p: Placement) -> str:
+    return f"{p.partition}/{p.qos} as {p.account}"
+
+
+def _placements(
+    spec: JobSpec, site: SiteConfig, client: SlurmClient, user: str, where: str, ledger: Ledger
+) -> tuple[list[Placement], list[str]]:
+    """The placements that may run the spec, the spec's own partition first; and a line for each left out."""
+    own = spec.resources.partition or site.defaults.partition
+    account = spec.resources.account or site.defaults.account
+    if account == "auto":
+        standings = fairshare_standings(client, user)
+        accounts = sorted(site.accounts, key=lambda a: standings[a].key() if a in standings else (0.0,) * 3)[::-1]
+    else:
+        accounts = [account]
+    placements, left_out = [], []
+    for partition in sorted(site.partitions, key=lambda p: p != own):
+        try:
+            check_resources(spec, site, partition, where)
+        except ConfigError as exc:
+            left_out.append(f"partition {partition}: {_last_part(exc)}")
+            continue
+        for name in accounts:
+            resources = spec.resources.model_copy(update={"partition": partition, "account": name})
+            try:
+                placement = choose_placement(
+                    spec.model_copy(update={"resources": resources}), site, client, user, where, ledger
+                )
+            except ConfigError as exc:
+                left_out.append(f"{partition} as {name}: {_last_part(exc)}")
+                continue
+            placements.append(placement)
+    return placements, left_out
+
+
+def _last_part(exc: ConfigError) -> str:
+    """A placement problem without the spec file it names: 'resources.time: 02:00:00 requested, ...'."""
+    return "; ".join(line.split(": ", 1)[-1] for line in str(exc).splitlines())
+
+
+def _estimate(
+    spec: JobSpec, site: SiteConfig, client: SlurmClient, placement: Placement, ledger: Ledger, max_age_s: float
+) -> tuple[float, str]:
+    """Slurm's estimate of the start of the spec's batch script in ``placement`` (an array's: one task's), from the
+    cache when at most ``max_age_s`` old."""
+    script = render_script(spec, site, placement, JobPaths(site.paths.logs / f"{spec.name}-TESTONLY"), "TESTONLY")
+    key = "test-only:" + hashlib.sha256(script.encode()).hexdigest()
+    start, nodes = cached(site, ledger, key, max_age_s, lambda: client.test_only(script, spec.secret_names()))
+    return float(start), str(nodes)

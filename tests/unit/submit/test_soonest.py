@@ -1,0 +1,71 @@
+"""Where a job would start soonest (issue 63): Slurm's `--test-only` answer read, its estimate blended with the
+ledger's past waits of jobs alike, and the choice of `submit --soonest`. The cluster tests rank real candidates."""
+
+import pytest
+
+from hpctrain.errors import HpctrainError
+from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
+from hpctrain.slurm.parse import parse_test_only
+from hpctrain.submit.placement import Placement
+from hpctrain.submit.soonest import Candidate, Ranking, chosen, predict
+
+NOW = 1_800_000_000.0
+
+
+def test_the_test_only_answer_is_read_and_a_refusal_is_not_an_estimate():
+    said = "sbatch: Job 681615 to start at 2026-12-03T17:21:56 using 1 processors on nodes n3 in partition gpu\n"
+    assert parse_test_only(said) == ("2026-12-03T17:21:56", "n3", "gpu")
+    assert parse_test_only("allocation failure: Requested node configuration is not available\n") is None
+
+
+def test_a_start_slurm_sees_free_now_is_now_whatever_the_history():
+    assert predict(NOW + 3, [7200.0] * 30, NOW) == (NOW, "Slurm: free now; 30 job(s) alike waited 2.0 h (median)")
+    assert predict(NOW + 4 * 3600, [], NOW) == (NOW + 4 * 3600, "Slurm: in 4.0 h (no job alike in the ledger)")
+
+
+def test_enough_past_waits_that_disagree_with_slurm_change_the_ranking():
+    # Slurm counts the time limits of the jobs ahead: 4 h in `gpu`, 2 h in `long`. The user's own jobs in `gpu`
+    # started within 10 minutes, twenty times: ended early, as most jobs do.
+    alone, _ = predict(NOW + 2 * 3600, [], NOW)
+    few, _ = predict(NOW + 4 * 3600, [600.0] * 2, NOW)
+    many, basis = predict(NOW + 4 * 3600, [600.0] * 20, NOW)
+    assert few > alone > many
+    assert many == pytest.approx(NOW + 0.2 * 4 * 3600 + 0.8 * 600)
+    assert basis == "history (80% history): Slurm in 4.0 h; 20 job(s) alike waited 10 min (median)"
+
+
+def test_the_waits_alike_are_the_first_starts_of_jobs_like_it(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        jobs = Table(ledger, "jobs")
+
+        def job(submitted, waited, partition="gpu", account="teama", gpus=4, is_array=0, attempt=0):
+            job_id = jobs.insert({"name": "j", "site": "dev", "state": "COMPLETED", "partition": partition,
+                                  "account": account, "qos": "normal", "submitted_at": submitted,
+                                  "is_array": is_array})
+            ledger.attempts.record(job_id, 0 if is_array else -1, attempt, started_at=submitted + waited,
+                                   alloc_gpus=gpus)
+
+        job(NOW - 100, 30.0)
+        job(NOW - 200, 60.0, is_array=1)  # its task 0's first run
+        job(NOW - 300, 90.0, partition="debug")
+        job(NOW - 400, 120.0, account="teamb")
+        job(NOW - 500, 150.0, gpus=8)
+        job(NOW - 600, 180.0, attempt=1)  # a requeued run is no wait for a start
+        job(NOW - 40 * 86400, 210.0)  # before the window
+        assert ledger.jobs.waits_alike("dev", "gpu", "teama", "normal", 4, NOW - 30 * 86400) == [30.0, 60.0]
+
+
+def test_submit_soonest_takes_the_first_and_says_why_or_refuses_in_one_line():
+    def candidate(partition, start):
+        return Candidate(Placement(partition, "normal", "teama", "account named"), start, start, "n1", (), "Slurm")
+
+    placement = chosen(Ranking([candidate("debug", NOW), candidate("gpu", NOW + 3600)], []), NOW)
+    assert (placement.partition, placement.reason) == (
+        "debug", "soonest: debug/normal as teama now (Slurm) over gpu/normal as teama in 1.0 h")
+    with pytest.raises(HpctrainError) as refused:
+        chosen(Ranking([], ["partition debug: resources.time: 02:00:00 requested, partition 'debug' allows 01:00:00",
+                            "gpu as teamb: resources.account: user 'u' has no association with account 'teamb'"]))
+    assert str(refused.value) == (
+        "no placement can run the job: partition debug: resources.time: 02:00:00 requested, partition 'debug' "
+        "allows 01:00:00; gpu as teamb: resources.account: user 'u' has no association with account 'teamb'")
