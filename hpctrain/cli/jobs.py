@@ -56,7 +56,7 @@ def submit(
     with ledger:
         placement = None
         if soonest:
-            placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True))
+            placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True), spec_path)
             spec.resources = spec.resources.model_copy(
                 update={"partition": placement.partition, "account": placement.account}
             )

@@ -22,8 +22,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     from hpctrain.config import load_job_spec
-    from hpctrain.errors import HpctrainError
-    from hpctrain.submit.soonest import from_now, rank
+    from hpctrain.submit.soonest import from_now, rank, refused
 
     spec = load_job_spec(spec_path)
     cfg, ledger, client = open_site(site)
@@ -48,7 +47,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
         click.echo(json_text({"candidates": rows, "left_out": ranking.left_out}))
         return
     if not ranking.candidates:
-        raise HpctrainError(f"{spec_path}: no placement can run it: " + "; ".join(ranking.left_out))
+        raise refused(ranking, spec_path)
     table = Table(title=f"where {spec.name} would start on {cfg.name}, soonest first", title_justify="left")
     for col in ("partition/QOS", "account", "start", "Slurm", "basis"):
         table.add_column(col, justify="right" if col in ("start", "Slurm") else "left")

@@ -84,9 +84,11 @@ def gpus_in_gres(gres: str) -> int:
     return sum(int(m.group(2)) for m in _GRES_GPU.finditer(gres or ""))
 
 
+# The time as slurm_make_time_str writes it, ISO by default, with whatever follows it up to " using" (26.05.5 was
+# seen to print "2026-12-03T17:33:37 a using ...").
 _TEST_ONLY = re.compile(
-    r"Job \d+ to start at (?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d) using \d+ processors on nodes (?P<nodes>\S+) "
-    r"in partition (?P<partition>\S+)"
+    r"Job \d+ to start at (?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)[^\n]*? using \d+ processors on nodes "
+    r"(?P<nodes>\S+) in partition (?P<partition>\S+)"
 )
 
 

@@ -122,12 +122,15 @@ def rank(
     return Ranking(candidates, left_out)
 
 
-def chosen(ranking: Ranking, now: float | None = None) -> Placement:
+def refused(ranking: Ranking, where: str) -> HpctrainError:
+    """The one line saying why no placement can run the spec at ``where``."""
+    return HpctrainError(f"{where}: no placement can run it: " + "; ".join(ranking.left_out))
+
+
+def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
     """The soonest candidate's placement, its reason saying why (for `submit --soonest`)."""
     if not ranking.candidates:
-        raise HpctrainError(
-            "no placement can run the job: " + ("; ".join(ranking.left_out) or "the site has no partition")
-        )
+        raise refused(ranking, where)
     now = time.time() if now is None else now
     best, others = ranking.candidates[0], ranking.candidates[1:]
     beaten = "; ".join(f"{c.name} {from_now(c.start, now)}" for c in others) or "no other candidate"

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,9 @@ from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
+from hpctrain.slurm.parse import parse_kv_line
 from hpctrain.submit import Submitter
 from hpctrain.submit.placement import choose_placement, fairshare_standings
 
@@ -117,3 +123,84 @@ def test_afterok_dependency_waits_given_slurm_or_ledger_ids(dev_cluster, isolate
     assert rows["second"]["started_at"] >= rows["first"]["ended_at"]
     assert rows["third"]["started_at"] >= rows["first"]["ended_at"]
     assert second.slurm_ids != first.slurm_ids
+
+
+SOON = """name = "soon"
+command = ["sleep", "1"]
+launcher = "none"
+[resources]
+nodes = {nodes}
+gpus_per_node = 4
+cpus_per_task = 1
+mem = "1G"
+time = "00:10:00"
+account = "{account}"
+"""
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
+
+
+@contextmanager
+def gpu_partition_held_by_another_account() -> Iterator[None]:
+    """Partition gpu narrowed to n3 for the test, which a long job of teamb holds; debug (n1, n2) stays free."""
+    slurm("scontrol", "update", "PartitionName=gpu", "Nodes=n3")
+    held = None
+    try:
+        held = slurm("sbatch", "--parsable", "-p", "gpu", "-A", "teamb", "-N", "1", "--gres=gpu:4", "-t", "60",
+                     "--wrap", "sleep 900")
+        wait_until(lambda: slurm("squeue", "-h", "-j", held, "-o", "%T") == "RUNNING", 60, what="teamb's job to run")
+        yield
+    finally:
+        if held:
+            subprocess.run(["scancel", held], capture_output=True)
+        slurm("scontrol", "update", "PartitionName=gpu", "Nodes=n[1-3]")
+
+
+def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(dev_cluster, isolated_ledger, tmp_path):
+    """Issue 63: the spec's own partition (gpu) is held by another account's long job while debug is free."""
+    spec = tmp_path / "soon.toml"
+    spec.write_text(SOON.format(nodes=1, account="teama"))
+    with gpu_partition_held_by_another_account():
+        shown = run_cli("where", str(spec), "--json")
+        assert shown.returncode == 0, shown.stderr
+        ranked, now = json.loads(shown.stdout)["candidates"], time.time()
+        assert [(c["partition"], c["account"]) for c in ranked] == [("debug", "teama"), ("gpu", "teama")], shown.stdout
+        assert ranked[0]["start"] <= now and ranked[0]["basis"].startswith("Slurm: free now")
+        assert ranked[1]["start"] > now + 50 * 60 and ranked[1]["nodes"] == "n3"  # once teamb's hour is over
+        table = run_cli("where", str(spec)).stdout
+        assert table.index("debug/normal") < table.index("gpu/normal") and "Slurm: free now" in table
+        out = run_cli("submit", "--soonest", str(spec), "--json")
+        assert out.returncode == 0, out.stderr
+        submitted = json.loads(out.stdout)
+        assert submitted["partition"] == "debug"
+        assert submitted["reason"].startswith("soonest: debug/normal as teama now (Slurm: free now) over gpu/normal")
+        slurm_id = submitted["slurm_ids"][0]
+        def started() -> str | None:  # the controller's view: accounting may lag behind
+            job = parse_kv_line(slurm("scontrol", "-o", "show", "job", slurm_id))
+            return job["NodeList"] if job["JobState"] in ("RUNNING", "COMPLETING", "COMPLETED") else None
+
+        # Within one poll of `status --watch` (10 s): it started on a node of debug.
+        assert wait_until(started, 10, what="the job to start") in ("n1", "n2")
+        assert "soonest: debug/normal" in run_cli("show", str(submitted["ledger_ids"][0])).stdout
+
+
+@pytest.mark.parametrize(("nodes", "account", "said"), [
+    (4, "teama", "partition gpu: resources.nodes: 4 nodes requested, partition 'gpu' has 3; partition debug: "
+                 "resources.nodes: 4 nodes requested, partition 'debug' has 2"),
+    (1, "nosuch", "gpu as nosuch: resources.account: user 'root' has no association with account 'nosuch' (has: "),
+    (3, "teamb", "gpu as teamb: resources.account: the job can never start as 'teamb': account teamb allows 8 "
+                 "running GPUs; the job asks 12 GPUs; partition debug: resources.nodes: 3 nodes requested, "
+                 "partition 'debug' has 2"),
+], ids=["a shape no partition holds", "an account the user lacks", "every candidate over quota"])
+def test_where_and_submit_soonest_refuse_in_one_line_and_submit_nothing(dev_cluster, isolated_ledger, tmp_path,
+                                                                       nodes, account, said):
+    spec = tmp_path / "soon.toml"
+    spec.write_text(SOON.format(nodes=nodes, account=account))
+    for argv in (["where", str(spec)], ["submit", "--soonest", str(spec)]):
+        out = run_cli(*argv)
+        assert out.returncode == 2 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"hpctrain: error: {spec}: no placement can run it: {said}"), out.stderr
+    with Ledger(isolated_ledger) as ledger:
+        assert Table(ledger, "jobs").rows() == []

@@ -16,6 +16,8 @@ NOW = 1_800_000_000.0
 def test_the_test_only_answer_is_read_and_a_refusal_is_not_an_estimate():
     said = "sbatch: Job 681615 to start at 2026-12-03T17:21:56 using 1 processors on nodes n3 in partition gpu\n"
     assert parse_test_only(said) == ("2026-12-03T17:21:56", "n3", "gpu")
+    said_by_26_05 = "sbatch: Job 981732 to start at 2026-12-03T16:33:38 a using 4 processors on nodes n1 in partition debug"
+    assert parse_test_only(said_by_26_05) == ("2026-12-03T16:33:38", "n1", "debug")
     assert parse_test_only("allocation failure: Requested node configuration is not available\n") is None
 
 
@@ -60,12 +62,13 @@ def test_submit_soonest_takes_the_first_and_says_why_or_refuses_in_one_line():
     def candidate(partition, start):
         return Candidate(Placement(partition, "normal", "teama", "account named"), start, start, "n1", (), "Slurm")
 
-    placement = chosen(Ranking([candidate("debug", NOW), candidate("gpu", NOW + 3600)], []), NOW)
+    placement = chosen(Ranking([candidate("debug", NOW), candidate("gpu", NOW + 3600)], []), "job.toml", NOW)
     assert (placement.partition, placement.reason) == (
         "debug", "soonest: debug/normal as teama now (Slurm) over gpu/normal as teama in 1.0 h")
     with pytest.raises(HpctrainError) as refused:
         chosen(Ranking([], ["partition debug: resources.time: 02:00:00 requested, partition 'debug' allows 01:00:00",
-                            "gpu as teamb: resources.account: user 'u' has no association with account 'teamb'"]))
+                            "gpu as teamb: resources.account: user 'u' has no association with account 'teamb'"]),
+               "job.toml")
     assert str(refused.value) == (
-        "no placement can run the job: partition debug: resources.time: 02:00:00 requested, partition 'debug' "
+        "job.toml: no placement can run it: partition debug: resources.time: 02:00:00 requested, partition 'debug' "
         "allows 01:00:00; gpu as teamb: resources.account: user 'u' has no association with account 'teamb'")
