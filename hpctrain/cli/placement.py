@@ -44,7 +44,16 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
             }
             for c in ranking.candidates
         ]
-        click.echo(json_text({"candidates": rows, "left_out": ranking.left_out}))
+        errors = ranking.errors
+        click.echo(
+            json_text(
+                {
+                    "candidates": rows,
+                    "left_out": ranking.left_out,
+                    "errors": None if errors is None else vars(errors),
+                }
+            )
+        )
         return
     if not ranking.candidates:
         raise refused(ranking, spec_path)
@@ -64,3 +73,5 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     console.print(table)
     for line in ranking.left_out:
         console.print(f"left out: {line}", markup=False)
+    if ranking.errors is not None:
+        console.print(ranking.errors.words(), markup=False)

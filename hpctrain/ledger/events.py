@@ -19,6 +19,7 @@ class Events:
     """Rows of `events`, in order of time."""
 
     def __init__(self, ledger: Ledger):
+        self.ledger = ledger
         self._rows: Table[EventRow] = Table(ledger, "events")
 
     def add(
@@ -39,6 +40,22 @@ class Events:
                 "data_json": data or None,
             }
         )
+
+    def start_errors(self, site: str, since: float) -> list[tuple[float, float]]:
+        """For each job of the site submitted since ``since`` whose placement was chosen by its predicted start
+        (`hpctrain.submit.soonest`) and that has started: how far the predicted start and Slurm's estimate were from
+        its first start, in seconds (signed: later than said is positive), newest first."""
+        rows = self.ledger.db.execute(
+            "SELECT a.started_at - json_extract(e.data_json, '$.predicted_start'), "
+            "a.started_at - json_extract(e.data_json, '$.slurm_start') "
+            "FROM jobs j INDEXED BY jobs_submitted JOIN events e ON e.job_id = j.id AND e.kind = 'placement' "
+            "JOIN attempts a ON a.job_id = j.id AND a.attempt = 0 "
+            "AND a.task_index = CASE WHEN j.is_array THEN 0 ELSE -1 END "
+            "WHERE j.site = ? AND j.submitted_at >= ? AND a.started_at IS NOT NULL "
+            "AND json_extract(e.data_json, '$.predicted_start') IS NOT NULL ORDER BY j.submitted_at DESC",
+            [site, since],
+        )
+        return [(predicted, slurm) for predicted, slurm in rows]
 
     def of_job(self, job_id: int) -> list[EventRow]:
         return self._rows.rows("job_id = ?", [job_id], order_by="time")

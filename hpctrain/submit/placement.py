@@ -27,6 +27,7 @@ class Placement:
     account: str
     reason: str
     waits: tuple[str, ...] = ()  # the limits the job will wait for (a sentence each)
+    starts: tuple[float, float] | None = None  # chosen by its start: the one predicted, Slurm's estimate
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ first), with their quota verdicts, under the spec's QOS. Each gets one `sbatch -
 MAX_CANDIDATES calls, each answer cached in the ledger for CACHE_S. The prediction blends Slurm's estimate with the
 user's own waits for jobs alike in the ledger (same partition, account, QOS and GPUs over HISTORY_DAYS): a start
 Slurm sees free now is Slurm's to say; a later one, which Slurm computes from the time limits of the jobs ahead,
-moves toward the median past wait as the history grows (HISTORY_PRIOR waits weigh as much as Slurm).
+moves toward the median past wait as the history grows (HISTORY_PRIOR waits weigh as much as Slurm). Each job placed
+so keeps both starts in its placement event, and a ranking says how far off each has been for the user.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from hpctrain.submit.render import render_script
 
 MAX_CANDIDATES = 12  # `sbatch --test-only` calls for one ranking
 CACHE_S = 30.0  # an estimate is reused this long (a status poll's interval)
-HISTORY_DAYS = 30
+HISTORY_DAYS = 30  # of waits alike, and of the errors of past predictions
 HISTORY_PRIOR = 5  # past waits alike that weigh as much as Slurm's estimate
 FREE_NOW_S = 60.0  # a start Slurm estimates within this is now
 
@@ -52,9 +53,25 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Errors:
+    """How far off the starts said were for the user's jobs placed by their start (`submit --soonest`)."""
+
+    jobs: int
+    predicted_s: float  # the median of |first start - predicted start|
+    slurm_s: float  # the same for Slurm's estimate alone
+
+    def words(self) -> str:
+        return (
+            f"over your last {self.jobs} submission(s) placed by their start, the prediction was off by "
+            f"{duration(self.predicted_s)} and Slurm's estimate by {duration(self.slurm_s)} (medians)"
+        )
+
+
+@dataclass(frozen=True)
 class Ranking:
     candidates: list[Candidate]  # soonest first; equal starts in the order of fairshare
     left_out: list[str]  # a line each: a partition the spec does not fit, an account that cannot run it, ...
+    errors: Errors | None = None
 
 
 def duration(seconds: float) -> str:
@@ -119,7 +136,13 @@ def rank(
         start, basis = predict(slurm_start, waits, now)
         candidates.append(Candidate(p, start, slurm_start, nodes, waits, basis))
     candidates.sort(key=lambda c: c.start)  # stable: the placements' order (fairshare) among equal starts
-    return Ranking(candidates, left_out)
+    found = ledger.events.start_errors(site.name, now - HISTORY_DAYS * 86400)
+    errors = (
+        Errors(len(found), statistics.median(abs(p) for p, _ in found), statistics.median(abs(s) for _, s in found))
+        if found
+        else None
+    )
+    return Ranking(candidates, left_out, errors)
 
 
 def refused(ranking: Ranking, where: str) -> HpctrainError:
@@ -135,7 +158,9 @@ def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
     best, others = ranking.candidates[0], ranking.candidates[1:]
     beaten = "; ".join(f"{c.name} {from_now(c.start, now)}" for c in others) or "no other candidate"
     return replace(
-        best.placement, reason=f"soonest: {best.name} {from_now(best.start, now)} ({best.basis}) over {beaten}"
+        best.placement,
+        reason=f"soonest: {best.name} {from_now(best.start, now)} ({best.basis}) over {beaten}",
+        starts=(best.start, best.slurm_start),
     )
 
 

@@ -269,6 +269,7 @@ class Submitter:
                 if chunk
                 else (),
             )
+            starts = placement.starts
             self.ledger.event(
                 "placement",
                 placement.reason,
@@ -276,6 +277,7 @@ class Submitter:
                 account=placement.account,
                 partition=placement.partition,
                 qos=placement.qos,
+                **({"predicted_start": starts[0], "slurm_start": starts[1]} if starts else {}),
             )
             if on_record is not None:
                 on_record(job_id, chunk)

@@ -184,6 +184,10 @@ def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(de
         # Within one poll of `status --watch` (10 s): it started on a node of debug.
         assert wait_until(started, 10, what="the job to start") in ("n1", "n2")
         assert "soonest: debug/normal" in run_cli("show", str(submitted["ledger_ids"][0])).stdout
+        # Its start now tells how far off the prediction was: the next ranking says so.
+        assert run_cli("status").returncode == 0
+        errors = json.loads(run_cli("where", str(spec), "--json").stdout)["errors"]
+        assert errors["jobs"] == 1 and errors["predicted_s"] < 30 and errors["slurm_s"] < 30
 
 
 @pytest.mark.parametrize(("nodes", "account", "said"), [

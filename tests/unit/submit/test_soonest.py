@@ -58,6 +58,19 @@ def test_the_waits_alike_are_the_first_starts_of_jobs_like_it(tmp_path):
         assert ledger.jobs.waits_alike("dev", "gpu", "teama", "normal", 4, NOW - 30 * 86400) == [30.0, 60.0]
 
 
+def test_each_source_is_scored_against_the_first_starts_of_the_jobs_placed_by_their_start(tmp_path):
+    with Ledger(tmp_path / "l.db") as ledger:
+        jobs = Table(ledger, "jobs")
+        for k, (predicted, slurm, started) in enumerate([(NOW, NOW + 3600, NOW + 600), (NOW, NOW, NOW + 60),
+                                                         (None, None, NOW + 5)]):
+            job_id = jobs.insert({"name": "j", "site": "dev", "state": "RUNNING", "submitted_at": NOW - k,
+                                  "is_array": 0})
+            starts = {"predicted_start": predicted, "slurm_start": slurm} if predicted else {}
+            ledger.event("placement", "why", job_id=job_id, **starts)
+            ledger.attempts.record(job_id, -1, 0, started_at=started)
+        assert ledger.events.start_errors("dev", NOW - 86400) == [(600.0, -3000.0), (60.0, 60.0)]
+
+
 def test_submit_soonest_takes_the_first_and_says_why_or_refuses_in_one_line():
     def candidate(partition, start):
         return Candidate(Placement(partition, "normal", "teama", "account named"), start, start, "n1", (), "Slurm")
