@@ -19,7 +19,9 @@ from typing import TypeVar
 from hpctrain.slurm.parse import Parsable
 from hpctrain.slurm.states import REQUEUE_STATES, normal_state
 
-FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "ElapsedRaw", "NodeList", "AllocTRES", "Reason")
+# ElapsedRaw last: a running job's grows on every poll, and `digest` leaves it out (see there).
+FIELDS = ("JobID", "State", "ExitCode", "Submit", "Start", "End", "NodeList", "AllocTRES", "Reason", "ElapsedRaw")
+GROWS = "ElapsedRaw"
 _JOBID = re.compile(r"^(\d+)(?:_(\d+|\[[^\]]*\]))?$")
 _JOBID_FIRST = re.compile(r"\s*(\d+)(?:_(?:\d+|\[[^\]]*\]))?\s*(?:\||$)")  # _JOBID as a line's first column
 _GPUS = re.compile(r"gres/gpu(?::[^=,]+)?=(\d+)")
@@ -104,11 +106,21 @@ def by_job(rows: Sequence[dict[str, str]]) -> dict[str, Sequence[dict[str, str]]
 
 
 def digest(rows: Sequence[dict[str, str]]) -> str:
-    """A job's sacct rows in a few bytes: equal digests, nothing new to fold in."""
+    """A job's sacct rows in a few bytes: equal digests, nothing new to fold in. A running row's ElapsedRaw (GROWS)
+    is left out: it grows on every poll, and the ledger takes a run's elapsed time only once it has ended (which
+    changes its End); kept in, every running job would be read and written again on every poll."""
     if isinstance(rows, Parsable):  # its text: the same whenever its rows are
-        text = "\n".join(["|".join(rows.header), *rows.lines])
+        if rows.header[-1:] == [GROWS]:  # as FIELDS ask: the last column, cut off without splitting the line
+            text = "\n".join(["|".join(rows.header[:-1]), *(line.rpartition("|")[0] for line in rows.lines)])
+        else:
+            text = "\n".join(
+                [
+                    "|".join(h for h in rows.header if h != GROWS),
+                    *("|".join(v for h, v in zip(rows.header, line.split("|")) if h != GROWS) for line in rows.lines),
+                ]
+            )
     else:
-        text = "\n".join("|".join(f"{k}={v}" for k, v in row.items()) for row in rows)
+        text = "\n".join("|".join(f"{k}={v}" for k, v in row.items() if k != GROWS) for row in rows)
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 

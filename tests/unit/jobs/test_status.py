@@ -191,3 +191,36 @@ def test_a_run_left_by_another_writer_is_decided_by_the_next_poll_then_none_is_l
         ledger.db.conn.set_trace_callback(statements.append)
         assert poller.refresh() == 0
         assert statements and not [s for s in statements if "attempts" in s], statements
+
+
+def test_a_running_jobs_growing_elapsed_time_is_nothing_new_to_a_poll(tmp_path):
+    """Issue 59: real sacct gives a running job's ElapsedRaw as it grows, so every running job's rows differed from
+    the last poll's and were read and written again on every poll (1,334 of them on a heavy user's status; the
+    benchmark's stand-ins had answered the same rows each time). Its end still is news."""
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.ledger import Ledger
+    from hpctrain.ledger.table import Table
+    from hpctrain.slurm.sacct import FIELDS
+
+    class Slurm:
+        elapsed, end, state = 0, "Unknown", "RUNNING"
+
+        def sacct(self, ids, fields):
+            assert tuple(fields) == FIELDS
+            Slurm.elapsed += 7
+            row = {"JobID": "13", "State": self.state, "ExitCode": "0:0", "Submit": "2026-11-27T06:00:00",
+                   "Start": "2026-11-27T06:00:01", "End": self.end, "NodeList": "n1",
+                   "AllocTRES": "gres/gpu=4", "Reason": "None", "ElapsedRaw": str(Slurm.elapsed)}
+            return Parsable.of("|".join(fields) + "\n" + "|".join(row[f] for f in fields) + "\n")
+
+    with Ledger(tmp_path / "l.db") as ledger:
+        Table(ledger, "jobs").insert({"name": "runs", "site": "dev", "slurm_job_id": "13", "state": "PENDING",
+                                      "spec_json": "{}"})
+        poller = Poller(ledger, Slurm(), "dev")
+        assert poller.refresh() == 1
+        before = ledger.db.conn.total_changes
+        assert poller.refresh() == 0 and ledger.db.conn.total_changes == before
+        Slurm.end, Slurm.state = "2026-11-27T06:09:00", "COMPLETED"
+        assert poller.refresh() == 1
+        [run] = ledger.attempts.of_job(1)
+        assert (run["state"], run["elapsed_s"]) == ("COMPLETED", Slurm.elapsed)
