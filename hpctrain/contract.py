@@ -42,6 +42,9 @@ STEP_RESTART_ENV = "HPCTRAIN_STEP_RESTART"
 HEARTBEAT_ENV = "HPCTRAIN_HEARTBEAT_FILE"
 # Set by the batch script of a job whose [hang] output_s is set: its log may stay quiet this many seconds.
 HANG_OUTPUT_ENV = "HPCTRAIN_HANG_OUTPUT_S"
+# Set by the batch script of a job submitted to several placements at once (`submit --race K`): the file whose
+# first claimant runs the command (hpctrain.runtime.race).
+RACE_FILE_ENV = "HPCTRAIN_RACE_FILE"
 
 # Set by an evaluation job (`hpctrain.evaluate`) for the user's evaluator command: the checkpoint it evaluates,
 # its step and layout (JSON: dp, tp, pp), and the JSON file of metrics ({name: number}) it must write.
@@ -141,6 +144,11 @@ class JobPaths:
     @property
     def chunks_lock(self) -> Path:
         return self.job_dir / ".chunks.lock"
+
+    @property
+    def race_file(self) -> Path:
+        """The race of a job submitted to several placements (the first submission's folder holds it)."""
+        return self.job_dir / "race"
 
     def script(self, chunk_index: int = 0) -> Path:
         """The batch script of one chunk of the submission (arrays split past MaxArraySize)."""
@@ -304,6 +312,11 @@ class JobEnvironment:
     @property
     def journal_dir(self) -> Path | None:
         return self._path(JOURNAL_ENV)
+
+    @property
+    def race_file(self) -> Path | None:
+        """The race this job runs in, when it was submitted to several placements at once."""
+        return self._path(RACE_FILE_ENV)
 
     @property
     def spec_file(self) -> Path | None:

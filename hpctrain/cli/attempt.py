@@ -65,6 +65,8 @@ def start() -> None:
     history = list(earlier.values())
     step = latest_committed_step(policy.checkpoint_dir(task))
     journal.write("attempt_start", attempt=number, step=step, **_log_position())
+    if env.race_file is not None and env.slurm_job_id is not None:
+        _race(journal, env.race_file, env.slurm_job_id, number, step)
     if (why := rerun_of_completed(earlier)) is not None:
         journal.write(
             "attempt_end", attempt=number, cause="rerun", step_end=step, exit_code=0, requeued=False, message=why
@@ -188,6 +190,31 @@ def restart(exit_code: int) -> None:
         **({"nodes": nodes.chosen, "left_out": nodes.lost()} if nodes is not None else {}),
     )
     click.echo(f"hpctrain: {why}", err=True)
+
+
+def _race(journal: Any, race_file: Any, slurm_job_id: str, number: int, step: int | None) -> None:
+    """Run on only if this job wins its race (`submit --race`); else journal why, cancel this job (its siblings'
+    poll would) and exit DONE, which every batch script, a site's own included, takes as "exit 0"."""
+    from hpctrain.errors import SlurmError
+    from hpctrain.runtime.race import claim
+    from hpctrain.slurm.client import SlurmClient
+
+    try:
+        if claim(race_file, slurm_job_id):
+            return
+        winner = race_file.read_text().strip()
+    except OSError as exc:  # the race cannot be decided: running the command twice is worse than not at all
+        winner = f"unknown ({exc.strerror})"
+    why = f"lost the race to job {winner}: another placement started first"
+    journal.write(
+        "attempt_end", attempt=number, cause="race_lost", step_end=step, exit_code=0, requeued=False, message=why
+    )
+    click.echo(f"hpctrain: not running: {why}", err=True)
+    try:
+        SlurmClient().scancel([slurm_job_id])
+    except SlurmError:
+        pass  # it ends by itself now; a poll sees its end
+    sys.exit(DONE)
 
 
 def _step_nodes(policy: Any, env: Any, wait: bool = True) -> Any:

@@ -39,8 +39,23 @@ def _when(ts: float | None) -> str:
 @click.option(
     "--soonest", is_flag=True, help="to the partition and account where it would start soonest (see `hpctrain where`)"
 )
+@click.option(
+    "--race",
+    "runners",
+    type=click.IntRange(2, 12),
+    default=None,
+    metavar="K",
+    help="to the K soonest at once: the first to start runs it, the others are cancelled",
+)
 def submit(
-    spec_path: str, site: str | None, dry_run: bool, array: str | None, as_json: bool, wait: bool, soonest: bool
+    spec_path: str,
+    site: str | None,
+    dry_run: bool,
+    array: str | None,
+    as_json: bool,
+    wait: bool,
+    soonest: bool,
+    runners: int | None,
 ) -> None:
     """Render SPEC for the site and submit it (a job, or arrays split past MaxArraySize)."""
     import getpass
@@ -49,11 +64,16 @@ def submit(
     from hpctrain.submit import Submitter
     from hpctrain.submit.soonest import chosen, rank
 
+    if runners is not None and (dry_run or wait):
+        raise click.UsageError("--race submits: not with --dry-run or --wait")
     spec = load_job_spec(spec_path)
     if array is not None:
         spec.array = _array_option(array)
     cfg, ledger, client = open_site(site)
     with ledger:
+        if runners is not None:
+            _race(spec, spec_path, cfg, ledger, client, runners, as_json)
+            return
         placement = None
         if soonest:
             placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True), spec_path)
@@ -92,6 +112,38 @@ def submit(
         states = wait_finished(ledger, client, cfg.name, sub.ledger_ids)
     click.echo(f"finished: {', '.join(f'{i} {s}' for i, s in states.items())}")
     sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
+
+
+def _race(spec: Any, spec_path: str, cfg: Any, ledger: Any, client: Any, runners: int, as_json: bool) -> None:
+    """`submit --race K`: the K soonest placements at once (hpctrain.submit.racing)."""
+    import getpass
+
+    from hpctrain.submit import Submitter
+    from hpctrain.submit.racing import submit_race
+    from hpctrain.submit.soonest import rank
+
+    ranking = rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True)
+    subs, left_out = submit_race(Submitter(cfg, ledger, client), spec, spec_path, ranking, runners)
+    for line in left_out:
+        click.echo(f"hpctrain: warning: not in the race: {line}", err=True)
+    if as_json:
+        click.echo(
+            json_text(
+                {
+                    "ledger_ids": [i for s in subs for i in s.ledger_ids],
+                    "slurm_ids": [i for s in subs for i in s.slurm_ids],
+                    "runners": [
+                        {"partition": s.placement.partition, "account": s.placement.account, "qos": s.placement.qos}
+                        for s in subs
+                    ],
+                }
+            )
+        )
+        return
+    click.echo(f"submitted {spec.name} to a race of {len(subs)}: the first to start runs it")
+    for s in subs:
+        p = s.placement
+        click.echo(f"  ledger id {s.ledger_ids[0]}, slurm job {s.slurm_ids[0]}: {p.partition}/{p.qos} as {p.account}")
 
 
 def _array_option(text: str) -> Any:

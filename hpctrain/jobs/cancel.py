@@ -1,12 +1,15 @@
-"""Cancelling a submission (all chunks of it) or a whole sweep: one scancel call, an event per job."""
+"""Cancelling a submission (all chunks of it), a whole sweep, or the losers of a race (`submit --race`): one scancel
+call, an event per job."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.rows import SubmittedJob
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 
@@ -32,3 +35,26 @@ def cancel_sweep(ledger: Ledger, client: SlurmClient, sweep_id: str) -> list[str
     cancelled = _cancel(ledger, client, rows)
     ledger.sweeps.set_state(sweep_id, "CANCELLED")
     return cancelled
+
+
+def cancel_race_losers(ledger: Ledger, client: SlurmClient, site: str) -> list[str]:
+    """Cancel each runner of a race other than the one that claimed it (hpctrain.runtime.race); the Slurm ids. A
+    race nobody has claimed yet is left alone: a runner the ledger still has pending may have started already."""
+    by_race: dict[str, list[SubmittedJob]] = {}
+    for row in ledger.jobs.racing(site):
+        by_race.setdefault(row["race"] or "", []).append(row)
+    losers = []
+    for race, rows in by_race.items():
+        try:
+            winner = Path(race).read_text().strip()
+        except OSError:
+            continue  # not claimed yet (or its file system is away: the runners decide among themselves)
+        losers += [r for r in rows if winner and r["slurm_job_id"] != winner and r["state"] not in TERMINAL]
+    if not losers:
+        return []
+    client.scancel([r["slurm_job_id"] for r in losers])
+    for r in losers:
+        ledger.event(
+            "race_lost", f"scancel {r['slurm_job_id']}: another placement of its race started first", job_id=r["id"]
+        )
+    return [r["slurm_job_id"] for r in losers]

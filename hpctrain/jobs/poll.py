@@ -9,6 +9,7 @@ from functools import partial
 from typing import Any
 
 from hpctrain.errors import SlurmError
+from hpctrain.jobs.cancel import cancel_race_losers
 from hpctrain.jobs.numbering import journaled_starts, numbered
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.rows import AttemptFields, JobSummary, SubmittedJob
@@ -60,6 +61,11 @@ class Poller:
             if self.warning is None:  # the runs it saw end that nothing else decides on (as reconcile's supervision)
                 self.ledger.attempts.decide_left_over(self.site, NO_MORE_RUNS)
             self.ledger.jobs.polled(digests)  # after the decisions, which would make it forget the digests
+        if changed:  # a run of a race started, say: its siblings still pending are cancelled now
+            try:
+                cancel_race_losers(self.ledger, self.client, self.site)
+            except SlurmError as exc:
+                self.warning = f"{exc}; the losers of a race are cancelled by a later poll"
         return changed
 
     def _apply(self, job: SubmittedJob, tasks: dict[int, sacct.TaskHistory], attempts_known: bool = True) -> bool:
@@ -153,7 +159,8 @@ def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: i
 def submissions(rows: list[JobSummary]) -> list[JobSummary]:
     """One row per submission, in the order of ``rows``: the jobs of an array split past MaxArraySize (one group)
     as one, under its first job's id and name, with every part's Slurm id, its tasks' states counted together, and
-    the restarts and preemptions of all."""
+    the restarts and preemptions of all; a race's runners (`submit --race`) as one, in the state of the one that
+    runs."""
     groups: dict[int, list[JobSummary]] = {}
     for r in rows:
         groups.setdefault(r["group_id"] or r["id"], []).append(r)
@@ -166,10 +173,13 @@ def submissions(rows: list[JobSummary]) -> list[JobSummary]:
                 state, n = item.rsplit(":", 1)
                 counts[state] += int(n)
         merged = parts[0].copy()
+        states = [p["state"] for p in parts]
+        if parts[0]["race"]:  # the runner that won: the others were cancelled for it, or are about to be
+            states = [s for s in states if s != "CANCELLED"] or ["CANCELLED"]
         merged.update(
             {
                 "slurm_job_id": ",".join(p["slurm_job_id"] or "-" for p in parts),
-                "state": array_state([p["state"] for p in parts]) if len(parts) > 1 else parts[0]["state"],
+                "state": array_state(states) if len(states) > 1 else states[0],
                 "tasks": sum(p["tasks"] for p in parts),
                 "task_states": ",".join(f"{s}:{n}" for s, n in sorted(counts.items())) or None,
                 "restarts": sum(p["restarts"] for p in parts),

@@ -34,7 +34,7 @@ def _marks(values: Collection[Any]) -> str:
 
 
 _SUMMARY_SQL = """
-SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id,
+SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id, j.race,
        j.sweep_id, j.submitted_at, j.started_at, j.ended_at,
        (SELECT count(*) FROM array_tasks t WHERE t.job_id = j.id) AS tasks,
        (SELECT group_concat(state || ':' || n) FROM (SELECT state, count(*) AS n FROM array_tasks t
@@ -232,6 +232,17 @@ class Jobs:
             [site, since, partition, account, qos, gpus, limit],
         )
         return [max(wait, 0.0) for (wait,) in rows]
+
+    def racing(self, site: str) -> list[SubmittedJob]:
+        """The site's submissions of a race (`submit --race`) still in it: not ended, not cancelled for it yet (an
+        event `race_lost`)."""
+        rows = self._rows.rows(
+            "id IN (SELECT j.id FROM jobs j INDEXED BY jobs_open WHERE j.site = ? AND j.ended_at IS NULL "
+            "AND j.race IS NOT NULL AND j.slurm_job_id IS NOT NULL "
+            "AND NOT EXISTS (SELECT 1 FROM events e WHERE e.job_id = j.id AND e.kind = 'race_lost'))",
+            [site],
+        )
+        return cast("list[SubmittedJob]", rows)
 
     def may_have_undecided_deaths(self, site: str) -> bool:
         """Whether a change since the last `no_undecided_deaths` of ``site`` may have left a run of it that died to

@@ -26,6 +26,7 @@ class NewJob(TypedDict, total=False):
     lineage_json: Any
     group_id: int | None
     param_offset: int | None
+    race: str | None
 
 
 class JobTimes(TypedDict, total=False):
@@ -65,6 +66,7 @@ class _JobColumns(TypedDict):
     journal_read_at: float | None
     usage_settled_at: float | None
     sacct_digest: str | None
+    race: str | None  # the race file of a submission to several placements, of which one runs (`submit --race`)
 
 
 class JobRow(_JobColumns):
@@ -92,6 +94,7 @@ class JobSummary(TypedDict):
     partition: str | None
     is_array: int
     group_id: int | None
+    race: str | None
     sweep_id: str | None
     submitted_at: float | None
     started_at: float | None

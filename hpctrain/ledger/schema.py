@@ -687,6 +687,9 @@ MIGRATIONS: list[list[Step]] = [
     # reconcile) decides: a site leaves it once none is left, and a supervision with nothing new reads that row
     # instead of every live run (0.03 s of each tick on 2,000 active jobs).
     _site_marks("sites_to_supervise", "to_supervise"),
+    # 27: the submissions of one job to several placements, one group, of which the first to claim the race file
+    # named here runs (`submit --race`); the polls cancel the others.
+    ["ALTER TABLE jobs ADD COLUMN race TEXT"],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -102,7 +102,12 @@ def exact(number: float) -> str:
 
 
 def exports(
-    spec: JobSpec, site: SiteConfig, job_id: str, files: JobPaths, chunk: ArrayChunk | None
+    spec: JobSpec,
+    site: SiteConfig,
+    job_id: str,
+    files: JobPaths,
+    chunk: ArrayChunk | None,
+    race_file: Path | None = None,
 ) -> list[tuple[str, str]]:
     """(NAME, shell-quoted value) pairs exported by the script; secrets are left out."""
     quiet_s = spec.hang.over(site.hang).output_s
@@ -116,6 +121,7 @@ def exports(
         (contract.SIGNAL_LEAD_ENV, str(site.defaults.signal_lead_s)),
         (contract.SEED_ENV, str(spec.seed)),
         *([(contract.HANG_OUTPUT_ENV, exact(quiet_s))] if quiet_s else []),
+        *([(contract.RACE_FILE_ENV, str(race_file))] if race_file else []),
         *site.network_env.items(),
         *((k, v.value) for k, v in spec.env.items() if not v.secret and v.value is not None),
     ]
@@ -183,8 +189,10 @@ def render_script(
     job_id: str,
     chunk: ArrayChunk | None = None,
     after: list[str] | None = None,
+    race_file: Path | None = None,
 ) -> str:
-    """The complete batch script for one submission (one array chunk when ``chunk`` is given)."""
+    """The complete batch script for one submission (one array chunk when ``chunk`` is given; one runner of a race
+    when ``race_file`` is, hpctrain.runtime.race)."""
     sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)
     python = Path(site.launch.python or sys.executable)
     wrap = container_wrap(spec, site, files)
@@ -195,7 +203,7 @@ def render_script(
         "directives": sbatch,
         "setup": site.setup,
         "job_setup": spec.setup,
-        "exports": exports(spec, site, job_id, files, chunk),
+        "exports": exports(spec, site, job_id, files, chunk, race_file),
         "secret_names": spec.secret_names(),
         "secrets_file": shlex.quote(str(files.secrets_file(job_id))),
         "chunk": chunk,

@@ -125,12 +125,15 @@ class Submitter:
         on_record: OnRecord | None = None,
         on_files: OnFiles | None = None,
         placement: Placement | None = None,
+        race_file: Path | None = None,
+        group_id: int | None = None,
     ) -> Submission:
         """Validate everything, then submit one job, or one array per chunk. Throttled chunks run one
         after another (afterany) so the throttle holds across chunks. A dry run writes nothing.
         ``on_record(ledger id, chunk)`` runs in the transaction recording each job, before its sbatch;
         ``on_files(paths)`` once the job directory is made, before the first sbatch. ``placement``: one chosen
-        already (`hpctrain.submit.soonest`), else `choose_placement`'s."""
+        already (`hpctrain.submit.soonest`), else `choose_placement`'s. ``race_file``: one runner of a race
+        (hpctrain.runtime.race), recorded in ``group_id``'s group when given (the race's first runner)."""
         params = params_lines(spec, where)
         if placement is None:
             placement = choose_placement(spec, self.site, self.client, self.user, where, self.ledger)
@@ -148,7 +151,8 @@ class Submitter:
                 sub.scripts.append(render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after))
                 previous = ["DRYRUN"]
                 continue
-            job_id = self._record_job(spec, placement, chunk, params, sub.group_id, sweep_id, lineage, on_record)
+            group = group_id if sub.group_id is None else sub.group_id
+            job_id = self._record_job(spec, placement, chunk, params, group, sweep_id, lineage, on_record, race_file)
             try:
                 if sub.group_id is None:
                     # The ledger id alone is unique only within one ledger; the logs directory is shared.
@@ -159,7 +163,7 @@ class Submitter:
                     sub.files = files
                     if on_files is not None:
                         on_files(files)
-                script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after)
+                script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after, race_file)
                 sub.scripts.append(script)
                 path = files.script(chunk.index if chunk else 0)
                 path.write_text(script)
@@ -244,6 +248,7 @@ class Submitter:
         sweep_id: str | None,
         lineage: dict[str, Any] | None,
         on_record: OnRecord | None,
+        race_file: Path | None = None,
     ) -> int:
         with self.ledger.transaction():
             job_id = self.ledger.jobs.record(
@@ -261,6 +266,7 @@ class Submitter:
                     "lineage_json": lineage,
                     "group_id": group_id,
                     "param_offset": chunk.offset if chunk else None,
+                    "race": str(race_file) if race_file else None,
                 },
                 tasks=(
                     {"task_index": t, "param_index": chunk.offset + t, "params_json": params[chunk.offset + t]}

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.config import load_site
+from hpctrain.config import load_job_spec, load_site
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError
 from hpctrain.jobs.poll import Poller, job_summaries
@@ -19,6 +22,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.parse import parse_kv_line
+from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 from hpctrain.submit.placement import choose_placement, fairshare_standings
 
@@ -208,3 +212,61 @@ def test_where_and_submit_soonest_refuse_in_one_line_and_submit_nothing(dev_clus
         assert out.stderr.startswith(f"hpctrain: error: {spec}: no placement can run it: {said}"), out.stderr
     with Ledger(isolated_ledger) as ledger:
         assert Table(ledger, "jobs").rows() == []
+
+
+RACER = """name = "racer"
+command = ["python3", "-c", "import os; open({ran!r}, 'a').write(os.environ['SLURM_JOB_ID'] + chr(10))"]
+launcher = "none"
+[resources]
+gpus_per_node = 1
+cpus_per_task = 1
+mem = "1G"
+time = "00:05:00"
+account = "teama"
+"""
+# The acceptance's 50 races on the host, 10 on each lane (CI time), run 10 at a time.
+RACES, AT_ONCE = (10, 10) if os.environ.get("HPCTRAIN_LANE") else (50, 10)
+
+
+def test_races_of_two_placements_run_the_command_once_and_cancel_the_other(dev_cluster, isolated_ledger, tmp_path):
+    """Issue 63: `submit --race 2` over debug and gpu, ten races at a time so that runners start together: each
+    race runs the command exactly once, and its other runner is cancelled, never started or stopped before the
+    command. A reconcile loop beside the test's own polls cancels losers too, as cron's would."""
+    from hpctrain.jobs.poll import Poller
+    from hpctrain.submit.racing import submit_race
+    from hpctrain.submit.soonest import rank
+
+    site, client = load_site("dev"), SlurmClient()
+    spec_path = tmp_path / "racer.toml"
+    cron = subprocess.Popen(["bash", "-c", f"while true; do {sys.executable} -m hpctrain reconcile; sleep 1; done"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for first in range(0, RACES, AT_ONCE):
+            races = {}
+            with Ledger(isolated_ledger) as ledger:
+                for k in range(first, first + AT_ONCE):
+                    spec_path.write_text(RACER.format(ran=str(tmp_path / f"ran-{k}")))
+                    spec = load_job_spec(spec_path)
+                    ranking = rank(spec, site, client, "root", str(spec_path), ledger, fresh=True)
+                    subs, left_out = submit_race(Submitter(site, ledger, client), spec, str(spec_path), ranking, 2)
+                    assert left_out == [] and sorted(s.placement.partition for s in subs) == ["debug", "gpu"]
+                    races[k] = [s.slurm_ids[0] for s in subs]
+
+                def ended() -> dict[str, str] | None:
+                    Poller(ledger, client, "dev").refresh()
+                    ids = [i for pair in races.values() for i in pair]
+                    rows = slurm("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids))
+                    states = {i: s.split()[0] for i, s in (line.split("|")[:2] for line in rows.splitlines())}
+                    return states if len(states) == len(ids) and set(states.values()) <= TERMINAL else None
+
+                states = wait_until(ended, 120, interval=1, what=f"races {first}-{first + AT_ONCE - 1} to end")
+            for k, pair in races.items():
+                ran = (tmp_path / f"ran-{k}").read_text().split() if (tmp_path / f"ran-{k}").exists() else []
+                assert len(ran) == 1 and ran[0] in pair, (k, ran, {i: states[i] for i in pair})
+                [loser] = [i for i in pair if i != ran[0]]
+                assert (states[ran[0]], states[loser]) == ("COMPLETED", "CANCELLED"), (k, states)
+    finally:
+        os.killpg(cron.pid, signal.SIGTERM)
+        cron.wait()
+    shown = json.loads(run_cli("status", "--all", "--json", "--limit", str(2 * RACES)).stdout)
+    assert len(shown) == RACES and {r["state"] for r in shown} == {"COMPLETED"}

@@ -224,3 +224,41 @@ def test_a_running_jobs_growing_elapsed_time_is_nothing_new_to_a_poll(tmp_path):
         assert poller.refresh() == 1
         [run] = ledger.attempts.of_job(1)
         assert (run["state"], run["elapsed_s"]) == ("COMPLETED", Slurm.elapsed)
+
+
+def test_a_race_is_one_submission_in_its_winners_state_and_its_losers_are_cancelled_once(tmp_path):
+    """`submit --race 2`: two runners in one group; once one has claimed the race, the other is cancelled by the
+    poll (once: not again by the next poll before Slurm says so), and status shows the race as one submission in
+    the state of the one that runs. A start alone decides nothing: the ledger may have a runner pending that has
+    started meanwhile and claimed the race (a poll that cancelled by the ledger's states cancelled winners)."""
+    from hpctrain.jobs.cancel import cancel_race_losers
+    from hpctrain.jobs.poll import job_summaries, submissions
+    from hpctrain.ledger import Ledger
+    from hpctrain.ledger.table import Table
+
+    class Slurm:
+        cancelled: list[list[str]] = []
+
+        def scancel(self, ids, *args, **kwargs):
+            self.cancelled.append(ids)
+
+    race_file = tmp_path / "race"
+    with Ledger(tmp_path / "l.db") as ledger:
+        jobs = Table(ledger, "jobs")
+        for slurm_id, partition in (("21", "debug"), ("22", "gpu")):
+            jobs.insert({"name": "raced", "site": "dev", "slurm_job_id": slurm_id, "state": "PENDING",
+                         "race": str(race_file), "group_id": 1, "partition": partition, "spec_json": "{}"})
+        slurm = Slurm()
+        ledger.jobs.set_state(2, "RUNNING", started_at=100.0)
+        assert cancel_race_losers(ledger, slurm, "dev") == [] and slurm.cancelled == []  # nobody has claimed it
+        race_file.write_text("21\n")  # job 21 claimed it: 22 lost, however it looks in the ledger
+        ledger.jobs.set_state(1, "RUNNING", started_at=100.5)
+        [race] = submissions(job_summaries(ledger, "dev", active_only=True))
+        assert (race["id"], race["slurm_job_id"], race["state"]) == (1, "21,22", "RUNNING")
+        assert cancel_race_losers(ledger, slurm, "dev") == ["22"] and slurm.cancelled[-1] == ["22"]
+        assert cancel_race_losers(ledger, slurm, "dev") == []  # asked once: the next poll sees it cancelled
+        assert [e["kind"] for e in ledger.events.of_job(2)] == ["race_lost"]
+        ledger.jobs.set_state(2, "CANCELLED", ended_at=101.0)
+        ledger.jobs.set_state(1, "COMPLETED", ended_at=200.0)
+        [race] = submissions(job_summaries(ledger, "dev"))
+        assert race["state"] == "COMPLETED"  # the winner's, not the cancelled loser's

@@ -382,3 +382,34 @@ def test_supervision_reads_the_live_runs_only_after_a_death_until_it_has_decided
         assert not stopped.requeued and not stopped.why.startswith("requeue failed")
         decisions, statements = supervised()
         assert decisions == [] and [s for s in statements if "attempts" in s] == []
+
+
+def _claimer(path, slurm_id, barrier, won):
+    from hpctrain.runtime.race import claim
+
+    barrier.wait()
+    won[slurm_id] = claim(path, slurm_id)
+
+
+def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_path):
+    """`submit --race`: the first batch script to claim the race runs the command; a winner Slurm requeued runs
+    again; every other loses, whenever it comes."""
+    import multiprocessing
+
+    from hpctrain.runtime.race import claim
+
+    for trial in range(20):
+        path = tmp_path / f"race-{trial}"
+        ids = [str(1000 + k) for k in range(6)]
+        with multiprocessing.Manager() as manager:
+            won, barrier = manager.dict(), manager.Barrier(len(ids))
+            runners = [multiprocessing.Process(target=_claimer, args=(path, i, barrier, won)) for i in ids]
+            for p in runners:
+                p.start()
+            for p in runners:
+                p.join()
+            results = dict(won)
+        [winner] = [i for i, w in results.items() if w]
+        assert len(results) == len(ids) and path.read_text() == f"{winner}\n"
+        assert claim(path, winner) and not claim(path, "999")
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no claim left behind

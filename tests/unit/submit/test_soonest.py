@@ -85,3 +85,14 @@ def test_submit_soonest_takes_the_first_and_says_why_or_refuses_in_one_line():
     assert str(refused.value) == (
         "job.toml: no placement can run it: partition debug: resources.time: 02:00:00 requested, partition 'debug' "
         "allows 01:00:00; gpu as teamb: resources.account: user 'u' has no association with account 'teamb'")
+
+
+def test_an_array_cannot_race():
+    from hpctrain.config.job import JobSpec
+    from hpctrain.errors import ConfigError
+    from hpctrain.submit.racing import submit_race
+
+    spec = JobSpec.model_validate({"name": "a", "command": ["true"], "array": {"count": 2}})
+    with pytest.raises(ConfigError) as refused:
+        submit_race(None, spec, "job.toml", Ranking([], []), 2)  # type: ignore[arg-type]
+    assert str(refused.value) == "job.toml: array: a race runs one job: an array cannot race"
