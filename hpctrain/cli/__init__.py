@@ -1,6 +1,6 @@
 """The `hpctrain` command line: a thin layer over the Python API (the root group; commands in this package).
 
-Only click is imported at start-up. Each command family is a module of this package (`jobs`, `observe`,
+Only click is imported at start-up. Each command family is a module of this package (`jobs`, `placement`, `observe`,
 `ckpt`, `data`, `cache`, `launch`, `attempt`, `sweep`, `report`, `doctor`, `ledger`, `examples`, `interactive`; shared options in
 `common`), imported only when named or listed; those modules import click alone at the top, so `--help`, `submit` and
 `status` never load torch. Commands parse arguments and print; the packages do the work.
