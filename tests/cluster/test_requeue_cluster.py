@@ -5,6 +5,7 @@ to the batch shell alone, and a cancel (never requeued)."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -125,6 +126,21 @@ def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated
         assert json.loads((tmp_path / f"state-{t}").read_text()) == {"step": steps, "total": steps * (steps + 1) // 2}
 
 
+def _catches_usr2(state: Path) -> bool:
+    """Whether the guarded loop writing ``state`` runs and has its USR2 handler (the guard's) in place (srun, whose
+    command line names ``state`` too, does not count)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            argv = (status.parent / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            if str(state) in argv and any(a.endswith("guarded_loop.py") for a in argv[:2]):
+                caught = next(ln for ln in status.read_text().splitlines() if ln.startswith("SigCgt:"))
+                if int(caught.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1:
+                    return True
+        except (OSError, StopIteration):
+            continue
+    return False
+
+
 def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_notice(dev_cluster, isolated_ledger,
                                                                                       tmp_path):
     """scancel --batch --signal=TERM: the shell passes USR2 on to srun (which answers a TERM by SIGKILLing its
@@ -136,7 +152,8 @@ def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_n
                               "resources": SMALL})
         journal = Journal(Path(job["job_dir"]) / "journal")
         wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
-        time.sleep(3)  # srun has started the loop, which handles the stop signals
+        wait_until(lambda: _catches_usr2(state), 60, 0.2, "the loop to handle the notice")  # not a sleep: under
+        # CI's load the loop took more than 3 s to start, and a USR2 before its guard killed it (24.11, once)
         SlurmClient.for_site(load_site("dev")).scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
         saved = wait_until(lambda: state.exists() and json.loads(state.read_text()), 20, 0.2, "the state saved on TERM")
         assert 0 < saved["step"] < 150
