@@ -217,8 +217,10 @@ def test_the_trainers_memory_tier_saves_where_its_auto_chose(tmp_path):
                     + 'memory_every_steps = "auto"\n[retry]\nin_place = 1\n')
     torchrun(2, "-m", "hpctrain.train", "--spec", str(spec), "--steps", str(WARMUP_STEPS + 5),
              env={"HPCTRAIN_JOURNAL_DIR": str(tmp_path / "journal"), "HPCTRAIN_JOB_ID": "1", "HPCTRAIN_SITE": str(site)})
-    (chosen,) = [r for _, r in Journal(tmp_path / "journal").records(kinds=["checkpoint_interval"])]
+    # a later choice is journaled too where the measurements moved by more than CHANGE (a loaded machine's steps)
+    chosen, *later = [r for _, r in Journal(tmp_path / "journal").records(kinds=["checkpoint_interval"])]
     assert (chosen["tier"], chosen["step"]) == ("memory", WARMUP_STEPS) and chosen["steps"] >= 1
+    assert all(r["tier"] == "memory" and r["step"] > WARMUP_STEPS for r in later), later
     assert 36 <= chosen["mtbi_s"] < 36 + 600 and "prior one in 0.01 h" in chosen["message"]
     assert chosen["cost_s"] > 0  # the memory tier's save at the warm-up's end, measured
     assert list_dirs(tmp_path / "ck") == [] and list((tmp_path / "shm").iterdir()) == []
