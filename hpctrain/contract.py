@@ -189,6 +189,11 @@ class JobEnvironment:
         return self.env.get("SLURM_JOB_ID")
 
     @property
+    def qos(self) -> str | None:
+        """The QOS Slurm runs the job in (None outside Slurm)."""
+        return self.env.get("SLURM_JOB_QOS")
+
+    @property
     def allocation_id(self) -> int:
         """The array's job id for an array task, else the job id (KeyError outside Slurm)."""
         return int(self.env.get("SLURM_ARRAY_JOB_ID") or self.env["SLURM_JOB_ID"])

@@ -108,7 +108,7 @@ def notebook(
         f"notebook: ledger id {got.job_id}, slurm job {got.slurm_job_id} on {s.node} "
         f"({p.partition}/{p.qos} as {p.account})"
     )
-    if spec.resources.preemptible:
+    if spec.resources.preemptible is True:  # "allowed" runs in the site's QOS unless placed by its start
         click.echo("  preemptible: it may be stopped at any time; a notice shows in your kernels first, save then")
     click.echo(f"  tunnel: {s.tunnel(socket.getfqdn(), getpass.getuser())}")
     click.echo(f"  then:   {s.url('localhost')}")

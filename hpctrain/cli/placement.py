@@ -22,6 +22,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     from hpctrain.config import load_job_spec
+    from hpctrain.submit.quota import WAITS_TO_START
     from hpctrain.submit.soonest import from_now, rank, refused
 
     spec = load_job_spec(spec_path)
@@ -62,13 +63,9 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
         table.add_column(col, justify="right" if col in ("start", "Slurm") else "left")
     for c in ranking.candidates:
         p = c.placement
-        table.add_row(
-            f"{p.partition}/{p.qos}",
-            p.account,
-            from_now(c.start, now),
-            from_now(c.slurm_start, now),
-            c.basis + "".join(f"; waits for {w}" for w in p.waits),
-        )
+        warned = "".join(f"; {w}" for w in p.waits if not w.startswith(WAITS_TO_START))  # the basis has the rest
+        cells = (f"{p.partition}/{p.qos}", p.account, from_now(c.start, now), from_now(c.slurm_start, now))
+        table.add_row(*cells, c.basis + warned)
     console = make_console()
     console.print(table)
     for line in ranking.left_out:

@@ -125,7 +125,11 @@ class Resources(StrictModel):
     partition: SlurmName | None = None
     account: SlurmName | None = Field(None, description="an account name, or 'auto' for the best fairshare")
     qos: SlurmName | None = None
-    preemptible: bool = Field(False, description="run in the site's preemptible QOS")
+    preemptible: bool | Literal["allowed"] = Field(
+        False,
+        description="run in the site's preemptible QOS; \"allowed\": in it or in the site's QOS, whichever starts "
+        "sooner (`hpctrain where`, `submit --soonest`; a plain `submit` takes the site's QOS)",
+    )
 
     @property
     def ntasks_per_node(self) -> int:

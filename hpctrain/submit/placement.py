@@ -27,7 +27,7 @@ class Placement:
     account: str
     reason: str
     waits: tuple[str, ...] = ()  # the limits the job will wait for (a sentence each)
-    starts: tuple[float, float] | None = None  # chosen by its start: the one predicted, Slurm's estimate
+    starts: tuple[float | None, float] | None = None  # chosen by its start: the one predicted, Slurm's estimate
 
 
 @dataclass(frozen=True)
@@ -145,7 +145,7 @@ def choose_placement(
 
     if r.qos:
         qos = r.qos
-    elif r.preemptible:
+    elif r.preemptible is True:
         if d.preemptible_qos is None:
             raise refuse(
                 ("resources", "preemptible"), f"site {site.name!r} has no preemptible QOS (defaults.preemptible_qos)"

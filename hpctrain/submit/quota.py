@@ -136,6 +136,9 @@ class JobNeeds:
     jobs: int = 1
 
 
+WAITS_TO_START = "it will wait: "  # a verdict's wait for a running limit opens so (a budget's warning does not)
+
+
 def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tuple[list[str], list[str]]:
     """(why the job can never start under ``account`` and ``qos``, which limit it will wait for): one
     sentence each, with the numbers."""
@@ -172,7 +175,7 @@ def verdict(limits: list[Limit], account: str, qos: str, needs: JobNeeds) -> tup
         elif asked > lim.limit:
             never.append(f"{lim.scope} allows {number(lim.limit)} {lim.what}; the job asks {number(asked)} {lim.unit}")
         elif lim.how == "running" and lim.used + asked > lim.limit:
-            waits.append(f"it will wait: {lim.describe()}")
+            waits.append(f"{WAITS_TO_START}{lim.describe()}")
     return never, waits
 
 

@@ -2,7 +2,8 @@
 
 The candidates are the placements the user may run a spec on: each partition of the site the spec fits, each account
 the user has there (the spec's own when it names one; with account "auto", every account of the site, best fairshare
-first), with their quota verdicts, under the spec's QOS. Each gets one `sbatch --test-only` of its own batch script
+first), with their quota verdicts, under the spec's QOS (with `resources.preemptible = "allowed"`, under the site's
+preemptible QOS too). Each gets one `sbatch --test-only` of its own batch script
 (one partition a call: before 26.05.2 a test of several partitions was scored against the first), at most
 MAX_CANDIDATES calls, each answer cached in the ledger for CACHE_S. The prediction blends Slurm's estimate with the
 user's own waits for jobs alike in the ledger (same partition, account, QOS and GPUs over HISTORY_DAYS): a start
@@ -14,6 +15,7 @@ so keeps both starts in its placement event, and a ranking says how far off each
 from __future__ import annotations
 
 import hashlib
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -26,6 +28,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit.limits import cached
 from hpctrain.submit.placement import Placement, check_resources, choose_placement, fairshare_standings
+from hpctrain.submit.quota import WAITS_TO_START
 from hpctrain.submit.render import render_script
 
 MAX_CANDIDATES = 12  # `sbatch --test-only` calls for one ranking
@@ -40,7 +43,7 @@ class Candidate:
     """One placement and when the job would start there."""
 
     placement: Placement
-    start: float  # predicted
+    start: float | None  # predicted; None: after a limit on running jobs frees, with no history to say when
     slurm_start: float  # `sbatch --test-only`'s estimate
     nodes: str  # the nodes Slurm would give it
     waits: tuple[float, ...]  # the ledger's waits of jobs alike, newest first
@@ -85,14 +88,25 @@ def duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.1f} days"
 
 
-def from_now(at: float, now: float) -> str:
-    """'now', 'in 25 min', ..."""
+def from_now(at: float | None, now: float) -> str:
+    """'now', 'in 25 min', ...; 'after a limit' where the start is not known."""
+    if at is None:
+        return "after a limit"
     return "now" if at - now < 1 else f"in {duration(at - now)}"
 
 
-def predict(slurm_start: float, waits: list[float] | tuple[float, ...], now: float) -> tuple[float, str]:
-    """The predicted start from Slurm's estimate and the past waits of jobs alike, and its basis in words."""
+def predict(
+    slurm_start: float, waits: list[float] | tuple[float, ...], now: float, limits: tuple[str, ...] = ()
+) -> tuple[float | None, str]:
+    """The predicted start from Slurm's estimate, the past waits of jobs alike and the ``limits`` on running jobs
+    the job would wait for (quota verdicts), and its basis in words. `sbatch --test-only` leaves those limits out
+    (it answers "now" where the job would pend on QOSMaxGRESPerUser): with one, the history alone can say when."""
     alike = f"{len(waits)} job(s) alike waited {duration(statistics.median(waits))} (median)" if waits else ""
+    if limits:
+        held = "; ".join(w.removeprefix(WAITS_TO_START) for w in limits)
+        if not waits:
+            return None, f"waits for a limit: {held} (Slurm's estimate leaves limits out; no job alike in the ledger)"
+        return max(slurm_start, now + statistics.median(waits)), f"history: waits for a limit: {held}; {alike}"
     if slurm_start <= now + FREE_NOW_S:
         return now, "Slurm: free now" + (f"; {alike}" if alike else "")  # its seconds are the scheduler's cycle
     if not waits:
@@ -133,9 +147,11 @@ def rank(
         waits = tuple(
             ledger.jobs.waits_alike(site.name, p.partition, p.account, p.qos, spec.resources.allocated_gpus, since)
         )
-        start, basis = predict(slurm_start, waits, now)
+        limits = tuple(w for w in p.waits if w.startswith(WAITS_TO_START))
+        start, basis = predict(slurm_start, waits, now, limits)
         candidates.append(Candidate(p, start, slurm_start, nodes, waits, basis))
-    candidates.sort(key=lambda c: c.start)  # stable: the placements' order (fairshare) among equal starts
+    # stable: the placements' order (fairshare, the spec's own QOS first) among equal starts
+    candidates.sort(key=lambda c: (c.start is None, c.start or 0.0))
     found = ledger.events.start_errors(site.name, now - HISTORY_DAYS * 86400)
     errors = (
         Errors(len(found), statistics.median(abs(p) for p, _ in found), statistics.median(abs(s) for _, s in found))
@@ -186,17 +202,25 @@ def _placements(
         except ConfigError as exc:
             left_out.append(f"partition {partition}: {_last_part(exc)}")
             continue
-        for name in accounts:
-            resources = spec.resources.model_copy(update={"partition": partition, "account": name})
+        for name, (qos, choice) in itertools.product(accounts, _qos_choices(spec)):
+            resources = spec.resources.model_copy(update={"partition": partition, "account": name, **choice})
             try:
                 placement = choose_placement(
                     spec.model_copy(update={"resources": resources}), site, client, user, where, ledger
                 )
             except ConfigError as exc:
-                left_out.append(f"{partition} as {name}: {_last_part(exc)}")
+                left_out.append(f"{partition}{qos} as {name}: {_last_part(exc)}")
                 continue
             placements.append(placement)
     return placements, left_out
+
+
+def _qos_choices(spec: JobSpec) -> list[tuple[str, dict[str, object]]]:
+    """The QOS the spec may run in, as (a label for a refusal, the change to its resources): its own; with
+    `resources.preemptible = "allowed"`, its own and the site's preemptible one."""
+    if spec.resources.preemptible != "allowed":
+        return [("", {})]
+    return [("", {"preemptible": False}), (" in the preemptible QOS", {"qos": None, "preemptible": True})]
 
 
 def _last_part(exc: ConfigError) -> str:

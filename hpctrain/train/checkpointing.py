@@ -38,10 +38,21 @@ def layout_words(layout: dict[str, Any]) -> str:
     return " ".join(f"{k}={layout[k]}" for k in ("dp", "tp", "pp") if k in layout) or "an unrecorded layout"
 
 
-def site_checkpoints() -> tuple[CheckpointConfig, Alerts]:
-    """The checkpoint settings and the alert limits of the job's site config (see job_site), else the defaults."""
+def site_checkpoints() -> tuple[CheckpointConfig, Alerts, frozenset[str] | None]:
+    """The checkpoint settings, the alert limits and the preemptible QOS of the job's site config (see job_site),
+    else the defaults and None."""
     site = job_site()
-    return (site.checkpoint, site.alerts) if site else (CheckpointConfig(), Alerts())
+    if site is None:
+        return CheckpointConfig(), Alerts(), None
+    return site.checkpoint, site.alerts, frozenset(name for name, q in site.qos.items() if q.preemptible)
+
+
+def preempted_by_qos(spec: JobSpec, preemptible_qos: frozenset[str] | None, env: JobEnvironment) -> bool:
+    """Whether preemptions may interrupt the job: by the QOS Slurm runs it in, where the site marks QOS (a spec whose
+    `resources.preemptible` is "allowed" runs in either kind), else by the spec."""
+    if env.qos is not None and preemptible_qos is not None:
+        return env.qos in preemptible_qos
+    return spec.resources.preemptible is not False
 
 
 class TrainCheckpoints:
@@ -53,7 +64,7 @@ class TrainCheckpoints:
     ):
         p, c = spec.parallel, spec.checkpoint
         self.spec, self.engine, self.loader, self.evaluation = spec, engine, loader, evaluation
-        self.site, self.alerts = site_checkpoints()
+        self.site, self.alerts, self.preemptible_qos = site_checkpoints()
         site = self.site
         layout = {"dp": p.dp, "tp": p.tp, "pp": p.pp}
         self.ck = Checkpointer(
@@ -103,7 +114,7 @@ class TrainCheckpoints:
         return SaveSchedule(
             policy,
             (events, seconds),
-            self.site.prior_mtbi_s(self.spec.resources.preemptible and not memory),
+            self.site.prior_mtbi_s(preempted_by_qos(self.spec, self.preemptible_qos, env) and not memory),
             journal if rank == 0 else None,
             self.alerts.slow_save_factor,
             memory=memory,

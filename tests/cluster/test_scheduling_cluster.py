@@ -194,6 +194,47 @@ def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(de
         assert errors["jobs"] == 1 and errors["predicted_s"] < 30 and errors["slurm_s"] < 30
 
 
+@contextmanager
+def normal_qos_full_for_the_user() -> Iterator[None]:
+    """QOS normal capped at 4 running GPUs a user for the test, which a long job of the user's own holds: a job in
+    normal pends (QOSMaxGRESPerUser) though nodes are free, which `sbatch --test-only` does not see."""
+    slurm("sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set", "MaxTRESPerUser=gres/gpu=4")
+    held = None
+    try:
+        held = slurm("sbatch", "--parsable", "-o", "/dev/null", "-p", "gpu", "-A", "teama", "-q", "normal",
+                     "--gres=gpu:4", "-t", "60", "--wrap", "sleep 900")
+        wait_until(lambda: slurm("squeue", "-h", "-j", held, "-o", "%T") == "RUNNING", 60, what="the user's job to run")
+        yield
+    finally:
+        if held:
+            subprocess.run(["scancel", held], capture_output=True)
+        slurm("sacctmgr", "-i", "modify", "qos", "where", "name=normal", "set", "MaxTRESPerUser=gres/gpu=12")
+
+
+def test_a_spec_that_allows_preemption_starts_in_the_preemptible_qos_when_normal_waits(dev_cluster, isolated_ledger,
+                                                                                      tmp_path):
+    """Issue 63, QOS as a choice: `preemptible = "allowed"` ranks the site's preemptible QOS beside its own. Slurm
+    says "now" for both; the quota verdict knows normal waits for the user's running-GPU cap."""
+    spec = tmp_path / "soon.toml"
+    spec.write_text(SOON.format(nodes=1, account="teama") + 'preemptible = "allowed"\n')
+    with normal_qos_full_for_the_user():
+        shown = run_cli("where", str(spec), "--json")
+        assert shown.returncode == 0, shown.stderr
+        ranked = json.loads(shown.stdout)["candidates"]
+        assert [(c["partition"], c["qos"]) for c in ranked] == [
+            ("gpu", "low"), ("debug", "low"), ("gpu", "normal"), ("debug", "normal")], shown.stdout
+        assert all(c["start"] is None and c["slurm_start"] <= time.time() for c in ranked[2:])
+        assert ranked[2]["basis"].startswith("waits for a limit: QOS normal per user's running GPUs")
+        assert "after a limit" in run_cli("where", str(spec)).stdout
+        out = run_cli("submit", "--soonest", str(spec), "--json")
+        assert out.returncode == 0, out.stderr
+        submitted = json.loads(out.stdout)
+        slurm_id = submitted["slurm_ids"][0]
+        assert (submitted["partition"], submitted["qos"]) == ("gpu", "low"), submitted
+        assert wait_until(lambda: slurm("squeue", "-h", "-j", slurm_id, "-o", "%T") in ("RUNNING", "COMPLETING", ""),
+                          10, what="the job to start")
+
+
 @pytest.mark.parametrize(("nodes", "account", "said"), [
     (4, "teama", "partition gpu: resources.nodes: 4 nodes requested, partition 'gpu' has 3; partition debug: "
                  "resources.nodes: 4 nodes requested, partition 'debug' has 2"),

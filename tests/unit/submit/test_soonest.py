@@ -37,6 +37,32 @@ def test_enough_past_waits_that_disagree_with_slurm_change_the_ranking():
     assert basis == "history (80% history): Slurm in 4.0 h; 20 job(s) alike waited 10 min (median)"
 
 
+def test_a_limit_on_running_jobs_is_waited_for_whatever_slurm_says():
+    """`sbatch --test-only` leaves out QOS and association limits on running jobs: a candidate that waits for one
+    starts when the history says, else at an unknown time, after every candidate free of limits."""
+    cap = "it will wait: QOS normal's running GPUs per user cap: 4 of 4 in use"
+    assert predict(NOW, [], NOW, (cap,)) == (None, "waits for a limit: QOS normal's running GPUs per user cap: 4 of 4 "
+                                                   "in use (Slurm's estimate leaves limits out; no job alike in the "
+                                                   "ledger)")
+    start, basis = predict(NOW, [1800.0] * 3, NOW, (cap,))
+    assert start == NOW + 1800 and basis.startswith("history: waits for a limit: QOS normal's")
+    assert predict(NOW + 7200, [1800.0], NOW, (cap,))[0] == NOW + 7200  # never sooner than Slurm's
+    free = Candidate(Placement("gpu", "low", "teama", "named"), NOW + 600, NOW + 600, "n1", (), "Slurm")
+    held = Candidate(Placement("gpu", "normal", "teama", "named", (cap,)), None, NOW, "n1", (), "waits")
+    assert chosen(Ranking([free, held], []), "job.toml", NOW).qos == "low"
+    assert "over gpu/normal as teama after a limit" in chosen(Ranking([free, held], []), "job.toml", NOW).reason
+
+
+@pytest.mark.parametrize(("preemptible", "choices"), [
+    (False, [{}]), (True, [{}]), ("allowed", [{"preemptible": False}, {"qos": None, "preemptible": True}])])
+def test_a_spec_that_allows_preemption_is_ranked_in_both_qos(preemptible, choices):
+    from hpctrain.config.job import JobSpec
+    from hpctrain.submit.soonest import _qos_choices
+
+    spec = JobSpec.model_validate({"name": "j", "command": ["true"], "resources": {"preemptible": preemptible}})
+    assert [choice for _, choice in _qos_choices(spec)] == choices
+
+
 def test_the_waits_alike_are_the_first_starts_of_jobs_like_it(tmp_path):
     with Ledger(tmp_path / "l.db") as ledger:
         jobs = Table(ledger, "jobs")

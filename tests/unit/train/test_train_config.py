@@ -66,12 +66,27 @@ def test_checkpoint_permissions_and_memory_tier_come_from_the_jobs_site_config(t
     from hpctrain.train.checkpointing import site_checkpoints
 
     monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
-    checkpoints, alerts = site_checkpoints()
+    checkpoints, alerts, preemptible = site_checkpoints()
     assert (checkpoints.mode, checkpoints.memory_dir, alerts.slow_save_factor) == (0o600, Path("/dev/shm"), 5)
+    assert preemptible is None
     site = tmp_path / "site.toml"
     site.write_text((REPO / "site_configs" / "dev.toml").read_text().replace("# mode = 0o640", "mode = 0o640")
                     .replace("[checkpoint]", f"[checkpoint]\nmemory_dir = '{tmp_path}/shm'")
                     + "\n[alerts]\nslow_save_factor = 8\n")
     monkeypatch.setenv("HPCTRAIN_SITE", str(site))
-    checkpoints, alerts = site_checkpoints()
+    checkpoints, alerts, preemptible = site_checkpoints()
     assert (checkpoints.mode, checkpoints.memory_dir, alerts.slow_save_factor) == (0o640, tmp_path / "shm", 8)
+    assert preemptible == {"low"}  # the QOS the site marks preemptible
+
+
+@pytest.mark.parametrize(("preemptible", "qos", "expected"), [
+    (False, None, False), (True, None, True), ("allowed", None, True),  # outside Slurm: as the spec says
+    ("allowed", "low", True), ("allowed", "normal", False), (False, "low", True),  # in a job: as its QOS is
+])
+def test_auto_assumes_preemptions_where_the_job_runs_in_a_preemptible_qos(preemptible, qos, expected):
+    from hpctrain.contract import JobEnvironment
+    from hpctrain.train.checkpointing import preempted_by_qos
+
+    spec = JobSpec(name="j", command=["true"], resources={"preemptible": preemptible})
+    env = JobEnvironment({"SLURM_JOB_ID": "7", "SLURM_JOB_QOS": qos} if qos else {})
+    assert preempted_by_qos(spec, frozenset({"low"}) if qos else None, env) is expected
