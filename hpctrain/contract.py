@@ -73,6 +73,11 @@ class JobPaths:
     def journal_dir(self) -> Path:
         return self.job_dir / JOURNAL
 
+    def submission_tag(self, job_id: str) -> str:
+        """The comment of one sbatch of one ledger job (unique to it: the ledger id alone is unique within one
+        ledger, the logs folder is shared): how a submission whose answer was lost is found again."""
+        return f"hpctrain:{self.job_dir.name}:{job_id}"
+
     @staticmethod
     def journal_of(job_dir: str) -> str:
         """``job_dir``'s journal as a string (a refresh lists 2,000 of them: Path objects cost 30 ms of `status`)."""

@@ -626,6 +626,8 @@ def reconcile(site: str | None) -> None:
         click.echo(visible(f"  job {t.job_id} step {t.step}: evaluating with {r.evaluator}, ledger id {r.eval_job_id}"))
     if result.evaluations_failed:
         click.echo(f"  {result.evaluations_failed} evaluation job(s) ended without a result (`hpctrain eval --retry`)")
+    for line in result.unsent:
+        click.echo(visible(f"  {line}"))
     for d in result.decisions:
         task = f" task {d.task_index}" if d.task_index >= 0 else ""
         click.echo(visible(f"  job {d.job_id}{task}: {'requeued' if d.requeued else 'stopped'}: {d.why}"))

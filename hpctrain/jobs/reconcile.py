@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hpctrain.contract import JobPaths
 from hpctrain.jobs.accounting import SETTLE_BATCH, settle
 from hpctrain.jobs.poll import Poller
 from hpctrain.jobs.supervise import Decision, supervise
+from hpctrain.jobs.unsent import settle_unsent
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.jobs import JOURNALS_READ_S
@@ -31,12 +32,15 @@ class ReconcileResult:
     decisions: list[Decision]
     warning: str | None = None  # accounting (sacct) down: states came from squeue
     evaluations_failed: int = 0  # evaluation jobs that ended without a result
+    unsent: list[str] = field(default_factory=list)  # submissions whose submitter died, settled (jobs.unsent)
 
 
 def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bool = True) -> ReconcileResult:
     """One sacct call for every active job, every journal of active or recently ended jobs, then (unless
-    ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one. An evaluation
-    whose job has ended without a result (its journal read) is failed: it may be asked again."""
+    ``supervise_runs`` is off, as for `status`) a decision for each run that died without making one, after the
+    submissions whose submitter died are settled (found in Slurm, or failed). An evaluation whose job has ended
+    without a result (its journal read) is failed: it may be asked again."""
+    unsent = settle_unsent(ledger, client, site) if supervise_runs else []
     poller = Poller(ledger, client, site)
     changed = poller.refresh()
     now = time.time()
@@ -52,6 +56,7 @@ def reconcile(ledger: Ledger, client: SlurmClient, site: str, supervise_runs: bo
         supervise(ledger, client, site) if supervise_runs else [],
         poller.warning,
         len(closed),
+        unsent,
     )
 
 

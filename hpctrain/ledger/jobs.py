@@ -168,6 +168,11 @@ class Jobs:
         sql = _SUMMARY_SQL.format(index=index, where=where)
         return cast("list[JobSummary]", list(self.ledger.db.query(sql, [*args, limit])))
 
+    def unsent(self, site: str) -> list[JobRow]:
+        """The site's jobs recorded for submission whose sbatch answer is not recorded (hpctrain.jobs.unsent): a
+        seek of `jobs_open` to (site, 'SUBMITTING')."""
+        return self._rows.rows("site = ? AND state = 'SUBMITTING' AND ended_at IS NULL", [site], index="jobs_open")
+
     def in_group(self, group_id: int) -> list[JobRow]:
         """Every job of one submission (arrays split past MaxArraySize are several)."""
         return self._rows.rows("group_id = ?", [group_id])

@@ -51,11 +51,6 @@ def gpu_directive(spec: JobSpec, site: SiteConfig, partition: str) -> str | None
     return f"--gpus-per-node={gpus}"
 
 
-def submission_tag(files: JobPaths, job_id: str) -> str:
-    """Unique to one sbatch of one ledger job: how a submission whose answer was lost is found again."""
-    return f"hpctrain:{files.job_dir.name}:{job_id}"
-
-
 def directives(
     spec: JobSpec,
     site: SiteConfig,
@@ -81,7 +76,7 @@ def directives(
         f"--mem={r.mem}M" if r.mem else None,
         f"--time={format_slurm_time(r.time or site.defaults.time)}",
         f"--output={files.job_dir / files.output_name(chunk is not None)}",
-        f"--comment={submission_tag(files, job_id)}",
+        f"--comment={files.submission_tag(job_id)}",
         "--open-mode=append",  # a requeued run appends to the log instead of truncating it
         "--requeue" if spec.requeue else "--no-requeue",
         f"--signal=B:{NOTICE_SIGNAL}@{site.defaults.signal_lead_s}",

@@ -9,6 +9,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from hpctrain.config.types import MAX_ARG_STRLEN
 from hpctrain.contract import PARAMS_ENV, JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmTimeout
 from hpctrain.files import write_json_atomic
+from hpctrain.jobs.unsent import submitting
 from hpctrain.ledger import Ledger
 from hpctrain.runtime import chunks as chunk_table
 from hpctrain.runtime import secret_file
@@ -28,7 +30,7 @@ from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.limits import max_array_size
 from hpctrain.submit.lineage import lineage as build_lineage
 from hpctrain.submit.placement import Placement, choose_placement
-from hpctrain.submit.render import render_script, submission_tag
+from hpctrain.submit.render import render_script
 
 HISTORY_DAYS = 30  # the ledger's runs of jobs alike that "auto" checkpoint intervals learn from
 
@@ -103,7 +105,7 @@ class Submitter:
         self.user = user or getpass.getuser()
 
     def _find_tagged(self, tag: str) -> str | None:
-        """The Slurm id of this user's job carrying ``tag`` (see submission_tag), if the controller has it."""
+        """The Slurm id of this user's job carrying ``tag`` (see JobPaths.submission_tag), if the controller has it."""
         try:
             return self.client.find_by_comment(tag)
         except HpctrainError:
@@ -145,44 +147,48 @@ class Submitter:
         sub = Submission(placement, [])
         files = JobPaths(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
-        for chunk in chunks:
-            after = previous if chunk and chunk.throttle else []
-            if dry_run:
-                sub.scripts.append(render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after))
-                previous = ["DRYRUN"]
-                continue
-            group = group_id if sub.group_id is None else sub.group_id
-            job_id = self._record_job(spec, placement, chunk, params, group, sweep_id, lineage, on_record, race_file)
-            try:
-                if sub.group_id is None:
-                    # The ledger id alone is unique only within one ledger; the logs directory is shared.
-                    files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
-                    self._prepare_dir(files, spec, params, placement)
-                    if chunk is not None and len(chunks) > 1 and chunk.throttle:
-                        chunk_table.start_table(files, chunk.throttle, spec.dependency.singleton)
-                    sub.files = files
-                    if on_files is not None:
-                        on_files(files)
-                script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after, race_file)
-                sub.scripts.append(script)
-                path = files.script(chunk.index if chunk else 0)
-                path.write_text(script)
-                secret_file.write(files.job_dir, job_id, secret_values)
-                self.ledger.jobs.set_script(
-                    job_id, str(path), str(files.job_dir), hashlib.sha256(script.encode()).hexdigest()
+        # From before the first record until Slurm's answers are recorded (hpctrain.jobs.unsent).
+        with nullcontext() if dry_run else submitting(self.ledger):
+            for chunk in chunks:
+                after = previous if chunk and chunk.throttle else []
+                if dry_run:
+                    sub.scripts.append(render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after))
+                    previous = ["DRYRUN"]
+                    continue
+                group = group_id if sub.group_id is None else sub.group_id
+                job_id = self._record_job(
+                    spec, placement, chunk, params, group, sweep_id, lineage, on_record, race_file
                 )
-                previous = [self._sbatch(job_id, script, spec.secret_names(), submission_tag(files, str(job_id)))]
-            except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
-                message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
-                self.ledger.jobs.submit_failed(job_id, message)
-                secret_file.remove(files.job_dir, job_id)
-                self.ledger.event("submit_failed", message, job_id=job_id)
-                raise
-            sub.ledger_ids.append(job_id)
-            sub.slurm_ids.extend(previous)
-            sub.chunks.append(chunk)
-            if chunk is not None and len(chunks) > 1 and chunk.throttle:
-                self._add_chunk(files, chunk, previous[0], job_id)
+                try:
+                    if sub.group_id is None:
+                        # The ledger id alone is unique only within one ledger; the logs directory is shared.
+                        files = JobPaths(self.site.paths.logs / f"{spec.name}-{job_id}-{secrets.token_hex(3)}")
+                        self._prepare_dir(files, spec, params, placement)
+                        if chunk is not None and len(chunks) > 1 and chunk.throttle:
+                            chunk_table.start_table(files, chunk.throttle, spec.dependency.singleton)
+                        sub.files = files
+                        if on_files is not None:
+                            on_files(files)
+                    script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after, race_file)
+                    sub.scripts.append(script)
+                    path = files.script(chunk.index if chunk else 0)
+                    path.write_text(script)
+                    secret_file.write(files.job_dir, job_id, secret_values)
+                    self.ledger.jobs.set_script(
+                        job_id, str(path), str(files.job_dir), hashlib.sha256(script.encode()).hexdigest()
+                    )
+                    previous = [self._sbatch(job_id, script, spec.secret_names(), files.submission_tag(str(job_id)))]
+                except Exception as exc:  # not an interrupt: sbatch may have taken the job meanwhile
+                    message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
+                    self.ledger.jobs.submit_failed(job_id, message)
+                    secret_file.remove(files.job_dir, job_id)
+                    self.ledger.event("submit_failed", message, job_id=job_id)
+                    raise
+                sub.ledger_ids.append(job_id)
+                sub.slurm_ids.extend(previous)
+                sub.chunks.append(chunk)
+                if chunk is not None and len(chunks) > 1 and chunk.throttle:
+                    self._add_chunk(files, chunk, previous[0], job_id)
         return sub
 
     def _add_chunk(self, files: JobPaths, chunk: ArrayChunk, slurm_id: str, job_id: int) -> None:

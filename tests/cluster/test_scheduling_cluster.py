@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -311,3 +312,90 @@ def test_races_of_two_placements_run_the_command_once_and_cancel_the_other(dev_c
         cron.wait()
     shown = json.loads(run_cli("status", "--all", "--json", "--limit", str(2 * RACES)).stdout)
     assert len(shown) == RACES and {r["state"] for r in shown} == {"COMPLETED"}
+
+
+def killed_at(nth: int, when: str) -> str:
+    """A hook for a submitting process: its ``nth`` sbatch call dies (os._exit, as cron's `timeout` kills) just
+    ``before`` it or ``after`` it returned (before the ledger has the id), or is ``slow`` (3 s, while reconciles
+    run beside it)."""
+    return textwrap.dedent(f"""
+        import os, sys, time
+        from hpctrain.cli import main
+        from hpctrain.slurm.client import SlurmClient
+        calls, old = [], SlurmClient.sbatch
+        def sbatch(*args, **kwargs):
+            calls.append(1)
+            mine = len(calls) == {nth}
+            if mine and {when!r} == "before":
+                os._exit(9)
+            if mine and {when!r} == "slow":
+                time.sleep(3)
+            out = old(*args, **kwargs)
+            if mine and {when!r} == "after":
+                os._exit(9)
+            return out
+        SlurmClient.sbatch = sbatch
+        sys.argv = ["hpctrain", "submit", *sys.argv[1:]]
+        main()
+    """)
+
+
+# (a submission, the sbatch call that dies or is slow, how): what one clean run of each gives, once settled.
+UNSENT = {
+    "plain, before its sbatch": ([], 1, "before"),  # never reached Slurm: SUBMIT_FAILED, nothing runs
+    "plain, after its sbatch": ([], 1, "after"),  # found by its comment: runs once
+    "plain, slow beside reconciles": ([], 1, "slow"),  # alive: its row is never settled by another process
+    "race, after the first runner's sbatch": (["--race", "2"], 1, "after"),  # a race of one
+    "race, before the second runner's sbatch": (["--race", "2"], 2, "before"),
+    "race, after the second runner's sbatch": (["--race", "2"], 2, "after"),
+}
+
+
+def test_a_submission_killed_at_any_step_is_settled_and_runs_at_most_once(dev_cluster, isolated_ledger, tmp_path):
+    """`submit` and `submit --race 2` killed before or after an sbatch, with reconciles from cron beside them: each
+    killed submission's rows are settled by the next reconcile (found by their sbatch comment, else failed), never
+    while their submitter lives, and each command runs exactly once where Slurm took a runner, else never."""
+    cron = subprocess.Popen(["bash", "-c", f"while true; do {sys.executable} -m hpctrain reconcile; sleep 0.3; done"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for k, (how, (argv, nth, when)) in enumerate(UNSENT.items()):
+            spec = tmp_path / f"unsent-{k}.toml"
+            spec.write_text(RACER.format(ran=str(tmp_path / f"ran-{k}")))
+            died = subprocess.run([sys.executable, "-c", killed_at(nth, when), *argv, str(spec)],
+                                  capture_output=True, text=True)
+            assert died.returncode == (0 if when == "slow" else 9), (how, died.stderr)
+    finally:
+        os.killpg(cron.pid, signal.SIGTERM)
+        cron.wait()
+    settled = run_cli("reconcile")
+    assert settled.returncode == 0, settled.stderr
+
+    def ended() -> list[dict] | None:
+        with Ledger(isolated_ledger) as ledger:
+            Poller(ledger, SlurmClient(), "dev").refresh()
+            rows = Table(ledger, "jobs").rows()
+        return rows if {r["state"] for r in rows} <= TERMINAL | {"SUBMIT_FAILED"} else None
+
+    rows = wait_until(ended, 120, interval=1, what="every submission to end")
+    with Ledger(isolated_ledger) as ledger:
+        failed_once = {j["id"] for j in rows
+                       if any(e["kind"] == "submit_failed" for e in ledger.events.of_job(j["id"]))}
+    assert failed_once == {j["id"] for j in rows if j["state"] == "SUBMIT_FAILED"}  # none decided twice
+    by_spec = {}
+    for r in rows:
+        by_spec.setdefault(json.loads(r["spec_json"])["command"][-1], []).append(r)
+    for k, (how, (argv, nth, when)) in enumerate(UNSENT.items()):
+        ran_file = tmp_path / f"ran-{k}"
+        ran = ran_file.read_text().split() if ran_file.exists() else []
+        [jobs] = [v for cmd, v in by_spec.items() if str(ran_file) in cmd]
+        states = sorted(j["state"] for j in jobs)
+        if how == "plain, before its sbatch":
+            assert (ran, states) == ([], ["SUBMIT_FAILED"]), how
+            assert jobs[0]["error"] == "its submitter was killed before Slurm took it"
+            continue
+        assert len(ran) == 1 and ran[0] in {j["slurm_job_id"] for j in jobs}, (how, ran, jobs)
+        expected = {"plain, after its sbatch": ["COMPLETED"], "plain, slow beside reconciles": ["COMPLETED"],
+                    "race, after the first runner's sbatch": ["COMPLETED"],
+                    "race, before the second runner's sbatch": ["COMPLETED", "SUBMIT_FAILED"],
+                    "race, after the second runner's sbatch": ["CANCELLED", "COMPLETED"]}[how]
+        assert states == expected, (how, jobs)
