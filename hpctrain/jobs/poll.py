@@ -74,19 +74,18 @@ class Poller:
         base = job["attempt_base"]
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
         known = {(a["task_index"], a["attempt"]): a for a in self.ledger.attempts.of_job(job["id"])}
-        last_known: dict[int, int] = {}
-        for task_index, attempt in known:
-            last_known[task_index] = max(attempt, last_known.get(task_index, -1))
+        starts_known: dict[int, dict[int, float | None]] = {}  # per task: each known run's start
+        for (task_index, attempt), row in known.items():
+            starts_known.setdefault(task_index, {})[attempt] = row["started_at"]
+        last_known = {task_index: max(starts) for task_index, starts in starts_known.items()}
         task_rows = {t["task_index"]: t for t in self.ledger.jobs.tasks(job["id"])} if job["is_array"] else {}
         runs: dict[tuple[int, int], AttemptFields] = {}
         for index, history in tasks.items():
             history.requeue = policy.requeue
-            # The runs the ledger knows, against Slurm's overwritten rows.
-            started = {n: r["started_at"] for (i, n), r in known.items() if i == index}
-            numbers = numbered(
+            numbers = numbered(  # the runs the ledger knows, against Slurm's overwritten rows
                 history.attempts if attempts_known else [],
                 base,
-                started,
+                starts_known.get(index, {}),
                 partial(journaled_starts, job["job_dir"], index),
             )
             for n, a in numbers:
