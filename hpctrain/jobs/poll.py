@@ -75,8 +75,8 @@ class Poller:
         requeued_upto = self.ledger.attempts.last_requeued(job["id"])
         known = {(a["task_index"], a["attempt"]): a for a in self.ledger.attempts.of_job(job["id"])}
         starts_known: dict[int, dict[int, float | None]] = {}  # per task: each known run's start
-        for (task_index, attempt), row in known.items():
-            starts_known.setdefault(task_index, {})[attempt] = row["started_at"]
+        for (task_index, attempt), run_row in known.items():
+            starts_known.setdefault(task_index, {})[attempt] = run_row["started_at"]
         last_known = {task_index: max(starts) for task_index, starts in starts_known.items()}
         task_rows = {t["task_index"]: t for t in self.ledger.jobs.tasks(job["id"])} if job["is_array"] else {}
         runs: dict[tuple[int, int], AttemptFields] = {}
