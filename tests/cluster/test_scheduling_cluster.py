@@ -147,20 +147,32 @@ def slurm(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout.strip()
 
 
+PARTITION_NODES = {"gpu": "n[1-3]", "debug": "n[1-2]"}
+
+
 @contextmanager
-def gpu_partition_held_by_another_account() -> Iterator[None]:
-    """Partition gpu narrowed to n3 for the test, which a long job of teamb holds; debug (n1, n2) stays free."""
-    slurm("scontrol", "update", "PartitionName=gpu", "Nodes=n3")
-    held = None
+def held_by_another_account(**held: tuple[str, int]) -> Iterator[None]:
+    """Each partition named narrowed to one node for the test (``gpu=("n3", 60)``), which a job of teamb holds for
+    that many minutes by its time limit (teamb's cap is 8 GPUs: two nodes); the others stay as they are."""
+    jobs = []
     try:
-        held = slurm("sbatch", "--parsable", "-o", "/dev/null", "-p", "gpu", "-A", "teamb", "-N", "1",
-                     "--gres=gpu:4", "-t", "60", "--wrap", "sleep 900")  # its log nowhere: not in the checkout
-        wait_until(lambda: slurm("squeue", "-h", "-j", held, "-o", "%T") == "RUNNING", 60, what="teamb's job to run")
+        for partition, (node, minutes) in held.items():
+            slurm("scontrol", "update", f"PartitionName={partition}", f"Nodes={node}")
+            jobs.append(slurm("sbatch", "--parsable", "-o", "/dev/null", "-p", partition, "-A", "teamb", "-N", "1",
+                              "--gres=gpu:4", "-t", str(minutes), "--wrap", "sleep 900"))  # its log: not here
+        for job in jobs:
+            wait_until(lambda: slurm("squeue", "-h", "-j", job, "-o", "%T") == "RUNNING", 60, what="teamb's job")
         yield
     finally:
-        if held:
-            subprocess.run(["scancel", held], capture_output=True)
-        slurm("scontrol", "update", "PartitionName=gpu", "Nodes=n[1-3]")
+        if jobs:
+            subprocess.run(["scancel", *jobs], capture_output=True)
+        for partition in held:
+            slurm("scontrol", "update", f"PartitionName={partition}", f"Nodes={PARTITION_NODES[partition]}")
+
+
+def gpu_partition_held_by_another_account():
+    """Partition gpu narrowed to n3 for the test, which an hour-long job of teamb holds; debug (n1, n2) stays free."""
+    return held_by_another_account(gpu=("n3", 60))
 
 
 def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(dev_cluster, isolated_ledger, tmp_path):
@@ -234,6 +246,31 @@ def test_a_spec_that_allows_preemption_starts_in_the_preemptible_qos_when_normal
         assert (submitted["partition"], submitted["qos"]) == ("gpu", "low"), submitted
         assert wait_until(lambda: slurm("squeue", "-h", "-j", slurm_id, "-o", "%T") in ("RUNNING", "COMPLETING", ""),
                           10, what="the job to start")
+
+
+def test_enough_past_waits_that_disagree_with_slurm_change_where_it_ranks(dev_cluster, isolated_ledger, tmp_path):
+    """Issue 63: debug and gpu both held by teamb, debug for 40 minutes and gpu for 60 by their time limits, so
+    Slurm ranks debug first. Twenty of the user's jobs alike in gpu started a minute after submission (the jobs
+    ahead ended early, as most do): the ledger's history puts gpu first, and says so."""
+    spec = tmp_path / "soon.toml"
+    spec.write_text(SOON.format(nodes=1, account="teama"))
+    with held_by_another_account(debug=("n1", 40), gpu=("n3", 60)):
+        first = json.loads(run_cli("where", str(spec), "--json").stdout)["candidates"]
+        assert [c["partition"] for c in first] == ["debug", "gpu"], first
+        assert first[0]["basis"].startswith("Slurm: in ") and "no job alike" in first[1]["basis"]
+        with Ledger(isolated_ledger) as ledger:
+            jobs, now = Table(ledger, "jobs"), time.time()
+            for k in range(20):
+                job = jobs.insert({"name": "alike", "site": "dev", "state": "COMPLETED", "partition": "gpu",
+                                   "account": "teama", "qos": "normal", "submitted_at": now - 3600 * (k + 1),
+                                   "is_array": 0})
+                ledger.attempts.record(job, -1, 0, started_at=now - 3600 * (k + 1) + 60, alloc_gpus=4)
+        ranked = json.loads(run_cli("where", str(spec), "--json").stdout)["candidates"]
+    assert [c["partition"] for c in ranked] == ["gpu", "debug"], ranked
+    gpu, debug = ranked
+    assert gpu["basis"].startswith("history (80% history): Slurm in ")
+    assert gpu["basis"].endswith("; 20 job(s) alike waited 1 min (median)")
+    assert gpu["slurm_start"] > debug["slurm_start"] and gpu["start"] < debug["start"]
 
 
 @pytest.mark.parametrize(("nodes", "account", "said"), [
