@@ -60,7 +60,7 @@ def start_server(tmp: Path) -> tuple[subprocess.Popen, str] | None:
             time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once a worker, whatever order the tests run in
 def server(tmp_path_factory):
     """`mlflow server` on a SQLite store, as a team would run it; its URI."""
     tmp = tmp_path_factory.mktemp("mlflow")
