@@ -62,7 +62,7 @@ def submit(
 
     from hpctrain.config import load_job_spec
     from hpctrain.submit import Submitter
-    from hpctrain.submit.soonest import chosen, rank
+    from hpctrain.submit.soonest import chosen, placed, rank
 
     if runners is not None and (dry_run or wait):
         raise click.UsageError("--race submits: not with --dry-run or --wait")
@@ -77,9 +77,7 @@ def submit(
         placement = None
         if soonest:
             placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True), spec_path)
-            spec.resources = spec.resources.model_copy(
-                update={"partition": placement.partition, "account": placement.account}
-            )
+            spec = placed(spec, placement)
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run, placement=placement)
         for why in sub.placement.waits:
             click.echo(f"hpctrain: warning: {why}", err=True)
@@ -95,6 +93,7 @@ def submit(
                         "account": sub.placement.account,
                         "partition": sub.placement.partition,
                         "qos": sub.placement.qos,
+                        "nodes": spec.resources.nodes,
                         "reason": sub.placement.reason,
                         "waits": list(sub.placement.waits),
                     }

@@ -38,6 +38,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
                 "account": c.placement.account,
                 "start": c.start,
                 "slurm_start": c.slurm_start,
+                "shape": c.placement.shape,
                 "nodes": c.nodes,
                 "waits_alike_s": list(c.waits),
                 "basis": c.basis,
@@ -59,12 +60,15 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     if not ranking.candidates:
         raise refused(ranking, spec_path)
     table = Table(title=f"where {spec.name} would start on {cfg.name}, soonest first", title_justify="left")
-    for col in ("partition/QOS", "account", "start", "Slurm", "basis"):
-        table.add_column(col, justify="right" if col in ("start", "Slurm") else "left")
+    shapes = spec.resources.shapes is not None
+    columns = ("partition/QOS", "account", *(("nodes",) if shapes else ()), "start", "Slurm", "basis")
+    for col in columns:
+        table.add_column(col, justify="right" if col in ("nodes", "start", "Slurm") else "left")
     for c in ranking.candidates:
         p = c.placement
         warned = "".join(f"; {w}" for w in p.waits if not w.startswith(WAITS_TO_START))  # the basis has the rest
-        cells = (f"{p.partition}/{p.qos}", p.account, from_now(c.start, now), from_now(c.slurm_start, now))
+        shape = (str(p.shape),) if shapes else ()
+        cells = (f"{p.partition}/{p.qos}", p.account, *shape, from_now(c.start, now), from_now(c.slurm_start, now))
         table.add_row(*cells, c.basis + warned)
     console = make_console()
     console.print(table)

@@ -8,9 +8,17 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import AfterValidator, BeforeValidator, Field, FiniteFloat, ModelWrapValidatorHandler, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    FiniteFloat,
+    ModelWrapValidatorHandler,
+    PlainValidator,
+    model_validator,
+)
 
 from hpctrain.config.loading import (
     Loc,
@@ -107,8 +115,22 @@ def _argv(value: list[str]) -> list[str]:
     return value
 
 
+def _preemptible(value: Any) -> bool | Literal["allowed"]:
+    """One line for a bad value (a union's validation would give one a member)."""
+    if value is True or value is False or value == "allowed":
+        return cast("bool | Literal['allowed']", value)
+    raise ValueError('expected true, false or "allowed"')
+
+
 class Resources(StrictModel):
-    nodes: int = Field(1, ge=1, description="nodes the job step runs on")
+    nodes: int = Field(1, ge=1, description="nodes the job step runs on; `nodes = [4, 2]`: 4, or 2 (`shapes`)")
+    shapes: list[int] | None = Field(
+        None,
+        description=(
+            "the node counts the job may start on, preferred first (`nodes = [4, 2]` sets nodes 4 and these): "
+            "`hpctrain where` ranks each, `submit --soonest` takes the soonest; a plain `submit` takes `nodes`"
+        ),
+    )
     spare_nodes: int = Field(
         0,
         ge=0,
@@ -125,11 +147,35 @@ class Resources(StrictModel):
     partition: SlurmName | None = None
     account: SlurmName | None = Field(None, description="an account name, or 'auto' for the best fairshare")
     qos: SlurmName | None = None
-    preemptible: bool | Literal["allowed"] = Field(
+    preemptible: Annotated[bool | Literal["allowed"], PlainValidator(_preemptible)] = Field(
         False,
         description="run in the site's preemptible QOS; \"allowed\": in it or in the site's QOS, whichever starts "
         "sooner (`hpctrain where`, `submit --soonest`; a plain `submit` takes the site's QOS)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nodes_as_shapes(cls, data: Any) -> Any:
+        """`nodes = [4, 2]`: the first is `nodes`, all of them `shapes`."""
+        if isinstance(data, dict) and isinstance(nodes := data.get("nodes"), list):
+            if "shapes" in data:
+                raise ValueError("give nodes as a list or shapes, not both")
+            return {**data, "nodes": nodes[0] if nodes else 0, "shapes": nodes}
+        return data
+
+    @model_validator(mode="after")
+    def _shapes_hold_nodes(self) -> Resources:
+        if self.shapes is not None:
+            if not self.shapes or min(self.shapes) < 1 or len(set(self.shapes)) != len(self.shapes):
+                raise ValueError(f"shapes: expected distinct node counts of at least 1, got {self.shapes}")
+            if self.nodes not in self.shapes:
+                raise ValueError(f"shapes: {self.shapes} must hold nodes = {self.nodes}")
+        return self
+
+    @property
+    def node_counts(self) -> list[int]:
+        """The node counts the job may start on, preferred first."""
+        return list(self.shapes) if self.shapes else [self.nodes]
 
     @property
     def ntasks_per_node(self) -> int:
@@ -486,6 +532,10 @@ class JobSpec(StrictModel):
                     f"tp = {p.tp} must divide the {r.ntasks_per_node} tasks per node (tensor-parallel peers share a node)"
                 ),
             )
+        if p.world_size > 1:
+            for n in r.node_counts:
+                if n != r.nodes and (why := self._shape_problem(n)):
+                    yield ("resources", "nodes"), why
         if p.global_batch is not None and p.global_batch != p.samples_per_step:
             yield (
                 ("parallel", "global_batch"),
@@ -515,6 +565,37 @@ class JobSpec(StrictModel):
                 node = node.setdefault(part, {})
             node[leaf] = value
         return validate(JobSpec, data, where)
+
+    def _shape_problem(self, nodes: int) -> str | None:
+        """Why the layout cannot run on ``nodes`` of its shapes, keeping tp, pp and the global batch; None if it can."""
+        r, p = self.resources, self.parallel
+        tasks = nodes * r.ntasks_per_node
+        if tasks % (p.tp * p.pp):
+            return f"{nodes} nodes hold {tasks} tasks, which tp*pp = {p.tp * p.pp} does not divide"
+        dp = tasks // (p.tp * p.pp)
+        if p.samples_per_step % (p.micro_batch * dp):
+            return (
+                f"on {nodes} nodes dp = {dp}: the global batch of {p.samples_per_step} samples is no whole number of "
+                f"micro_batch*dp = {p.micro_batch * dp}"
+            )
+        return None
+
+    def shaped(self, nodes: int) -> JobSpec:
+        """This spec on ``nodes`` (one of its shapes): the data-parallel width follows the nodes, and gradient
+        accumulation keeps the global batch (a checkpoint of another shape resumes resharded)."""
+        r, p = self.resources, self.parallel
+        resources = r.model_copy(update={"nodes": nodes, "shapes": None})
+        if p.world_size == 1 or nodes == r.nodes:
+            return self.model_copy(update={"resources": resources})
+        dp = nodes * r.ntasks_per_node // (p.tp * p.pp)
+        parallel = p.model_copy(
+            update={
+                "dp": dp,
+                "grad_accum": p.samples_per_step // (p.micro_batch * dp),
+                "global_batch": p.samples_per_step,
+            }
+        )
+        return self.model_copy(update={"resources": resources, "parallel": parallel})
 
     def secret_names(self) -> list[str]:
         return [k for k, v in self.env.items() if v.secret]

@@ -28,6 +28,7 @@ class Placement:
     reason: str
     waits: tuple[str, ...] = ()  # the limits the job will wait for (a sentence each)
     starts: tuple[float | None, float] | None = None  # chosen by its start: the one predicted, Slurm's estimate
+    shape: int | None = None  # of a spec's `resources.shapes`, the node count it was placed on
 
 
 @dataclass(frozen=True)

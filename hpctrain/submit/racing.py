@@ -11,7 +11,7 @@ from dataclasses import replace
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.submit.soonest import Ranking, from_now, refused
+from hpctrain.submit.soonest import Ranking, from_now, placed, refused
 from hpctrain.submit.submitter import Submission, Submitter
 
 
@@ -37,11 +37,10 @@ def submit_race(
             reason=f"race: {c.name} {from_now(c.start, now)} ({c.basis}), against {others}",
             starts=(c.start, c.slurm_start),
         )
-        resources = spec.resources.model_copy(update={"partition": placement.partition, "account": placement.account})
         try:
             subs.append(
                 submitter.submit(
-                    spec.model_copy(update={"resources": resources}),
+                    placed(spec, placement),
                     where,
                     placement=placement,
                     race_file=race_dir / "race",

@@ -51,8 +51,7 @@ class Candidate:
 
     @property
     def name(self) -> str:
-        p = self.placement
-        return f"{p.partition}/{p.qos} as {p.account}"
+        return _named(self.placement)
 
 
 @dataclass(frozen=True)
@@ -139,13 +138,15 @@ def rank(
     candidates = []
     for p in placements:
         try:
-            slurm_start, nodes = _estimate(spec, site, client, p, ledger, 0.0 if fresh else CACHE_S)
+            slurm_start, nodes = _estimate(placed(spec, p), site, client, p, ledger, 0.0 if fresh else CACHE_S)
         except SlurmError as exc:
             left_out.append(f"{_named(p)}: {exc}")
             continue
         since = now - HISTORY_DAYS * 86400
         waits = tuple(
-            ledger.jobs.waits_alike(site.name, p.partition, p.account, p.qos, spec.resources.allocated_gpus, since)
+            ledger.jobs.waits_alike(
+                site.name, p.partition, p.account, p.qos, placed(spec, p).resources.allocated_gpus, since
+            )
         )
         limits = tuple(w for w in p.waits if w.startswith(WAITS_TO_START))
         start, basis = predict(slurm_start, waits, now, limits)
@@ -159,6 +160,13 @@ def rank(
         else None
     )
     return Ranking(candidates, left_out, errors)
+
+
+def placed(spec: JobSpec, placement: Placement) -> JobSpec:
+    """``spec`` as ``placement`` runs it: on its shape, in its partition and account."""
+    shaped = spec.shaped(placement.shape) if placement.shape is not None else spec
+    where = {"partition": placement.partition, "account": placement.account}
+    return shaped.model_copy(update={"resources": shaped.resources.model_copy(update=where)})
 
 
 def refused(ranking: Ranking, where: str) -> HpctrainError:
@@ -181,7 +189,7 @@ def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
 
 
 def _named(p: Placement) -> str:
-    return f"{p.partition}/{p.qos} as {p.account}"
+    return f"{p.partition}/{p.qos} as {p.account}" + (f" on {p.shape} node(s)" if p.shape is not None else "")
 
 
 def _placements(
@@ -195,23 +203,28 @@ def _placements(
         accounts = sorted(site.accounts, key=lambda a: standings[a].key() if a in standings else (0.0,) * 3)[::-1]
     else:
         accounts = [account]
+    shapes = spec.resources.shapes
     placements, left_out = [], []
-    for partition in sorted(site.partitions, key=lambda p: p != own):
+    for partition, nodes in itertools.product(
+        sorted(site.partitions, key=lambda p: p != own), spec.resources.node_counts
+    ):
+        shaped = spec.shaped(nodes)
+        on = f" on {nodes} node(s)" if shapes else ""
         try:
-            check_resources(spec, site, partition, where)
+            check_resources(shaped, site, partition, where)
         except ConfigError as exc:
-            left_out.append(f"partition {partition}: {_last_part(exc)}")
+            left_out.append(f"partition {partition}{on}: {_last_part(exc)}")
             continue
         for name, (qos, choice) in itertools.product(accounts, _qos_choices(spec)):
-            resources = spec.resources.model_copy(update={"partition": partition, "account": name, **choice})
+            resources = shaped.resources.model_copy(update={"partition": partition, "account": name, **choice})
             try:
                 placement = choose_placement(
-                    spec.model_copy(update={"resources": resources}), site, client, user, where, ledger
+                    shaped.model_copy(update={"resources": resources}), site, client, user, where, ledger
                 )
             except ConfigError as exc:
-                left_out.append(f"{partition}{qos} as {name}: {_last_part(exc)}")
+                left_out.append(f"{partition}{qos}{on} as {name}: {_last_part(exc)}")
                 continue
-            placements.append(placement)
+            placements.append(replace(placement, shape=nodes) if shapes else placement)
     return placements, left_out
 
 

@@ -154,11 +154,22 @@ PARTITION_NODES = {"gpu": "n[1-3]", "debug": "n[1-2]"}
 def held_by_another_account(**held: tuple[str, int]) -> Iterator[None]:
     """Each partition named narrowed to one node for the test (``gpu=("n3", 60)``), which a job of teamb holds for
     that many minutes by its time limit (teamb's cap is 8 GPUs: two nodes); the others stay as they are."""
-    jobs = []
+    jobs: list[str] = []
     try:
         for partition, (node, minutes) in held.items():
             slurm("scontrol", "update", f"PartitionName={partition}", f"Nodes={node}")
-            jobs.append(slurm("sbatch", "--parsable", "-o", "/dev/null", "-p", partition, "-A", "teamb", "-N", "1",
+        yield from teamb_running(jobs, [(partition, node, minutes) for partition, (node, minutes) in held.items()])
+    finally:
+        for partition in held:
+            slurm("scontrol", "update", f"PartitionName={partition}", f"Nodes={PARTITION_NODES[partition]}")
+
+
+def teamb_running(jobs: list[str], holds: list[tuple[str, str, int]]) -> Iterator[None]:
+    """A job of teamb on each (partition, node, minutes by its time limit) of ``holds``, running, its id added to
+    ``jobs``; yields once all run and cancels them after."""
+    try:
+        for partition, node, minutes in holds:
+            jobs.append(slurm("sbatch", "--parsable", "-o", "/dev/null", "-p", partition, "-A", "teamb", "-w", node,
                               "--gres=gpu:4", "-t", str(minutes), "--wrap", "sleep 900"))  # its log: not here
         for job in jobs:
             wait_until(lambda: slurm("squeue", "-h", "-j", job, "-o", "%T") == "RUNNING", 60, what="teamb's job")
@@ -166,8 +177,6 @@ def held_by_another_account(**held: tuple[str, int]) -> Iterator[None]:
     finally:
         if jobs:
             subprocess.run(["scancel", *jobs], capture_output=True)
-        for partition in held:
-            slurm("scontrol", "update", f"PartitionName={partition}", f"Nodes={PARTITION_NODES[partition]}")
 
 
 def gpu_partition_held_by_another_account():
@@ -271,6 +280,30 @@ def test_enough_past_waits_that_disagree_with_slurm_change_where_it_ranks(dev_cl
     assert gpu["basis"].startswith("history (80% history): Slurm in ")
     assert gpu["basis"].endswith("; 20 job(s) alike waited 1 min (median)")
     assert gpu["slurm_start"] > debug["slurm_start"] and gpu["start"] < debug["start"]
+
+
+def test_a_spec_of_two_shapes_starts_on_one_node_when_only_one_is_free(dev_cluster, isolated_ledger, tmp_path):
+    """Issue 63, shapes: `nodes = [2, 1]` while teamb holds n1 and n3 for an hour: `where` ranks one node now before
+    two later, `submit --soonest` runs the job on one node, and a plain `submit` asks for two."""
+    spec, said = tmp_path / "shaped.toml", tmp_path / "nodes"
+    spec.write_text(SOON.format(nodes="[2, 1]", account="teama").replace(
+        'command = ["sleep", "1"]', f'command = ["bash", "-c", "echo $SLURM_JOB_NUM_NODES > {said}"]'))
+    with contextmanager(teamb_running)([], [("gpu", "n1", 60), ("gpu", "n3", 60)]):
+        ranked = json.loads(run_cli("where", str(spec), "--json").stdout)["candidates"]
+        assert [(c["partition"], c["shape"]) for c in ranked][:2] == [("gpu", 1), ("debug", 1)], ranked
+        assert {(c["partition"], c["shape"]) for c in ranked[2:]} == {("gpu", 2), ("debug", 2)}
+        assert ranked[0]["start"] <= time.time() and ranked[0]["nodes"] == "n2"
+        # two nodes wait for teamb's hour, or for QOS normal's 12 GPUs a user (root holds teamb's 8 here)
+        assert all(c["start"] is None or c["start"] > time.time() + 50 * 60 for c in ranked[2:]), ranked
+        assert "nodes" in run_cli("where", str(spec)).stdout.splitlines()[2]  # the table's shape column
+        out = run_cli("submit", "--soonest", str(spec), "--json")
+        assert out.returncode == 0, out.stderr
+        submitted = json.loads(out.stdout)
+        assert (submitted["partition"], submitted["nodes"]) == ("gpu", 1)
+        assert " on 1 node(s) now " in submitted["reason"]
+        assert wait_until(lambda: said.exists() and said.read_text().strip(), 60, what="the job to run") == "1"
+    plain = run_cli("submit", "--dry-run", str(spec))
+    assert "#SBATCH --nodes=2\n" in plain.stdout, plain.stdout
 
 
 @pytest.mark.parametrize(("nodes", "account", "said"), [

@@ -72,7 +72,7 @@ def test_yaml_spec_loads(tmp_path):
         ('time = "01:30:00"', 'time = "25h"', "resources.time: expected a Slurm time such as '04:00:00' or '1-12:00:00', got '25h'"),
         ('mem = "32G"', 'mem = "lots"', "resources.mem: expected a memory size such as '16G' or '512M', got 'lots'"),
         ("nodes = 2", "nodes = 0", "resources.nodes: expected a number >= 1, got 0"),
-        ("nodes = 2", 'preemptible = "yes"', "resources.preemptible: expected true or false, got 'yes'"),
+        ("nodes = 2", 'preemptible = "yes"', "resources.preemptible: expected true, false or \"allowed\", got 'yes'"),
     ],
 )
 def test_bad_resource_values(tmp_path, old, new, expected):
@@ -345,3 +345,29 @@ def test_a_site_config_loads_without_the_job_specs_models():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"
+
+
+def test_a_list_of_node_counts_is_the_shapes_a_job_may_start_on(tmp_path):
+    """`nodes = [2, 1]`: 2 nodes, or 1 where it starts sooner; on 1 the data-parallel width halves and gradient
+    accumulation doubles, so the global batch stays (issue 63)."""
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC.replace("nodes = 2", "nodes = [2, 1]")))
+    assert (spec.resources.nodes, spec.resources.shapes, spec.resources.node_counts) == (2, [2, 1], [2, 1])
+    one = spec.shaped(1)
+    assert (one.resources.nodes, one.resources.shapes) == (1, None)
+    p = one.parallel
+    assert (p.dp, p.tp, p.pp, p.grad_accum, p.samples_per_step) == (1, 2, 2, 2, spec.parallel.samples_per_step)
+    assert list(one.problems()) == [] and spec.shaped(2).parallel == spec.parallel
+    assert JobSpec.model_validate(spec.redacted()).resources.shapes == [2, 1]  # as the ledger keeps it
+
+
+@pytest.mark.parametrize(("nodes", "said"), [
+    ("[3, 2]", "spec.toml: resources.nodes: on 2 nodes dp = 2: the global batch of 3 samples is no whole number of "
+               "micro_batch*dp = 2"),
+    ("[2, 2]", "spec.toml: resources: shapes: expected distinct node counts of at least 1, got [2, 2]"),
+    ("[]", "spec.toml: resources.nodes: "),
+])
+def test_shapes_the_layout_cannot_run_on_are_refused_in_one_line(tmp_path, nodes, said):
+    text = GOOD_SPEC.replace("nodes = 2", f"nodes = {nodes}")
+    text = text.replace("dp = 2", "dp = 3") if nodes == "[3, 2]" else text
+    error = spec_error(tmp_path, text)
+    assert error.startswith(said) and len(error.splitlines()) == 1, error
