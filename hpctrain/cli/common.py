@@ -47,6 +47,29 @@ def open_site(site: str | None) -> tuple[Any, Any, Any]:
     return cfg, Ledger(cfg.ledger.path, mode=cfg.ledger.mode), SlurmClient.for_site(cfg)
 
 
+def open_sites(site: str | None) -> tuple[list[tuple[Any, Any]], Any]:
+    """``--site a,b``: each cluster's site config with a Slurm client for it, and the one ledger they keep (refused
+    in one line where they keep different ones)."""
+    from hpctrain.errors import ConfigError
+    from hpctrain.ledger import Ledger
+    from hpctrain.slurm import SlurmClient
+
+    if site is None or "," not in site:
+        cfg, ledger, client = open_site(site)
+        return [(cfg, client)], ledger
+    from hpctrain.config import load_site
+
+    configs = [load_site(name.strip()) for name in site.split(",")]
+    first = configs[0]
+    for cfg in configs[1:]:
+        if cfg.ledger.path != first.ledger.path:
+            raise ConfigError(
+                f"--site {site}: {first.name} and {cfg.name} keep different ledgers ({first.ledger.path}, "
+                f"{cfg.ledger.path}): the clusters of one ranking share one"
+            )
+    return [(cfg, SlurmClient.for_site(cfg)) for cfg in configs], Ledger(first.ledger.path, mode=first.ledger.mode)
+
+
 def find_job(ledger: Any, job: str) -> dict[str, Any]:
     from hpctrain.errors import HpctrainError
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli.common import find_job, make_console, open_site, quota_limits, site_option, warn
+from hpctrain.cli.common import find_job, make_console, open_site, open_sites, quota_limits, site_option, warn
 from hpctrain.cli.output import json_text, styled, visible
 from hpctrain.cli.types import INDEX, Finite
 from hpctrain.jobs.overview import LISTED_WHOLE, Note, Overview, counted, overview
@@ -62,21 +62,26 @@ def submit(
 
     from hpctrain.config import load_job_spec
     from hpctrain.submit import Submitter
-    from hpctrain.submit.soonest import chosen, placed, rank
+    from hpctrain.submit.soonest import chosen, placed, rank_sites
 
     if runners is not None and (dry_run or wait):
         raise click.UsageError("--race submits: not with --dry-run or --wait")
     spec = load_job_spec(spec_path)
     if array is not None:
         spec.array = _array_option(array)
-    cfg, ledger, client = open_site(site)
+    sites, ledger = open_sites(site)
+    if len(sites) > 1 and not soonest:
+        raise click.UsageError("--site names several clusters: with --soonest only, which picks one")
+    cfg, client = sites[0]
     with ledger:
         if runners is not None:
             _race(spec, spec_path, cfg, ledger, client, runners, as_json)
             return
         placement = None
         if soonest:
-            placement = chosen(rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True), spec_path)
+            ranking = rank_sites(spec, sites, getpass.getuser(), spec_path, ledger, fresh=True)
+            placement = chosen(ranking, spec_path)
+            cfg, client = next((c, k) for c, k in sites if c.name == (placement.site or cfg.name))
             spec = placed(spec, placement)
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run, placement=placement)
         for why in sub.placement.waits:
@@ -90,6 +95,7 @@ def submit(
                     {
                         "ledger_ids": sub.ledger_ids,
                         "slurm_ids": sub.slurm_ids,
+                        "site": cfg.name,
                         "account": sub.placement.account,
                         "partition": sub.placement.partition,
                         "qos": sub.placement.qos,

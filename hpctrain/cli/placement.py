@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from hpctrain.cli.common import make_console, open_site, site_option
+from hpctrain.cli.common import make_console, open_sites, site_option
 from hpctrain.cli.output import json_text
 
 
@@ -23,16 +23,17 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
 
     from hpctrain.config import load_job_spec
     from hpctrain.submit.quota import WAITS_TO_START
-    from hpctrain.submit.soonest import from_now, rank, refused
+    from hpctrain.submit.soonest import from_now, rank_sites, refused
 
     spec = load_job_spec(spec_path)
-    cfg, ledger, client = open_site(site)
+    sites, ledger = open_sites(site)
     now = time.time()
     with ledger:
-        ranking = rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, now)
+        ranking = rank_sites(spec, sites, getpass.getuser(), spec_path, ledger, now)
     if as_json:
         rows = [
             {
+                "site": c.placement.site or sites[0][0].name,
                 "partition": c.placement.partition,
                 "qos": c.placement.qos,
                 "account": c.placement.account,
@@ -59,16 +60,27 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
         return
     if not ranking.candidates:
         raise refused(ranking, spec_path)
-    table = Table(title=f"where {spec.name} would start on {cfg.name}, soonest first", title_justify="left")
-    shapes = spec.resources.shapes is not None
-    columns = ("partition/QOS", "account", *(("nodes",) if shapes else ()), "start", "Slurm", "basis")
+    clusters = ", ".join(cfg.name for cfg, _ in sites)
+    table = Table(title=f"where {spec.name} would start on {clusters}, soonest first", title_justify="left")
+    shapes, several = spec.resources.shapes is not None, len(sites) > 1
+    columns = (
+        *(("site",) if several else ()),
+        "partition/QOS",
+        "account",
+        *(("nodes",) if shapes else ()),
+        "start",
+        "Slurm",
+        "basis",
+    )
     for col in columns:
         table.add_column(col, justify="right" if col in ("nodes", "start", "Slurm") else "left")
     for c in ranking.candidates:
         p = c.placement
         warned = "".join(f"; {w}" for w in p.waits if not w.startswith(WAITS_TO_START))  # the basis has the rest
         shape = (str(p.shape),) if shapes else ()
-        cells = (f"{p.partition}/{p.qos}", p.account, *shape, from_now(c.start, now), from_now(c.slurm_start, now))
+        cluster = (p.site or "",) if several else ()
+        cells = (*cluster, f"{p.partition}/{p.qos}", p.account, *shape, from_now(c.start, now))
+        cells += (from_now(c.slurm_start, now),)
         table.add_row(*cells, c.basis + warned)
     console = make_console()
     console.print(table)

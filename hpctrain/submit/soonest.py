@@ -152,7 +152,7 @@ def rank(
         start, basis = predict(slurm_start, waits, now, limits)
         candidates.append(Candidate(p, start, slurm_start, nodes, waits, basis))
     # stable: the placements' order (fairshare, the spec's own QOS first) among equal starts
-    candidates.sort(key=lambda c: (c.start is None, c.start or 0.0))
+    candidates.sort(key=_soonest)
     found = ledger.events.start_errors(site.name, now - HISTORY_DAYS * 86400)
     errors = (
         Errors(len(found), statistics.median(abs(p) for p, _ in found), statistics.median(abs(s) for _, s in found))
@@ -160,6 +160,39 @@ def rank(
         else None
     )
     return Ranking(candidates, left_out, errors)
+
+
+def rank_sites(
+    spec: JobSpec,
+    sites: list[tuple[SiteConfig, SlurmClient]],
+    user: str,
+    where: str,
+    ledger: Ledger,
+    now: float | None = None,
+    fresh: bool = False,
+) -> Ranking:
+    """`rank` over several clusters (a site config each) into one ranking, each candidate with its site; a cluster
+    whose controller does not answer now (`scontrol ping`, before any estimate cached while it did) is left out in
+    one line."""
+    if len(sites) == 1:
+        return rank(spec, sites[0][0], sites[0][1], user, where, ledger, now, fresh)
+    candidates: list[Candidate] = []
+    left_out: list[str] = []
+    for site, client in sites:
+        try:
+            client.ping()
+            ranking = rank(spec, site, client, user, where, ledger, now, fresh)
+        except SlurmError as exc:
+            left_out.append(f"site {site.name}: {'; '.join(str(exc).splitlines())}")
+            continue
+        candidates += [replace(c, placement=replace(c.placement, site=site.name)) for c in ranking.candidates]
+        left_out += [f"site {site.name}: {line}" for line in ranking.left_out]
+    return Ranking(sorted(candidates, key=_soonest), left_out)
+
+
+def _soonest(c: Candidate) -> tuple[bool, float]:
+    """Soonest first; a start not known (after a limit) last. Stable: equal starts keep their order."""
+    return c.start is None, c.start or 0.0
 
 
 def placed(spec: JobSpec, placement: Placement) -> JobSpec:
@@ -189,7 +222,8 @@ def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
 
 
 def _named(p: Placement) -> str:
-    return f"{p.partition}/{p.qos} as {p.account}" + (f" on {p.shape} node(s)" if p.shape is not None else "")
+    on = f" on {p.shape} node(s)" if p.shape is not None else ""
+    return (f"{p.site}: " if p.site else "") + f"{p.partition}/{p.qos} as {p.account}{on}"
 
 
 def _placements(

@@ -1,17 +1,43 @@
 """scripts/dev-cluster brings up a real Slurm cluster: idempotent, 3 nodes x 4 GPUs, QOS preemption."""
 
+import json
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_cli
 from helpers.cluster import DEV_CLUSTER, dev_port_base
 from helpers.lanes import lanes
+from helpers.paths import REPO
 from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
+
+
+WIDE = """name = "wide"
+command = ["sleep", "5"]
+launcher = "none"
+[resources]
+nodes = 3
+gpus_per_node = 4
+tasks_per_node = 1
+mem = "1G"
+time = "00:10:00"
+account = "teama"
+"""
+
+
+def second_site(tmp_path: Path, root: Path) -> Path:
+    """The dev site config for the cluster in ``root``, named c2."""
+    text = (REPO / "site_configs" / "dev.toml").read_text()
+    text = text.replace("${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}", str(root))
+    path = tmp_path / "c2.toml"
+    path.write_text(text.replace('name = "dev"', 'name = "c2"'))
+    return path
 
 
 def sh(*cmd: str, env: dict[str, str] | None = None) -> str:
@@ -77,8 +103,10 @@ def test_accounts_have_distinct_fairshare(dev_cluster):
 
 @pytest.mark.slow
 @lanes(why="scripts/dev-cluster's own bookkeeping; a whole second cluster costs each lane a minute of CPU")
-def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
-    """A cluster in another root: up, down (only its own daemons and jobs), up again."""
+def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolated_ledger, tmp_path):
+    """A cluster in another root: up, down (only its own daemons and jobs), up again. Meanwhile the two clusters are
+    two sites of one ledger (issue 63): a job of three whole nodes, while the first holds a node's GPUs, is ranked and
+    submitted to the second; with the second down, `where` leaves it out in one line."""
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
@@ -89,6 +117,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()
     first_job = sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 171").strip()
+    held: list[str] = []  # a node's GPUs on the first cluster
     try:
         sh(str(DEV_CLUSTER), "up", env=env)
         second = daemon_pids(env)
@@ -96,7 +125,27 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
         # A job still running when its cluster goes down goes with it, slurmstepd included.
         sh("sbatch", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 172", env=conf)
         wait_until(lambda: running("sleep 171") and running("sleep 172"), 120, 0.5, "a job on each cluster")
+        both, spec = f"dev,{second_site(tmp_path, root)}", tmp_path / "wide.toml"
+        spec.write_text(WIDE)
+        held.append(sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 173"))
+        wait_until(lambda: running("sleep 173"), 60, 0.5, "a node's GPUs held on the first")
+        ranked = json.loads(run_cli("where", str(spec), "--site", both, "--json").stdout)["candidates"]
+        assert (ranked[0]["site"], ranked[0]["partition"]) == ("c2", "gpu") and ranked[0]["start"] <= time.time()
+        assert {c["site"] for c in ranked} == {"dev", "c2"}
+        # the first cluster: after its held node, or after QOS normal's 12 GPUs a user (root holds 4 of them there)
+        assert all(c["start"] is None or c["start"] > time.time() for c in ranked if c["site"] == "dev"), ranked
+        out = run_cli("submit", "--soonest", "--site", both, str(spec), "--json")
+        assert out.returncode == 0, out.stderr
+        submitted = json.loads(out.stdout)
+        assert submitted["site"] == "c2" and submitted["reason"].startswith("soonest: c2: gpu/normal as teama now")
+        assert sh("squeue", "-h", "-j", submitted["slurm_ids"][0], "-o", "%P", env=conf).strip() == "gpu"
         sh(str(DEV_CLUSTER), "down", env=env)
+        down = run_cli("where", str(spec), "--site", both, "--json")
+        assert down.returncode == 0 and "Traceback" not in down.stderr, down.stderr
+        shown = json.loads(down.stdout)
+        assert {c["site"] for c in shown["candidates"]} == {"dev"}
+        [gone] = [line for line in shown["left_out"] if line.startswith("site c2: ")]
+        assert "\n" not in gone
         assert daemon_pids(env) == {}
         for pid in second.values():
             assert not os.path.exists(f"/proc/{pid}")
@@ -109,4 +158,4 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster):
         assert "teamb" in sh("sacctmgr", "-n", "-P", "show", "account", "format=account", env=conf)
     finally:
         subprocess.run([DEV_CLUSTER, "reset"], env={**os.environ, **env}, capture_output=True)
-        subprocess.run(["scancel", first_job], capture_output=True)
+        subprocess.run(["scancel", first_job, *(h.strip() for h in held)], capture_output=True)
