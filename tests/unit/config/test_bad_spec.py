@@ -34,7 +34,11 @@ SPEC_FIELDS: dict[tuple[str, ...], st.SearchStrategy[Any]] = {
     ("launcher",): literal_other("srun", "none"),
     ("requeue",): not_bool,
     ("hyperparameters",): not_table,
-    ("resources", "nodes"): below(1),
+    # a list is the node counts the job may start on (`shapes`), the first of them `nodes`: a list whose first is no
+    # count of at least 1 names resources.nodes
+    ("resources", "nodes"): st.one_of(
+        below(1).filter(lambda v: not isinstance(v, list)),
+        st.lists(st.one_of(st.integers(max_value=0), st.text(max_size=3), st.booleans()), max_size=2)),
     ("resources", "gpus_per_node"): below(0),
     ("resources", "tasks_per_node"): below(1),
     ("resources", "cpus_per_task"): below(1),
