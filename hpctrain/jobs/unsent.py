@@ -27,10 +27,10 @@ from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient
 
 KILLED = "its submitter was killed before Slurm took it"
-# POSIX locks belong to a process, and closing any descriptor of the file drops them all: one descriptor a process,
-# held while any of its submissions is under way.
+# POSIX locks belong to a process, and closing any descriptor of a file drops them all: one descriptor a process
+# and lock file, with the number of its submissions under way.
 _guard = threading.Lock()
-_held: list[int] = []  # the descriptor, once per submission under way in this process
+_held: dict[Path, tuple[int, int]] = {}
 
 
 def lock_path(ledger: Ledger) -> Path:
@@ -40,19 +40,20 @@ def lock_path(ledger: Ledger) -> Path:
 @contextmanager
 def submitting(ledger: Ledger) -> Iterator[None]:
     """Held (shared) while this process records a job and submits it; waits while a settler holds it (a squeue)."""
+    path = lock_path(ledger)
     with _guard:
-        if not _held:
-            fd = os.open(lock_path(ledger), os.O_RDWR | os.O_CREAT, 0o666)
+        fd, count = _held.get(path) or (os.open(path, os.O_RDWR | os.O_CREAT, 0o666), 0)
+        if not count:
             fcntl.lockf(fd, fcntl.LOCK_SH)
-            _held.append(fd)
-        else:
-            _held.append(_held[0])
+        _held[path] = fd, count + 1
     try:
         yield
     finally:
         with _guard:
-            fd = _held.pop()
-            if not _held:
+            fd, count = _held.pop(path)
+            if count > 1:
+                _held[path] = fd, count - 1
+            else:
                 os.close(fd)
 
 
@@ -60,10 +61,11 @@ def settle_unsent(ledger: Ledger, client: SlurmClient, site: str) -> list[str]:
     """Settle the site's SUBMITTING rows whose submitter died (see the module's docstring); a line for each."""
     if not ledger.jobs.unsent(site):
         return []  # the usual answer: no lock taken
+    path = lock_path(ledger)
     with _guard:
-        if _held:
+        if path in _held:
             return []  # this process submits: its rows are under way
-        fd = os.open(lock_path(ledger), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
             try:
                 fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
