@@ -62,7 +62,7 @@ def submit(
 
     from hpctrain.config import load_job_spec
     from hpctrain.submit import Submitter
-    from hpctrain.submit.soonest import chosen, placed, rank_sites
+    from hpctrain.submit.soonest import as_submitted, chosen, rank_sites
 
     if runners is not None and (dry_run or wait):
         raise click.UsageError("--race submits: not with --dry-run or --wait")
@@ -82,7 +82,7 @@ def submit(
             ranking = rank_sites(spec, sites, getpass.getuser(), spec_path, ledger, fresh=True)
             placement = chosen(ranking, spec_path)
             cfg, client = next((c, k) for c, k in sites if c.name == (placement.site or cfg.name))
-            spec = placed(spec, placement)
+            spec = as_submitted(spec, placement, cfg)
         sub = Submitter(cfg, ledger, client).submit(spec, spec_path, dry_run=dry_run, placement=placement)
         for why in sub.placement.waits:
             click.echo(f"hpctrain: warning: {why}", err=True)

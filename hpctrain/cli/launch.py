@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from hpctrain.cli.common import site_option
-from hpctrain.cli.types import whole
+from hpctrain.cli.types import Counts
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -28,11 +28,11 @@ from hpctrain.cli.types import whole
 @click.option(
     "--nodes",
     "-N",
-    type=whole(1),
-    default=None,
+    type=Counts(),
+    default="",
     help="run on this many of the allocation's nodes: healthy ones, not those Slurm took out of it (--no-kill) "
-    "or whose ranks failed first in retry.exclude_node_after steps (2); the rest are spares (default: every node, "
-    "no check)",
+    "or whose ranks failed first in retry.exclude_node_after steps (2); the rest are spares. Several, e.g. 4,2 (a "
+    "job's shapes): the largest those nodes hold (default: every node, no check)",
 )
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(
@@ -41,7 +41,7 @@ def launch(
     srun_options: tuple[str, ...],
     inside: str,
     python: str | None,
-    nodes: int | None,
+    nodes: tuple[int, ...],
     command: tuple[str, ...],
 ) -> None:
     """Start COMMAND once per task of this allocation with torch.distributed's rendezvous set.

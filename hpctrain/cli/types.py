@@ -33,3 +33,17 @@ class Finite(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+class Counts(click.ParamType):
+    """Node counts, comma-separated ("4,2"), each a whole number of at least 1; "" for none."""
+
+    name = "counts"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        parts = [p.strip() for p in str(value).split(",")] if str(value).strip() else []
+        if not all(p.isdigit() and 1 <= int(p) <= MAX_INT for p in parts):
+            self.fail(f"{value!r}: expected whole numbers of at least 1, comma-separated (4,2)", param, ctx)
+        return tuple(int(p) for p in parts)

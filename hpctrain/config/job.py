@@ -17,6 +17,7 @@ from pydantic import (
     FiniteFloat,
     ModelWrapValidatorHandler,
     PlainValidator,
+    field_validator,
     model_validator,
 )
 
@@ -128,7 +129,8 @@ class Resources(StrictModel):
         None,
         description=(
             "the node counts the job may start on, preferred first (`nodes = [4, 2]` sets nodes 4 and these): "
-            "`hpctrain where` ranks each, `submit --soonest` takes the soonest; a plain `submit` takes `nodes`"
+            "`hpctrain where` ranks each; Slurm is asked for all, and starts the job (and each requeued run) on as "
+            "many nodes as it can without delay; the step runs on the largest shape it was given"
         ),
     )
     spare_nodes: int = Field(
@@ -156,12 +158,21 @@ class Resources(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _nodes_as_shapes(cls, data: Any) -> Any:
-        """`nodes = [4, 2]`: the first is `nodes`, all of them `shapes`."""
+        """`nodes = [4, 2]`: the first is `nodes`, all of them `shapes` (a list of anything but counts is refused
+        as `nodes`, in one line)."""
         if isinstance(data, dict) and isinstance(nodes := data.get("nodes"), list):
             if "shapes" in data:
                 raise ValueError("give nodes as a list or shapes, not both")
-            return {**data, "nodes": nodes[0] if nodes else 0, "shapes": nodes}
+            if nodes and all(type(n) is int and n >= 1 for n in nodes):
+                return {**data, "nodes": nodes[0], "shapes": nodes}
         return data
+
+    @field_validator("nodes", mode="before")
+    @classmethod
+    def _no_other_list(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError(f"expected a node count of at least 1, or a list of them (the shapes), got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _shapes_hold_nodes(self) -> Resources:
@@ -170,12 +181,25 @@ class Resources(StrictModel):
                 raise ValueError(f"shapes: expected distinct node counts of at least 1, got {self.shapes}")
             if self.nodes not in self.shapes:
                 raise ValueError(f"shapes: {self.shapes} must hold nodes = {self.nodes}")
+            if self.spare_nodes and len(self.shapes) > 1:
+                raise ValueError("spare_nodes: a job of several shapes keeps none (it runs on the largest it is given)")
         return self
 
     @property
     def node_counts(self) -> list[int]:
         """The node counts the job may start on, preferred first."""
         return list(self.shapes) if self.shapes else [self.nodes]
+
+    def slurm_nodes(self, size_strings: bool) -> str:
+        """sbatch's ``--nodes`` (spares included): one count, or the shapes, of which Slurm allocates as many nodes
+        as it can without delaying the start: a list ("2,4") where Slurm reads one (``size_strings``: 23.02+), else
+        their range ("2-4"; the step then runs on the largest shape the allocation holds, the rest wait as spares)."""
+        counts = sorted(n + self.spare_nodes for n in self.node_counts)
+        if len(counts) == 1:
+            return str(counts[0])
+        if size_strings and counts[-1] - counts[0] + 1 != len(counts):
+            return ",".join(map(str, counts))
+        return f"{counts[0]}-{counts[-1]}"
 
     @property
     def ntasks_per_node(self) -> int:
@@ -585,7 +609,8 @@ class JobSpec(StrictModel):
         accumulation keeps the global batch (a checkpoint of another shape resumes resharded)."""
         r, p = self.resources, self.parallel
         resources = r.model_copy(update={"nodes": nodes, "shapes": None})
-        if p.world_size == 1 or nodes == r.nodes:
+        # A layout that is not one of the spec's nodes (a single process's default on several tasks) stays as it is.
+        if nodes == r.nodes or p.world_size != r.nodes * r.ntasks_per_node or self._shape_problem(nodes):
             return self.model_copy(update={"resources": resources})
         dp = nodes * r.ntasks_per_node // (p.tp * p.pp)
         parallel = p.model_copy(
@@ -596,6 +621,13 @@ class JobSpec(StrictModel):
             }
         )
         return self.model_copy(update={"resources": resources, "parallel": parallel})
+
+    def on_nodes(self, nodes: int) -> JobSpec:
+        """This spec as a job step of ``nodes`` runs it: another of its shapes where Slurm allocated one (a job
+        started or requeued on fewer or more nodes than it was submitted with), else itself."""
+        if self.resources.shapes and nodes != self.resources.nodes and nodes in self.resources.shapes:
+            return self.shaped(nodes)
+        return self
 
     def secret_names(self) -> list[str]:
         return [k for k, v in self.env.items() if v.secret]

@@ -63,19 +63,21 @@ def launch(
     python: str = sys.executable,
     srun_options: Sequence[str] = (),
     inside: Sequence[str] = (),
-    nodes: int | None = None,
+    nodes: Sequence[int] = (),
 ) -> None:
     """Record the launch environment in the job's journal, then exec srun (signals then reach srun directly).
-    With ``nodes``, the step runs on that many of the allocation's healthy nodes (`hpctrain.launch.nodes`)."""
+    With ``nodes``, the step runs on that many of the allocation's healthy nodes, or of several counts (a job's
+    shapes) on the largest they hold (`hpctrain.launch.nodes`)."""
     job = JobEnvironment()
     step, ntasks = None, job.ntasks
-    if nodes is not None:
-        exclude_after = RunPolicy.of_job(job).exclude_node_after
-        step = step_nodes(SlurmClient.for_site(site), nodes, job, exclude_after=exclude_after)
+    if nodes:
+        policy = RunPolicy.of_job(job)
+        step = step_nodes(SlurmClient.for_site(site), nodes, job, exclude_after=policy.exclude_node_after)
         if not step.enough:
             raise HpctrainError(f"cannot start the job step: {step.describe()}")
-        per_node = tasks_on_node(job.tasks_per_node, 0)
-        srun_options, ntasks = [*placement_options(step, per_node), *srun_options], str(nodes * per_node)
+        # The spec's: a job of shapes asks its tasks as CPUs (hpctrain.submit.render), Slurm's count follows those.
+        per_node = policy.tasks_per_node or tasks_on_node(job.tasks_per_node, 0)
+        srun_options, ntasks = [*placement_options(step, per_node), *srun_options], str(step.wanted * per_node)
     extra = launch_env(site, os.environ, step.chosen if step else None)
     argv = srun_argv(command, python, srun_options, inside)
     network = {k: extra[k] for k in site.network_env}

@@ -4,8 +4,8 @@ A job with restarts in the allocation (retry.in_place) is allocated with --no-ki
 the job instead of ending it, though SLURM_JOB_NODELIST still names it. Each (re)started step runs on the first
 ``resources.nodes`` of the nodes Slurm still holds for the job that are healthy (not down, drained, failing or
 silent) and that hpctrain has not excluded (a node whose ranks were the first to fail in two steps of this run,
-the spec's ``retry.exclude_node_after``);
-the rest wait as spares. With too few such nodes the step cannot keep its layout: the run ends and is requeued
+the spec's ``retry.exclude_node_after``); of a job of several shapes (``resources.nodes = [4, 2]``), on the largest
+shape those nodes hold: the rest wait as spares. With too few such nodes the step cannot keep its layout: the run ends and is requeued
 without the nodes left out (see ``hpctrain attempt``).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from hpctrain.contract import JobEnvironment
@@ -60,12 +60,17 @@ def unhealthy(state: str) -> bool:
 
 
 def choose(
-    allocated: list[str], held: Iterable[str], states: dict[str, str], excluded: dict[str, str], wanted: int
+    allocated: list[str],
+    held: Iterable[str],
+    states: dict[str, str],
+    excluded: dict[str, str],
+    wanted: int | Sequence[int],
 ) -> StepNodes:
     """The first ``wanted`` usable nodes of ``allocated`` (the allocation's nodes in Slurm's order, the batch
-    host first): those Slurm still ``held`` for the job, healthy in ``states``, not ``excluded`` (node: why)."""
+    host first): those Slurm still ``held`` for the job, healthy in ``states``, not ``excluded`` (node: why). Of
+    several counts (a job's shapes), the largest the usable nodes hold, else the smallest."""
     held = set(held)
-    chosen: list[str] = []
+    usable: list[str] = []
     left_out: dict[str, str] = {}
     for node in allocated:
         state = states.get(node, "")
@@ -75,11 +80,12 @@ def choose(
             left_out[node] = f"Slurm says {state}"
         elif node in excluded:
             left_out[node] = excluded[node]
-        elif len(chosen) < wanted:
-            chosen.append(node)
         else:
-            left_out[node] = "spare"
-    return StepNodes(wanted, chosen, left_out)
+            usable.append(node)
+    counts = sorted([wanted] if isinstance(wanted, int) else wanted, reverse=True)
+    want = next((n for n in counts if n <= len(usable)), counts[-1])
+    left_out.update({node: "spare" for node in usable[want:]})
+    return StepNodes(want, usable[:want], {n: left_out[n] for n in allocated if n in left_out})
 
 
 def excluded_nodes(journal: Journal | None, env: JobEnvironment, after: int) -> dict[str, str]:
@@ -108,7 +114,7 @@ def silent_only(state: str) -> bool:
 
 def step_nodes(
     client: SlurmClient,
-    wanted: int,
+    wanted: int | Sequence[int],
     env: JobEnvironment | None = None,
     silent_wait_s: float = SILENT_WAIT_S,
     sleep: Callable[[float], None] = time.sleep,
@@ -117,16 +123,19 @@ def step_nodes(
     """`choose` for this run's next job step, from what the controller says (one `scontrol show job`, `sinfo`)
     and this run's journal (a node whose ranks failed first in ``exclude_after`` steps is out). When too few
     nodes are left only because some do not answer the controller's pings, `sinfo` is asked again for up to
-    ``silent_wait_s`` seconds before the step gives them up."""
+    ``silent_wait_s`` seconds before the step gives them up (or runs on a smaller of ``wanted``'s shapes)."""
     env = env or JobEnvironment()
     nodes = expand_hostlist(env.node_list)
     held = expand_hostlist(client.show_job(env.slurm_job_id or "").get("NodeList", ""))
     excluded = excluded_nodes(Journal.from_env(), env, exclude_after)
     checks = int(silent_wait_s // SILENT_POLL_S)
+    counts = [wanted] if isinstance(wanted, int) else list(wanted)
+    best = max((n for n in counts if n <= len(nodes)), default=min(counts))  # what a healthy allocation holds
     for check in range(checks + 1):
         states = client.node_states(nodes)
-        got = choose(nodes, held, states, excluded, wanted)
-        if got.enough or check == checks or not any(silent_only(states.get(n, "")) for n in got.lost()):
+        got = choose(nodes, held, states, excluded, counts)
+        full = got.enough and got.wanted == best
+        if full or check == checks or not any(silent_only(states.get(n, "")) for n in got.lost()):
             break
         sleep(SILENT_POLL_S)
     return got

@@ -116,9 +116,10 @@ class RunPolicy:
     checkpoint_root: Path | None
     in_place: int = 0
     memory_tier: bool = False
-    nodes: int = 1  # the job step's (spares apart)
+    nodes: tuple[int, ...] = (1,)  # the job step's (spares apart): its shapes, preferred first
     spare_gpus: int = 0  # on the spare nodes
     exclude_node_after: int = 2
+    tasks_per_node: int | None = None  # the spec's (None without one)
 
     @classmethod
     def of(cls, spec: Mapping[str, Any]) -> RunPolicy:
@@ -134,9 +135,10 @@ class RunPolicy:
             checkpoint.dir,
             retry.in_place,
             bool(checkpoint.memory_every_steps),
-            resources.nodes,
+            tuple(resources.node_counts),
             resources.spare_nodes * resources.gpus_per_node,
             retry.exclude_node_after,
+            resources.ntasks_per_node if spec.get("resources") else None,
         )
 
     @classmethod

@@ -47,6 +47,11 @@ class SlurmVersion:
         return self.at_least(25, 11)
 
     @property
+    def has_node_count_lists(self) -> bool:
+        """sbatch `--nodes=2,4` (a list of node counts: 24.11 and 26.05 read it; 22.05 reads only a range)."""
+        return self.at_least(24, 11)
+
+    @property
     def requeues_preempted_exit(self) -> bool:
         """Whether Slurm requeues a preempted job that ends by itself during its grace time."""
         return self.at_least(24, 11)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from hpctrain.config.job import JobSpec
 from hpctrain.config.loading import format_problems
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.submit.soonest import Ranking, from_now, placed, refused
+from hpctrain.submit.soonest import Ranking, as_submitted, from_now, refused
 from hpctrain.submit.submitter import Submission, Submitter
 
 
@@ -40,7 +40,7 @@ def submit_race(
         try:
             subs.append(
                 submitter.submit(
-                    placed(spec, placement),
+                    as_submitted(spec, placement, submitter.site),
                     where,
                     placement=placement,
                     race_file=race_dir / "race",

@@ -59,18 +59,24 @@ def directives(
     chunk: ArrayChunk | None,
     after: list[str],
     job_id: str,
+    size_strings: bool = False,
 ) -> list[str]:
-    """The #SBATCH options, each validated to be a single safe token."""
+    """The #SBATCH options, each validated to be a single safe token (``size_strings``: Slurm reads a list of node
+    counts, `Resources.slurm_nodes`)."""
     r = spec.resources
     opts = [
         f"--job-name={spec.name}",
         f"--partition={placement.partition}",
         f"--account={placement.account}",
         f"--qos={placement.qos}",
-        f"--nodes={r.allocated_nodes}",
+        f"--nodes={r.slurm_nodes(size_strings)}",
         # A node that fails leaves the allocation instead of ending it: the step restarts on the others.
         "--no-kill" if spec.retry.in_place else None,
-        f"--ntasks-per-node={r.ntasks_per_node}",
+        # Of a node range, --ntasks-per-node makes the job's task count the smallest count's, and Slurm then
+        # allocates that many nodes whatever is free (22.05): a node's tasks are asked as its CPUs instead.
+        f"--ntasks-per-node={r.ntasks_per_node}"
+        if len(r.node_counts) == 1
+        else f"--mincpus={r.ntasks_per_node * r.cpus_per_task}",
         f"--cpus-per-task={r.cpus_per_task}",
         gpu_directive(spec, site, placement.partition),
         f"--mem={r.mem}M" if r.mem else None,
@@ -154,7 +160,7 @@ def template_environment(site: SiteConfig) -> jinja2.Environment:
 
 def template_name(spec: JobSpec) -> str:
     r = spec.resources
-    distributed = spec.launcher == "srun" and (r.nodes * r.ntasks_per_node > 1 or r.spare_nodes > 0)
+    distributed = spec.launcher == "srun" and (max(r.node_counts) * r.ntasks_per_node > 1 or r.spare_nodes > 0)
     return "distributed.sh.j2" if distributed else "base.sh.j2"
 
 
@@ -170,8 +176,11 @@ def task_shim(spec: JobSpec, site: SiteConfig, python: Path, wrap: Wrap | None) 
 
 def launch_options(spec: JobSpec, wrap: Wrap | None) -> str:
     """`hpctrain launch` options, ending with a space when there are any. A job that restarts its step in the
-    allocation names the step's nodes: the rest are spares, or stand in for a node that failed."""
-    opts = ["--nodes", str(spec.resources.nodes)] if spec.retry.in_place else []
+    allocation names the step's nodes: the rest are spares, or stand in for a node that failed; a job of several
+    shapes names them all: its step runs on the largest the allocation holds."""
+    r = spec.resources
+    counts = r.node_counts if r.shapes else [r.nodes]
+    opts = ["--nodes", ",".join(map(str, counts))] if spec.retry.in_place or r.shapes else []
     opts += wrap.launch_options() if wrap else []
     return shlex.join(opts) + " " if opts else ""
 
@@ -185,10 +194,11 @@ def render_script(
     chunk: ArrayChunk | None = None,
     after: list[str] | None = None,
     race_file: Path | None = None,
+    size_strings: bool = False,
 ) -> str:
     """The complete batch script for one submission (one array chunk when ``chunk`` is given; one runner of a race
     when ``race_file`` is, hpctrain.runtime.race)."""
-    sbatch = directives(spec, site, placement, files, chunk, after or [], job_id)
+    sbatch = directives(spec, site, placement, files, chunk, after or [], job_id, size_strings)
     python = Path(site.launch.python or sys.executable)
     wrap = container_wrap(spec, site, files)
     context = {

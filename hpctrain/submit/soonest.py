@@ -202,6 +202,20 @@ def placed(spec: JobSpec, placement: Placement) -> JobSpec:
     return shaped.model_copy(update={"resources": shaped.resources.model_copy(update=where)})
 
 
+def as_submitted(spec: JobSpec, placement: Placement, site: SiteConfig) -> JobSpec:
+    """``spec`` as submitted to ``placement``: on its shape, and keeping the spec's other shapes the partition holds,
+    so that Slurm starts the job, and starts it again after a requeue, on as many nodes as are free then (sbatch's
+    node range: `Resources.slurm_nodes`; the trainer takes the shape it was given: `JobSpec.on_nodes`)."""
+    one, shapes = placed(spec, placement), spec.resources.shapes
+    if not shapes or placement.shape is None:
+        return one
+    room = site.partitions[placement.partition].nodes
+    held = [n for n in shapes if room is None or n + spec.resources.spare_nodes <= room]
+    return one.model_copy(
+        update={"resources": one.resources.model_copy(update={"shapes": held if len(held) > 1 else None})}
+    )
+
+
 def refused(ranking: Ranking, where: str) -> HpctrainError:
     """The one line saying why no placement can run the spec at ``where``."""
     return HpctrainError(f"{where}: no placement can run it: " + "; ".join(ranking.left_out))

@@ -111,6 +111,12 @@ class Submitter:
         except HpctrainError:
             return None
 
+    def _node_count_lists(self, spec: JobSpec) -> bool:
+        """Whether the spec's shapes go to sbatch as a list: only where a range would hold others (`--nodes=2-4` of
+        shapes 4 and 2) and the controller reads lists (one `scontrol show config`)."""
+        counts = spec.resources.node_counts
+        return max(counts) - min(counts) + 1 != len(counts) and self.client.version().has_node_count_lists
+
     def _chunks(self, spec: JobSpec, params: list[str]) -> list[ArrayChunk | None]:
         if spec.array is None:
             return [None]
@@ -144,6 +150,7 @@ class Submitter:
         if lineage is None and not dry_run:
             lineage = build_lineage(spec)
         chunks = self._chunks(spec, params)
+        lists = self._node_count_lists(spec)
         sub = Submission(placement, [])
         files = JobPaths(self.site.paths.logs / f"{spec.name}-DRYRUN")
         previous: list[str] = []
@@ -152,7 +159,9 @@ class Submitter:
             for chunk in chunks:
                 after = previous if chunk and chunk.throttle else []
                 if dry_run:
-                    sub.scripts.append(render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after))
+                    sub.scripts.append(
+                        render_script(rendered, self.site, placement, files, "DRYRUN", chunk, after, size_strings=lists)
+                    )
                     previous = ["DRYRUN"]
                     continue
                 group = group_id if sub.group_id is None else sub.group_id
@@ -169,7 +178,9 @@ class Submitter:
                         sub.files = files
                         if on_files is not None:
                             on_files(files)
-                    script = render_script(rendered, self.site, placement, files, str(job_id), chunk, after, race_file)
+                    script = render_script(
+                        rendered, self.site, placement, files, str(job_id), chunk, after, race_file, lists
+                    )
                     sub.scripts.append(script)
                     path = files.script(chunk.index if chunk else 0)
                     path.write_text(script)

@@ -109,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_job_spec(args.spec)
         if (params := JobEnvironment().params) is not None:  # an array task's (a sweep trial's)
             spec = spec.with_params(params)
+        spec = spec.on_nodes(JobEnvironment().step_node_count)  # of its shapes, the one Slurm allocated
         watchdog = RankWatchdog(hang_timeouts(spec))
         watchdog.phase("start-up")
         # DeepSpeed prints its set-up (and binds its log handler) to stdout: keep stdout for the step lines

@@ -37,6 +37,7 @@ from helpers.train import (
     TINY_MODEL,
     assert_bitwise_equal,
     pack_text_dataset,
+    patched_trainer,
     rank_pid,
     srun_pid,
     straight_run,
@@ -205,29 +206,11 @@ def test_preempted_three_times_ends_bitwise_identical(low_qos_grace, straight, i
         assert mark_steps(screenshot(page, tmp_path / "shot.png"), 1, STEPS) == pytest.approx(began, abs=1)
 
 
-def patched_trainer(before_step: str) -> str:
-    """The reference trainer to step STEPS, running the line ``before_step`` (with os, time, and the number of
-    this step in this process, ``calls[0]``) before each step; a stack shows it at line 8, in `patched`."""
-    return f"""\
-import os, sys, time
-import hpctrain.train.engine as engine
-from hpctrain.train.__main__ import main
-
-calls, train = [0], engine.train
-def patched(*args, **kwargs):
-    calls[0] += 1
-    {before_step}
-    return train(*args, **kwargs)
-engine.train = patched
-sys.exit(main(["--steps", "{STEPS}"]))
-"""
-
-
 # Rank 2 stuck for good in step 50 of the job step's first start.
-HANGING = patched_trainer('if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
+HANGING = patched_trainer(STEPS, 'if calls[0] == 50 and os.environ["RANK"] == "2" and os.environ["HPCTRAIN_STEP_RESTART"] == '
                           '"0" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(3600)')
 # The first run 0.75 s a step slower: 300 steps outlast a 4-minute limit.
-SLOW = patched_trainer('if os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(0.75)')
+SLOW = patched_trainer(STEPS, 'if os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(0.75)')
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(

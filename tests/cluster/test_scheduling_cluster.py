@@ -20,6 +20,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.ledger import Ledger
+from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.table import Table
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.parse import parse_kv_line
@@ -28,6 +29,8 @@ from hpctrain.submit import Submitter
 from hpctrain.submit.placement import choose_placement, fairshare_standings
 
 from helpers.cli import run_cli
+from helpers.cluster import finish
+from helpers.train import TINY_MODEL, patched_trainer, reference_losses, relative_errors
 from helpers.waiting import wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -282,13 +285,42 @@ def test_enough_past_waits_that_disagree_with_slurm_change_where_it_ranks(dev_cl
     assert gpu["slurm_start"] > debug["slurm_start"] and gpu["start"] < debug["start"]
 
 
-def test_a_spec_of_two_shapes_starts_on_one_node_when_only_one_is_free(dev_cluster, isolated_ledger, tmp_path):
-    """Issue 63, shapes: `nodes = [2, 1]` while teamb holds n1 and n3 for an hour: `where` ranks one node now before
-    two later, `submit --soonest` runs the job on one node, and a plain `submit` asks for two."""
-    spec, said = tmp_path / "shaped.toml", tmp_path / "nodes"
-    spec.write_text(SOON.format(nodes="[2, 1]", account="teama").replace(
-        'command = ["sleep", "1"]', f'command = ["bash", "-c", "echo $SLURM_JOB_NUM_NODES > {said}"]'))
-    with contextmanager(teamb_running)([], [("gpu", "n1", 60), ("gpu", "n3", 60)]):
+# The trainer on 2 nodes or 1 (one rank a node; the fake GPUs make the job hold each node's GPUs, as teamb's do).
+SHAPED = """name = "shaped"
+command = ["python", "-c", {command}]
+seed = 7
+hyperparameters = {{ lr = 1e-3 }}
+[resources]
+nodes = [2, 1]
+gpus_per_node = 4
+tasks_per_node = 1
+mem = "2G"
+time = "00:10:00"
+account = "teama"
+[parallel]
+dp = 2
+micro_batch = 2
+[model]
+{model}
+[checkpoint]
+dir = "{checkpoints}"
+every_steps = 20
+"""
+SHAPED_STEPS = 40
+
+
+def test_a_spec_of_two_shapes_starts_on_the_one_free_and_resumes_on_both_after_a_requeue(dev_cluster, isolated_ledger,
+                                                                                        tmp_path):
+    """Issue 63, shapes: `nodes = [2, 1]` while teamb holds n1 and n3: `where` ranks one node now before two later,
+    `submit --soonest` starts the trainer on one node (dp 1, grad_accum 2). Stopped and requeued once n3 is free, it
+    resumes on two (dp 2, grad_accum 1) from the checkpoint of its stop, and its losses are a single process's to
+    the resharded resume's tolerance. Its first run sleeps 0.2 s a step, so the stop comes before its end."""
+    slow = patched_trainer(SHAPED_STEPS, 'if os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(0.2)')
+    spec = tmp_path / "shaped.toml"
+    spec.write_text(SHAPED.format(command=json.dumps(slow), checkpoints=tmp_path / "ck",
+                                  model="\n".join(f"{k} = {v}" for k, v in TINY_MODEL.items())))
+    holds: list[str] = []
+    with contextmanager(teamb_running)(holds, [("gpu", "n1", 60), ("gpu", "n3", 60)]):
         ranked = json.loads(run_cli("where", str(spec), "--json").stdout)["candidates"]
         assert [(c["partition"], c["shape"]) for c in ranked][:2] == [("gpu", 1), ("debug", 1)], ranked
         assert {(c["partition"], c["shape"]) for c in ranked[2:]} == {("gpu", 2), ("debug", 2)}
@@ -296,14 +328,27 @@ def test_a_spec_of_two_shapes_starts_on_one_node_when_only_one_is_free(dev_clust
         # two nodes wait for teamb's hour, or for QOS normal's 12 GPUs a user (root holds teamb's 8 here)
         assert all(c["start"] is None or c["start"] > time.time() + 50 * 60 for c in ranked[2:]), ranked
         assert "nodes" in run_cli("where", str(spec)).stdout.splitlines()[2]  # the table's shape column
+        assert "#SBATCH --nodes=1-2\n" in run_cli("submit", "--dry-run", str(spec)).stdout
         out = run_cli("submit", "--soonest", str(spec), "--json")
         assert out.returncode == 0, out.stderr
         submitted = json.loads(out.stdout)
         assert (submitted["partition"], submitted["nodes"]) == ("gpu", 1)
         assert " on 1 node(s) now " in submitted["reason"]
-        assert wait_until(lambda: said.exists() and said.read_text().strip(), 60, what="the job to run") == "1"
-    plain = run_cli("submit", "--dry-run", str(spec))
-    assert "#SBATCH --nodes=2\n" in plain.stdout, plain.stdout
+        with Ledger(isolated_ledger) as ledger:
+            job = ledger.jobs.get(submitted["ledger_ids"][0])
+            journal = Journal(Path(job["job_dir"]) / "journal")
+            wait_until(lambda: [r for _, r in journal.records(kinds=["metrics"]) if r["step"] >= 2], 300, 0.5,
+                       "the first run's second step")
+            SlurmClient().scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
+            subprocess.run(["scancel", holds[1]], check=True)  # n3 is free before the requeued run may start
+            assert finish(ledger, job["id"], timeout=600) == "COMPLETED"
+    launches = [r["nodes"] for _, r in journal.records(kinds=["launch"])]
+    [requeue] = [r for _, r in journal.records(kinds=["requeue"])]
+    assert launches == ["n2", "n2,n3"] and 2 <= requeue["step"] < SHAPED_STEPS, (launches, requeue)
+    losses = {r["step"]: r["values"]["loss"] for _, r in journal.records(kinds=["metrics"])}
+    assert sorted(losses) == list(range(1, SHAPED_STEPS + 1))
+    want = reference_losses(load_job_spec(spec), SHAPED_STEPS)
+    assert max(relative_errors([losses[s] for s in sorted(losses)], want)) <= 1e-5
 
 
 @pytest.mark.parametrize(("nodes", "account", "said"), [

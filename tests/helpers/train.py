@@ -95,6 +95,11 @@ def reference_losses(spec, steps: int, data: str = "synthetic") -> list[float]:
     return reference_training(spec, steps, data)[0]
 
 
+def relative_errors(got: list[float], want: list[float]) -> list[float]:
+    assert len(got) == len(want)
+    return [abs(g - w) / abs(w) for g, w in zip(got, want)]
+
+
 def reference_eval_loss(model, spec, held_out: Path) -> float:
     """The single process's mean loss on the evaluation samples ``spec`` names in the held-out index."""
     import torch
@@ -336,6 +341,25 @@ def trainer_spec(name: str, *, seed: int, index: Path, ckpt: Path, every_steps: 
              "", "[data]", f'index = "{index}"', "workers = 1",
              "", "[checkpoint]", f'dir = "{ckpt}"', f"every_steps = {every_steps}", ""]
     return "\n".join(lines)
+
+
+def patched_trainer(steps: int, before_step: str) -> str:
+    """Python code running the reference trainer to ``steps``, running the line ``before_step`` (with os, time, and
+    the number of this step in this process, ``calls[0]``) before each step; a stack shows it at line 8, in
+    `patched`."""
+    return f"""\
+import os, sys, time
+import hpctrain.train.engine as engine
+from hpctrain.train.__main__ import main
+
+calls, train = [0], engine.train
+def patched(*args, **kwargs):
+    calls[0] += 1
+    {before_step}
+    return train(*args, **kwargs)
+engine.train = patched
+sys.exit(main(["--steps", "{steps}"]))
+"""
 
 
 if __name__ == "__main__":

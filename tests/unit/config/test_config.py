@@ -360,6 +360,29 @@ def test_a_list_of_node_counts_is_the_shapes_a_job_may_start_on(tmp_path):
     assert JobSpec.model_validate(spec.redacted()).resources.shapes == [2, 1]  # as the ledger keeps it
 
 
+def test_a_job_of_shapes_asks_slurm_for_each_and_trains_on_the_one_it_is_given(tmp_path):
+    """Submitted on its smaller shape, the job still names every shape to sbatch (Slurm allocates the most it can
+    without delaying the start, and again after a requeue); the trainer takes the layout of the nodes it got."""
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC.replace("nodes = 2", "nodes = [2, 1]")))
+    r = spec.resources
+    assert (r.slurm_nodes(False), r.slurm_nodes(True)) == ("1-2", "1-2")
+    four_or_two = r.model_copy(update={"nodes": 4, "shapes": [4, 2]})
+    assert (four_or_two.slurm_nodes(True), four_or_two.slurm_nodes(False)) == ("2,4", "2-4")
+    assert spec.shaped(1).resources.slurm_nodes(True) == "1"
+    submitted = spec.shaped(1).model_copy(update={"resources": spec.shaped(1).resources.model_copy(
+        update={"shapes": [2, 1]})})
+    two = submitted.on_nodes(2).parallel
+    assert (two.dp, two.grad_accum, two.samples_per_step) == (spec.parallel.dp, spec.parallel.grad_accum,
+                                                              spec.parallel.samples_per_step)
+    assert submitted.on_nodes(1) is submitted
+    # A spec whose layout is one process's (its tasks are the user's own) keeps it on any shape.
+    single = JobSpec.model_validate({"name": "own", "command": ["true"], "resources": {"nodes": [1, 2]}})
+    assert single.on_nodes(2).parallel == single.parallel and single.on_nodes(2).resources.nodes == 2
+    error = spec_error(tmp_path, GOOD_SPEC.replace("nodes = 2", "nodes = [2, 1]\nspare_nodes = 1"))
+    assert error.startswith("spec.toml: resources: spare_nodes: a job of several shapes keeps none (it runs on the "
+                            "largest it is given)") and len(error.splitlines()) == 1, error
+
+
 @pytest.mark.parametrize(("nodes", "said"), [
     ("[3, 2]", "spec.toml: resources.nodes: on 2 nodes dp = 2: the global batch of 3 samples is no whole number of "
                "micro_batch*dp = 2"),

@@ -158,6 +158,20 @@ def test_the_step_runs_on_the_first_healthy_nodes_and_keeps_the_rest_spare():
         "--nodes=2", "--ntasks=8", "--ntasks-per-node=4", "--nodelist=n1,n2"]
 
 
+def test_a_job_of_several_shapes_runs_on_the_largest_its_healthy_nodes_hold():
+    """Shapes 4 and 2 (issue 63): of 3 nodes (Slurm's range 2-4 allocated 3) the step takes 2, the third is a
+    spare; of 4 with one down, 2 again; of 1, none holds a shape."""
+    nodes = ["n1", "n2", "n3", "n4"]
+    up = {n: "allocated" for n in nodes}
+    step = choose(nodes[:3], nodes, up, {}, [4, 2])
+    assert (step.wanted, step.chosen, step.left_out, step.enough) == (2, ["n1", "n2"], {"n3": "spare"}, True)
+    assert choose(nodes, nodes, up, {}, [4, 2]).chosen == nodes
+    step = choose(nodes, nodes, {**up, "n2": "down"}, {}, [4, 2])
+    assert (step.chosen, step.lost(), step.left_out["n4"]) == (["n1", "n3"], {"n2": "Slurm says down"}, "spare")
+    step = choose(nodes[:1], nodes, up, {}, [4, 2])
+    assert not step.enough and step.describe().endswith("1 healthy nodes of the 2 the step needs")
+
+
 def test_rendezvous_on_the_steps_first_node():
     site = load_site("example-ib-cluster")
     env = {"SLURM_JOB_NODELIST": "gpu[017-019]", "SLURM_JOB_ID": "123"}

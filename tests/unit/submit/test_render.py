@@ -120,6 +120,20 @@ def test_spare_nodes_are_allocated_and_the_step_runs_on_the_others(site):
     assert "hpctrain launch --nodes 1 -- python train.py &" in single
 
 
+def test_a_job_of_shapes_asks_for_each_and_its_step_takes_the_largest_it_is_given(site):
+    """Issue 63: sbatch gets every shape (a list where Slurm reads one, else their range) and each node's tasks as
+    CPUs: with --ntasks-per-node, Slurm 22.05 allocated a range's smallest count whatever was free."""
+    shaped = spec(resources={"nodes": [4, 2], "gpus_per_node": 2, "cpus_per_task": 3})
+    lines = sbatch_lines(render_script(shaped, site, PLACEMENT, FILES, "1", size_strings=True))
+    assert {"#SBATCH --nodes=2,4", "#SBATCH --mincpus=6", "#SBATCH --cpus-per-task=3"} <= set(lines)
+    assert not [ln for ln in lines if ln.startswith("#SBATCH --ntasks-per-node")]
+    script = render_script(shaped, site, PLACEMENT, FILES, "1")
+    assert "#SBATCH --nodes=2-4" in sbatch_lines(script) and "hpctrain launch --nodes 4,2 -- python train.py &" in script
+    # One node or two of one task each: the distributed script, which launches the step on either.
+    pair = render_script(spec(resources={"nodes": [1, 2], "tasks_per_node": 1}), site, PLACEMENT, FILES, "1")
+    assert "#SBATCH --nodes=1-2" in sbatch_lines(pair) and "hpctrain launch --nodes 1,2 -- python train.py &" in pair
+
+
 def test_gres_syntax_with_gpu_type():
     site = load_site("example-ib-cluster")
     script = render_script(spec(), site, Placement("a100-debug", "normal", "vision", "t"), FILES, "1")

@@ -122,3 +122,19 @@ def test_an_array_cannot_race():
     with pytest.raises(ConfigError) as refused:
         submit_race(None, spec, "job.toml", Ranking([], []), 2)  # type: ignore[arg-type]
     assert str(refused.value) == "job.toml: array: a race runs one job: an array cannot race"
+
+
+def test_a_job_placed_on_one_shape_is_submitted_with_every_shape_its_partition_holds(monkeypatch):
+    """`submit --soonest` chose 1 node in debug (2 nodes): the job is recorded on 1 node and may be given 2, never
+    3, by Slurm (its range: `Resources.slurm_nodes`)."""
+    from hpctrain.config import load_site
+    from hpctrain.config.job import JobSpec
+    from hpctrain.submit.soonest import as_submitted
+
+    monkeypatch.delenv("HPCTRAIN_DEV_ROOT", raising=False)
+    spec = JobSpec.model_validate({"name": "s", "command": ["true"], "resources": {"nodes": [3, 2, 1]}})
+    debug = Placement("debug", "normal", "teama", "soonest", shape=1)
+    submitted = as_submitted(spec, debug, load_site("dev")).resources
+    assert (submitted.nodes, submitted.shapes, submitted.partition) == (1, [2, 1], "debug")
+    assert as_submitted(spec, Placement("gpu", "normal", "teama", "x", shape=3), load_site("dev")).resources.shapes == [
+        3, 2, 1]

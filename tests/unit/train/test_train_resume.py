@@ -13,9 +13,8 @@ import torch
 
 from hpctrain.checkpoint import load_flat
 
-from helpers.train import (GLOBAL_STATE, TINY_MODEL, pack_text_dataset, reference_losses, run_scenario, tiny_spec,
-                           train_ranks, trainer_spec)
-
+from helpers.train import (GLOBAL_STATE, TINY_MODEL, pack_text_dataset, reference_losses, relative_errors, run_scenario,
+                           tiny_spec, train_ranks, trainer_spec)
 
 
 def test_resume_continues_bitwise(tmp_path):
@@ -37,11 +36,6 @@ def test_resume_continues_bitwise(tmp_path):
     # Metrics and checkpoint records went to the journal (rank 0 writes metrics once per step).
     kinds = [json.loads(p.read_text())["kind"] for p in sorted((tmp_path / "journal").glob("*.json"))]
     assert kinds.count("metrics") == 6 and kinds.count("checkpoint") >= 3
-
-
-def relative_errors(got: list[float], want: list[float]) -> list[float]:
-    assert len(got) == len(want)
-    return [abs(g - w) / abs(w) for g, w in zip(got, want)]
 
 
 LAYOUTS = {"dp2-tp2-pp1": "dp = 2\ntp = 2\ngrad_accum = 2", "dp2-tp1-pp2": "dp = 2\npp = 2\ngrad_accum = 2",
