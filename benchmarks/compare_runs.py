@@ -16,7 +16,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpctrain.config import load_site
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
 from hpctrain.report.compare import DEFAULT_METRICS, compare_runs, parse_metrics, runs_of_jobs
@@ -52,7 +51,6 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--points", type=int, default=10_000)
     args = parser.parse_args()
-    site = load_site("dev")
     with tempfile.TemporaryDirectory(prefix="hpctrain-compare-") as tmp:
         path = Path(tmp) / "ledger.db"
         made = time.perf_counter()
@@ -61,7 +59,7 @@ def main() -> int:
         with Ledger(path) as ledger:
             ids = list(range(1, args.runs + 1))
             start = time.perf_counter()
-            comparison = compare_runs(ledger, site, runs_of_jobs(ledger, ids), parse_metrics(DEFAULT_METRICS))
+            comparison = compare_runs(ledger, runs_of_jobs(ledger, ids), parse_metrics(DEFAULT_METRICS))
             compare_s = time.perf_counter() - start
             start = time.perf_counter()
             read = sum(len(ledger.metrics.of_job(i, -1, DEFAULT_METRICS)) for i in ids)

@@ -70,6 +70,24 @@ def open_sites(site: str | None) -> tuple[list[tuple[Any, Any]], Any]:
     return [(cfg, SlurmClient.for_site(cfg)) for cfg in configs], Ledger(first.ledger.path, mode=first.ledger.mode)
 
 
+def refresh_sites(ledger: Any, sites: list[tuple[Any, Any]]) -> int:
+    """Fold each site's job states and journals into the ledger (`hpctrain.jobs.reconcile`); how many jobs changed.
+    Of several sites, one whose Slurm cannot be asked is left out in one line and its jobs are shown as last seen."""
+    from hpctrain.errors import SlurmError
+    from hpctrain.jobs.reconcile import reconcile
+
+    changed = 0
+    for cfg, client in sites:
+        try:
+            changed += warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
+        except SlurmError as exc:
+            if len(sites) == 1:
+                raise
+            said = "; ".join(str(exc).splitlines())
+            click.echo(f"hpctrain: warning: site {cfg.name} left out, its jobs as last seen: {said}", err=True)
+    return changed
+
+
 def find_job(ledger: Any, job: str) -> dict[str, Any]:
     from hpctrain.errors import HpctrainError
 

@@ -53,11 +53,11 @@ def compare(
     if bool(jobs) == bool(sweep_id):
         raise click.UsageError("give JOB ids or --sweep SWEEP")
     parse_metrics(metrics)  # a malformed one is refused before the ledger is read
-    cfg, ledger, _ = open_site(site)
+    _, ledger, _ = open_site(site)
     with ledger:
         refs, own = runs_of_sweep(ledger, sweep_id) if sweep_id else (runs_of_jobs(ledger, jobs), {})
         wanted = {**own, **parse_metrics(metrics or DEFAULT_METRICS, evaluators_of(ledger, refs))}
-        comparison = compare_runs(ledger, cfg, refs, wanted)
+        comparison = compare_runs(ledger, refs, wanted)
         if html_path is not None:
             require("matplotlib")
             from hpctrain.report.compare_page import compare_page

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -11,7 +12,16 @@ from typing import Any
 
 import click
 
-from hpctrain.cli.common import find_job, make_console, open_site, open_sites, quota_limits, site_option, warn
+from hpctrain.cli.common import (
+    find_job,
+    make_console,
+    open_site,
+    open_sites,
+    quota_limits,
+    refresh_sites,
+    site_option,
+    warn,
+)
 from hpctrain.cli.output import json_text, styled, visible
 from hpctrain.cli.types import INDEX, Finite
 from hpctrain.jobs.overview import LISTED_WHOLE, Note, Overview, counted, overview
@@ -171,16 +181,19 @@ def _array_option(text: str) -> Any:
 WAITS_EVERY_S = 60.0
 
 
-def _status_table(rows: Sequence[Mapping[str, Any]], title: str) -> Any:
+def _status_table(rows: Sequence[Mapping[str, Any]], title: str, sites: bool = False) -> Any:
+    """The submissions a row each; ``sites``: each with its cluster (rows of several)."""
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for col in ("id", "name", "slurm id", "state", "tasks", "restarts", "preempted", "account/qos", "submitted"):
+    columns = ("id", "site", "name", "slurm id", "state", "tasks", "restarts", "preempted", "account/qos", "submitted")
+    for col in columns if sites else [c for c in columns if c != "site"]:
         table.add_column(col)
     for r in rows:
         tasks = r["task_states"].replace(",", " ") if r["task_states"] else "-"
         table.add_row(
             str(r["id"]),
+            *([r["site"]] if sites else []),
             r["name"],
             r["slurm_job_id"] or "-",
             r["state"],
@@ -294,9 +307,9 @@ def status(
     from hpctrain.jobs.gpus import uses_of
     from hpctrain.jobs.pending import waiting, waits
     from hpctrain.jobs.poll import job_summaries, next_interval, submissions
-    from hpctrain.jobs.reconcile import reconcile
 
-    cfg, ledger, client = open_site(site)
+    sites, ledger = open_sites(site)
+    several, names = len(sites) > 1, ", ".join(cfg.name for cfg, _ in sites)
     console = make_console()
     wait, polls = interval, 0
     reasons: dict[int, str] = {}
@@ -304,14 +317,21 @@ def status(
     with ledger:
         while True:
             # Backs off on job state changes only: new metrics arrive all the time.
-            changed = 0 if no_refresh else warn(reconcile(ledger, client, cfg.name, supervise_runs=False)).changed_jobs
+            changed = 0 if no_refresh else refresh_sites(ledger, sites)
             polls += 1
-            rows = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
-            alerts = job_alerts(ledger, rows, cfg.alerts)
             # Why jobs wait is the controller's to say (one squeue): once a run, at most once a minute under --watch.
-            if not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S:
-                reasons = waiting(rows, client, lambda: quota_limits(cfg, client, ledger))
-                reasons_at = time.monotonic()
+            ask = not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S
+            rows: list[Any] = []
+            alerts: dict[int, list[str]] = {}
+            for cfg, client in sites:
+                of_site = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
+                rows += [{**r, "site": cfg.name} for r in of_site] if several else of_site
+                alerts.update(job_alerts(ledger, of_site, cfg.alerts))
+                if ask:
+                    reasons.update(waiting(of_site, client, functools.partial(quota_limits, cfg, client, ledger)))
+                    reasons_at = time.monotonic()
+            if several:  # newest first across the clusters, as one cluster's are; --all: the newest `limit`
+                rows = sorted(rows, key=lambda r: -r["id"])[: limit if show_all else None]
             pending = {r["id"] for r in rows if waits(r)}
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
             sessions = _sessions(ledger, rows)
@@ -334,17 +354,17 @@ def status(
                 )
             elif not rows:
                 console.print(
-                    f"no jobs of site {cfg.name} in the ledger"
+                    f"no jobs of site {names} in the ledger"
                     if show_all
-                    else f"no active jobs on site {cfg.name}; `hpctrain status --all` lists finished ones too"
+                    else f"no active jobs on site {names}; `hpctrain status --all` lists finished ones too"
                 )
             else:
                 notes = _notes(alerts, reasons, sessions)
                 if show_all or long or len(rows) <= LISTED_WHOLE:
-                    console.print(_status_table(rows, f"hpctrain status: site {cfg.name}"))
+                    console.print(_status_table(rows, f"hpctrain status: site {names}", several))
                     _print_notes(console, [note for lines in notes.values() for note in lines], 0)
                 else:
-                    _print_overview(console, cfg.name, overview(rows, notes), len(rows))
+                    _print_overview(console, names, overview(rows, notes), len(rows))
             if not watch or (count is not None and polls >= count):
                 return
             wait = next_interval(wait, interval, max_interval, changed > 0)

@@ -15,15 +15,14 @@ from hpctrain.jobs.accounting import GROUPS
 FIRST = ("loss", "lr", "step_time_s", "tokens_per_s", "data_wait_s")
 
 
-def _refreshed(site: str | None, no_refresh: bool) -> tuple[Any, Any]:
-    """The site config and its ledger, with job states and journals folded in first unless told not to."""
-    from hpctrain.cli.common import open_site, warn
-    from hpctrain.jobs.reconcile import reconcile
+def _refreshed(site: str | None, no_refresh: bool) -> tuple[list[tuple[Any, Any]], Any]:
+    """The sites (config, client) and their ledger, with job states and journals folded in first unless told not to."""
+    from hpctrain.cli.common import open_sites, refresh_sites
 
-    cfg, ledger, client = open_site(site)
+    sites, ledger = open_sites(site)
     if not no_refresh:
-        warn(reconcile(ledger, client, cfg.name, supervise_runs=False))
-    return cfg, ledger
+        refresh_sites(ledger, sites)
+    return sites, ledger
 
 
 @click.command()
@@ -116,15 +115,27 @@ def cost(
         since_ts = datetime.fromisoformat(since).timestamp() if since is not None else None
     except ValueError:
         raise click.BadParameter(f"expected a date such as 2026-11-01, got {since!r}", param_hint="--since") from None
-    cfg, ledger = _refreshed(site, no_refresh)
+    sites, ledger = _refreshed(site, no_refresh)
+    several = len(sites) > 1
     with ledger:
-        groups = cost_totals(ledger, cfg.name, cfg.gpu_hour_price, by, since_ts)
+        # Each cluster's at its own prices; of several, each group is a cluster's (most GPU-hours first).
+        of_site = [
+            (cfg.name, g) for cfg, _ in sites for g in cost_totals(ledger, cfg.name, cfg.gpu_hour_price, by, since_ts)
+        ]
+        if several:
+            of_site.sort(key=lambda pair: -pair[1].gpu_hours)
+        groups = [g for _, g in of_site]
         if causes or as_json:
             add_idle(ledger, groups, since_ts)
-        budgets = account_budgets(cfg, ledger) if by == "account" and not no_refresh else {}
+        budgets = (
+            {(cfg.name, account): b for cfg, _ in sites for account, b in account_budgets(cfg, ledger).items()}
+            if by == "account" and not no_refresh
+            else {}
+        )
     shown = len(groups) if show_all or as_json else top
     rows: list[dict[str, Any]] = [  # of the groups shown only: --by job over a week is some 20,000
         {
+            **({"site": name} if several else {}),
             by: g.key,
             "jobs": len(g.jobs),
             "runs": g.runs,
@@ -136,10 +147,10 @@ def cost(
             "queued_after_requeue_s": g.queue_s,
             "cost": g.cost,
         }
-        for g in groups[:shown]
+        for name, g in of_site[:shown]
     ]
-    for r in rows:
-        if (budget := budgets.get(r[by])) is not None:
+    for (name, _), r in zip(of_site, rows):
+        if (budget := budgets.get((name, r[by]))) is not None:
             r.update(
                 budget_gpu_hours=budget.limit / 60,
                 budget_spent_gpu_hours=budget.used / 60,
@@ -150,10 +161,21 @@ def cost(
         return
     from rich.table import Table
 
-    table = Table(title=f"GPU-hours on {cfg.name}" + (f" since {since}" if since else ""), title_justify="left")
+    names = ", ".join(cfg.name for cfg, _ in sites)
+    table = Table(title=f"GPU-hours on {names}" + (f" since {since}" if since else ""), title_justify="left")
     budget_cols = ("budget GPU-h", "spent (Slurm)", "left") if budgets else ()
-    for col in (by, "jobs", "runs", "GPU-h", "lost GPU-h", "goodput", "cost", *budget_cols):
-        table.add_column(col, justify="left" if col == by else "right")
+    for col in (
+        *(["site"] if several else []),
+        by,
+        "jobs",
+        "runs",
+        "GPU-h",
+        "lost GPU-h",
+        "goodput",
+        "cost",
+        *budget_cols,
+    ):
+        table.add_column(col, justify="left" if col in (by, "site") else "right")
     for r in rows:
         budget = (
             [
@@ -164,6 +186,7 @@ def cost(
             else []
         )
         table.add_row(
+            *([r["site"]] if several else []),
             str(r[by] if r[by] is not None else "-"),
             str(r["jobs"]),
             str(r["runs"]),
@@ -177,6 +200,7 @@ def cost(
     summed = [*rest, ("total", groups)]  # the groups not shown, in one line, and all of them
     for label, summed_groups in summed:
         table.add_row(
+            *([""] if several else []),
             label,
             str(sum(len(g.jobs) for g in summed_groups)),
             str(sum(g.runs for g in summed_groups)),
@@ -189,7 +213,9 @@ def cost(
     console = make_console()
     console.print(table)
     if causes:
-        lines: list[tuple[object, Any, bool]] = [(g.key, g, False) for g in groups[:shown]]
+        lines: list[tuple[object, Any, bool]] = [
+            (f"{name}: {g.key}" if several else g.key, g, False) for name, g in of_site[:shown]
+        ]
         lines += [(label, overall(g), label == "total") for label, g in summed]
         console.print(_causes_table(by, lines))
 

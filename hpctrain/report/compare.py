@@ -14,7 +14,6 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hpctrain.config import SiteConfig
 from hpctrain.contract import EVAL_LOSS
 from hpctrain.errors import HpctrainError
 from hpctrain.jobs.accounting import Usage, usage
@@ -167,12 +166,13 @@ def runs_of_sweep(ledger: Ledger, sweep_id: str) -> tuple[list[RunRef], dict[str
 SOURCE_BYTES = ("cache_source_bytes",)  # a run's loader's count (hpctrain.data.cache), its newest
 
 
-def compare_runs(ledger: Ledger, site_cfg: SiteConfig, refs: list[RunRef], metrics: Mapping[str, bool]) -> Comparison:
-    """The runs ``refs`` side by side, with ``metrics`` (name -> lower is better) summarised."""
+def compare_runs(ledger: Ledger, refs: list[RunRef], metrics: Mapping[str, bool]) -> Comparison:
+    """The runs ``refs`` side by side, with ``metrics`` (name -> lower is better) summarised; each job's GPU time
+    is its own cluster's (the runs may span the sites of one ledger)."""
     if not refs:
         raise HpctrainError("no runs to compare: name ledger job ids, or a sweep whose trials have run")
     jobs: dict[int, JobRow] = {r.job_id: ledger.jobs.known(r.job_id) for r in refs}
-    spent = _usage_by_run(ledger, site_cfg, jobs)
+    spent = _usage_by_run(ledger, jobs)
     tries = _attempts_by_run(ledger, jobs)
     util = ledger.gpus.means(jobs)
     runs = []
@@ -247,13 +247,11 @@ def settings(job: JobRow, params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if k}
 
 
-def _usage_by_run(
-    ledger: Ledger, site_cfg: SiteConfig, jobs: Mapping[int, JobRow]
-) -> dict[tuple[int, int], tuple[float, float | None]]:
-    """(GPU-hours, goodput) per run."""
+def _usage_by_run(ledger: Ledger, jobs: Mapping[int, JobRow]) -> dict[tuple[int, int], tuple[float, float | None]]:
+    """(GPU-hours, goodput) per run, each on its job's site (no prices: the comparison shows no cost)."""
     runs: dict[tuple[int, int], list[Usage]] = defaultdict(list)
-    for job_id in jobs:
-        for u in usage(ledger, site_cfg.name, site_cfg.gpu_hour_price, job_id=job_id):
+    for job_id, job in jobs.items():
+        for u in usage(ledger, job["site"], {}, job_id=job_id):
             runs[(u.job_id, u.task_index)].append(u)
     out: dict[tuple[int, int], tuple[float, float | None]] = defaultdict(lambda: (0.0, None))
     for key, found in runs.items():

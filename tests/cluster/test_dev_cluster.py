@@ -106,7 +106,8 @@ def test_accounts_have_distinct_fairshare(dev_cluster):
 def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolated_ledger, tmp_path):
     """A cluster in another root: up, down (only its own daemons and jobs), up again. Meanwhile the two clusters are
     two sites of one ledger (issue 63): a job of three whole nodes, while the first holds a node's GPUs, is ranked and
-    submitted to the second; with the second down, `where` leaves it out in one line."""
+    submitted to the second; `status` and `cost` show it beside a job of the first; with the second down, `where`
+    leaves it out in one line, and `status` says so in one line and shows its job as last seen."""
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
@@ -125,7 +126,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         # A job still running when its cluster goes down goes with it, slurmstepd included.
         sh("sbatch", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 172", env=conf)
         wait_until(lambda: running("sleep 171") and running("sleep 172"), 120, 0.5, "a job on each cluster")
-        both, spec = f"dev,{second_site(tmp_path, root)}", tmp_path / "wide.toml"
+        both, spec, narrow = f"dev,{second_site(tmp_path, root)}", tmp_path / "wide.toml", tmp_path / "narrow.toml"
         spec.write_text(WIDE)
         held.append(sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 173"))
         wait_until(lambda: running("sleep 173"), 60, 0.5, "a node's GPUs held on the first")
@@ -139,6 +140,19 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         submitted = json.loads(out.stdout)
         assert submitted["site"] == "c2" and submitted["reason"].startswith("soonest: c2: gpu/normal as teama now")
         assert sh("squeue", "-h", "-j", submitted["slurm_ids"][0], "-o", "%P", env=conf).strip() == "gpu"
+        # A job of one GPU on the first: status and cost span both clusters, each job followed on its own.
+        narrow.write_text(WIDE.replace("nodes = 3", "nodes = 1").replace("gpus_per_node = 4", "gpus_per_node = 1"))
+        assert run_cli("submit", str(narrow)).returncode == 0
+
+        def both_done() -> list[dict]:
+            rows = json.loads(run_cli("status", "--site", both, "--all", "--json").stdout)
+            return rows if {(r["site"], r["state"]) for r in rows} == {("dev", "COMPLETED"), ("c2", "COMPLETED")} else []
+
+        assert len(wait_until(both_done, 180, 2.0, "a job on each site to complete")) == 2
+        spent = {r["site"]: r["gpu_hours"] for r in json.loads(run_cli("cost", "--site", both, "--by", "job",
+                                                                        "--json").stdout)}
+        assert spent.keys() == {"dev", "c2"} and spent["c2"] > spent["dev"] > 0, spent  # 12 GPUs against 1
+        assert "site" in run_cli("status", "--site", both, "--all").stdout.splitlines()[2]  # the table's site column
         sh(str(DEV_CLUSTER), "down", env=env)
         down = run_cli("where", str(spec), "--site", both, "--json")
         assert down.returncode == 0 and "Traceback" not in down.stderr, down.stderr
@@ -146,6 +160,9 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         assert {c["site"] for c in shown["candidates"]} == {"dev"}
         [gone] = [line for line in shown["left_out"] if line.startswith("site c2: ")]
         assert "\n" not in gone
+        status = run_cli("status", "--site", both, "--all", "--json")  # c2's jobs as last seen, in one line
+        assert status.returncode == 0 and len(json.loads(status.stdout)) == 2, status.stderr
+        assert [ln for ln in status.stderr.splitlines() if "site c2 left out" in ln] == status.stderr.splitlines()
         assert daemon_pids(env) == {}
         for pid in second.values():
             assert not os.path.exists(f"/proc/{pid}")

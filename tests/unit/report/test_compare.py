@@ -8,7 +8,6 @@ import time
 
 import pytest
 
-from hpctrain.config import load_site
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
@@ -90,7 +89,7 @@ def ledger_path(tmp_path_factory):
 
 def _compare(ledger_path, refs_of, metrics=("loss", "eval/loss")):
     with Ledger(ledger_path) as ledger:
-        return compare_runs(ledger, load_site("dev"), refs_of(ledger), parse_metrics(metrics))
+        return compare_runs(ledger, refs_of(ledger), parse_metrics(metrics))
 
 
 def test_two_runs_that_differ_in_learning_rate(ledger_path):
@@ -151,7 +150,7 @@ def test_json_table_and_errors_on_the_command_line(ledger_path, tmp_path):
 
 def test_the_page_overlays_every_runs_curves_by_step_and_by_gpu_hour(ledger_path, tmp_path):
     with Ledger(ledger_path) as ledger:
-        got = compare_runs(ledger, load_site("dev"), runs_of_jobs(ledger, [1, 2]), parse_metrics(["loss", "eval/loss"]))
+        got = compare_runs(ledger, runs_of_jobs(ledger, [1, 2]), parse_metrics(["loss", "eval/loss"]))
         html = compare_page(ledger, got)
     images = plot_images(html)
     assert set(images) == {"loss vs step", "loss vs GPU-hours", "eval/loss vs step", "eval/loss vs GPU-hours"}
@@ -168,7 +167,7 @@ def test_the_page_overlays_every_runs_curves_by_step_and_by_gpu_hour(ledger_path
 
 def test_no_runs_is_one_line(ledger_path):
     with Ledger(ledger_path) as ledger, pytest.raises(HpctrainError, match="no runs to compare"):
-        compare_runs(ledger, load_site("dev"), [], {})
+        compare_runs(ledger, [], {})
 
 
 def test_evaluation_results_compare_as_evaluator_metric(tmp_path):

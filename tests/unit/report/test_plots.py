@@ -56,7 +56,7 @@ def test_a_sweep_report_with_mathtext_names_is_drawn(ledger_path):
 
 def test_a_comparison_page_with_mathtext_names_is_drawn(ledger_path):
     with Ledger(ledger_path) as ledger:
-        got = compare_runs(ledger, load_site("dev"), runs_of_jobs(ledger, [1]), parse_metrics(NAMES))
+        got = compare_runs(ledger, runs_of_jobs(ledger, [1]), parse_metrics(NAMES))
         images = plot_images(compare_page(ledger, got))
     assert all(any(alt.startswith(name) for alt in images) for name in NAMES), list(images)
 
