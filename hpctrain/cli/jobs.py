@@ -110,6 +110,7 @@ def submit(
                         "partition": sub.placement.partition,
                         "qos": sub.placement.qos,
                         "nodes": spec.resources.nodes,
+                        "time_s": spec.resources.time or cfg.defaults.time,
                         "reason": sub.placement.reason,
                         "waits": list(sub.placement.waits),
                     }

@@ -22,6 +22,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     from rich.table import Table
 
     from hpctrain.config import load_job_spec
+    from hpctrain.config.types import format_slurm_time
     from hpctrain.submit.quota import WAITS_TO_START
     from hpctrain.submit.soonest import from_now, rank_sites, refused
 
@@ -40,6 +41,7 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
                 "start": c.start,
                 "slurm_start": c.slurm_start,
                 "shape": c.placement.shape,
+                "chunk_s": c.placement.chunk,
                 "nodes": c.nodes,
                 "waits_alike_s": list(c.waits),
                 "basis": c.basis,
@@ -63,11 +65,13 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
     clusters = ", ".join(cfg.name for cfg, _ in sites)
     table = Table(title=f"where {spec.name} would start on {clusters}, soonest first", title_justify="left")
     shapes, several = spec.resources.shapes is not None, len(sites) > 1
+    chunks = spec.resources.time_chunks is not None
     columns = (
         *(("site",) if several else ()),
         "partition/QOS",
         "account",
         *(("nodes",) if shapes else ()),
+        *(("time limit",) if chunks else ()),
         "start",
         "Slurm",
         "basis",
@@ -78,8 +82,9 @@ def where(spec_path: str, site: str | None, as_json: bool) -> None:
         p = c.placement
         warned = "".join(f"; {w}" for w in p.waits if not w.startswith(WAITS_TO_START))  # the basis has the rest
         shape = (str(p.shape),) if shapes else ()
+        limit = (f"runs of {format_slurm_time(p.chunk)}" if p.chunk else "whole",) if chunks else ()
         cluster = (p.site or "",) if several else ()
-        cells = (*cluster, f"{p.partition}/{p.qos}", p.account, *shape, from_now(c.start, now))
+        cells = (*cluster, f"{p.partition}/{p.qos}", p.account, *shape, *limit, from_now(c.start, now))
         cells += (from_now(c.slurm_start, now),)
         table.add_row(*cells, c.basis + warned)
     console = make_console()

@@ -45,6 +45,7 @@ from hpctrain.config.types import (
     SlurmName,
     StepsOrAuto,
     check_not_option,
+    parse_slurm_time,
 )
 from hpctrain.contract import EVAL_CHECKPOINT_ENV, EVAL_LOSS, EVAL_OUTPUT_ENV, PARAMS_ENV
 
@@ -54,6 +55,17 @@ SLURM_ID_MAX = 2**32 - 1  # Slurm's job and array task ids are 32-bit
 LEDGER_ID_MAX = 2**63 - 1  # ledger ids are SQLite integers
 EVAL_TIME_S = 30 * 60  # an evaluation job's time limit unless [eval] time says
 MAX_EVAL_TIME_S = 7 * 86400
+
+
+AUTO_CHUNK_S = 3 * 3600  # `time = "auto"`: runs of 3 h (cluv's chunks: shorter ones requeue too often)
+
+
+def _is_time(value: Any) -> bool:
+    try:
+        parse_slurm_time(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _slurm_job_id(value: str) -> str:
@@ -145,7 +157,17 @@ class Resources(StrictModel):
     tasks_per_node: int | None = Field(None, ge=1, description="default: one per GPU, else 1")
     cpus_per_task: int = Field(1, ge=1)
     mem: MiB | None = Field(None, description="per node")
-    time: Seconds | None = Field(None, description="default: the site's")
+    time: Seconds | None = Field(
+        None,
+        description='default: the site\'s; `time = ["24:00:00", "04:00:00"]`: 24 h, or runs of 4 h where those '
+        'start sooner (`time_chunks`); `"auto"`: the site\'s, or runs of 3 h',
+    )
+    time_chunks: list[Seconds] | None = Field(
+        None,
+        description="shorter time limits the job may be submitted with: each run checkpoints at its limit's notice and "
+        "is requeued, the next resuming from it (cluv's chunks); `hpctrain where` ranks each, `submit --soonest` "
+        "takes the soonest",
+    )
     partition: SlurmName | None = None
     account: SlurmName | None = Field(None, description="an account name, or 'auto' for the best fairshare")
     qos: SlurmName | None = None
@@ -173,6 +195,40 @@ class Resources(StrictModel):
         if isinstance(value, list):
             raise ValueError(f"expected a node count of at least 1, or a list of them (the shapes), got {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _time_as_chunks(cls, data: Any) -> Any:
+        """`time = ["24:00:00", "04:00:00"]`: the first is `time`, the others `time_chunks`; "auto": 3-hour chunks
+        (a list of anything but time limits is refused as `time`, in one line)."""
+        if not isinstance(data, dict) or not isinstance(time := data.get("time"), (list, str)):
+            return data
+        if (time == "auto" or isinstance(time, list)) and "time_chunks" in data:
+            raise ValueError('give time as a list or "auto", or time_chunks, not both')
+        if time == "auto":
+            return {**data, "time": None, "time_chunks": [AUTO_CHUNK_S // 60]}
+        if isinstance(time, list) and len(time) > 1 and all(_is_time(t) for t in time):
+            return {**data, "time": time[0], "time_chunks": time[1:]}
+        return data
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _no_other_time_list(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            raise ValueError(
+                f'expected a Slurm time, a list of them (the run\'s, then shorter runs it may go in) or "auto", '
+                f"got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _chunks_are_shorter(self) -> Resources:
+        if self.time_chunks is not None:
+            if not self.time_chunks or len(set(self.time_chunks)) != len(self.time_chunks):
+                raise ValueError("time_chunks: expected distinct time limits")
+            if self.time is not None and max(self.time_chunks) >= self.time:
+                raise ValueError("time_chunks: each must be shorter than time, the run's whole")
+        return self
 
     @model_validator(mode="after")
     def _shapes_hold_nodes(self) -> Resources:
@@ -503,6 +559,11 @@ class JobSpec(StrictModel):
             yield (
                 ("resources", "spare_nodes"),
                 ("spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'"),
+            )
+        if self.resources.time_chunks and not self.requeue:
+            yield (
+                ("resources", "time"),
+                "a run in chunks is requeued at each chunk's limit: set requeue = true, or give one time limit",
             )
         if self.checkpoint.every_steps is not None and self.checkpoint.every_minutes is not None:
             yield ("checkpoint", "every_minutes"), "give every_steps or every_minutes, not both"

@@ -29,6 +29,7 @@ class Placement:
     waits: tuple[str, ...] = ()  # the limits the job will wait for (a sentence each)
     starts: tuple[float | None, float] | None = None  # chosen by its start: the one predicted, Slurm's estimate
     shape: int | None = None  # of a spec's `resources.shapes`, the node count it was placed on
+    chunk: int | None = None  # of a spec's `resources.time_chunks`, the time limit (s) it runs in, where it was one
     site: str | None = None  # the cluster, where a ranking spanned several (`soonest.rank_sites`)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteConfig
+from hpctrain.config.types import format_slurm_time
 from hpctrain.contract import JobPaths
 from hpctrain.errors import ConfigError, HpctrainError, SlurmError
 from hpctrain.ledger import Ledger
@@ -195,11 +196,18 @@ def _soonest(c: Candidate) -> tuple[bool, float]:
     return c.start is None, c.start or 0.0
 
 
+def _on(spec: JobSpec, shape: int | None, chunk: int | None) -> JobSpec:
+    """``spec`` on ``shape`` nodes (one of its shapes) in runs of ``chunk`` seconds (one of its time chunks), where
+    given."""
+    on = spec.shaped(shape) if shape is not None else spec
+    return on if chunk is None else on.model_copy(update={"resources": on.resources.model_copy(update={"time": chunk})})
+
+
 def placed(spec: JobSpec, placement: Placement) -> JobSpec:
-    """``spec`` as ``placement`` runs it: on its shape, in its partition and account."""
-    shaped = spec.shaped(placement.shape) if placement.shape is not None else spec
+    """``spec`` as ``placement`` runs it: on its shape, in runs of its chunk, in its partition and account."""
+    on = _on(spec, placement.shape, placement.chunk)
     where = {"partition": placement.partition, "account": placement.account}
-    return shaped.model_copy(update={"resources": shaped.resources.model_copy(update=where)})
+    return on.model_copy(update={"resources": on.resources.model_copy(update=where)})
 
 
 def as_submitted(spec: JobSpec, placement: Placement, site: SiteConfig) -> JobSpec:
@@ -237,6 +245,7 @@ def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
 
 def _named(p: Placement) -> str:
     on = f" on {p.shape} node(s)" if p.shape is not None else ""
+    on += f" in runs of {format_slurm_time(p.chunk)}" if p.chunk is not None else ""
     return (f"{p.site}: " if p.site else "") + f"{p.partition}/{p.qos} as {p.account}{on}"
 
 
@@ -253,11 +262,12 @@ def _placements(
         accounts = [account]
     shapes = spec.resources.shapes
     placements, left_out = [], []
-    for partition, nodes in itertools.product(
-        sorted(site.partitions, key=lambda p: p != own), spec.resources.node_counts
+    for partition, nodes, chunk in itertools.product(
+        sorted(site.partitions, key=lambda p: p != own), spec.resources.node_counts, _chunks(spec, site)
     ):
-        shaped = spec.shaped(nodes)
+        shaped = _on(spec, nodes, chunk)
         on = f" on {nodes} node(s)" if shapes else ""
+        on += f" in runs of {format_slurm_time(chunk)}" if chunk is not None else ""
         try:
             check_resources(shaped, site, partition, where)
         except ConfigError as exc:
@@ -272,8 +282,14 @@ def _placements(
             except ConfigError as exc:
                 left_out.append(f"{partition}{qos}{on} as {name}: {_last_part(exc)}")
                 continue
-            placements.append(replace(placement, shape=nodes) if shapes else placement)
+            placements.append(replace(placement, shape=nodes if shapes else None, chunk=chunk))
     return placements, left_out
+
+
+def _chunks(spec: JobSpec, site: SiteConfig) -> list[int | None]:
+    """The time limits the spec may run in: its own (None), and each of its `time_chunks` shorter than that."""
+    whole = spec.resources.time or site.defaults.time
+    return [None, *(c for c in spec.resources.time_chunks or () if c < whole)]
 
 
 def _qos_choices(spec: JobSpec) -> list[tuple[str, dict[str, object]]]:

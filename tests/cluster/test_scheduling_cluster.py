@@ -217,6 +217,19 @@ def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(de
         assert run_cli("status").returncode == 0
         errors = json.loads(run_cli("where", str(spec), "--json").stdout)["errors"]
         assert errors["jobs"] == 1 and errors["predicted_s"] < 30 and errors["slurm_s"] < 30
+        # Two hours, or runs of 30 minutes: debug (at most an hour a job) holds only the runs, which start now.
+        chunked = tmp_path / "chunked.toml"
+        chunked.write_text(SOON.format(nodes=1, account="teama").replace('"00:10:00"', '["02:00:00", "00:30:00"]'))
+        shown = json.loads(run_cli("where", str(chunked), "--json").stdout)
+        assert [(c["partition"], c["chunk_s"]) for c in shown["candidates"]][0] == ("debug", 1800), shown
+        assert "partition debug: resources.time: 02:00:00 requested, partition 'debug' allows 01:00:00" in (
+            shown["left_out"])
+        out = run_cli("submit", "--soonest", str(chunked), "--json")
+        assert out.returncode == 0, out.stderr
+        submitted = json.loads(out.stdout)
+        assert (submitted["partition"], submitted["time_s"]) == ("debug", 1800)
+        assert " in runs of 00:30:00 now " in submitted["reason"]
+        assert slurm("squeue", "-h", "-j", submitted["slurm_ids"][0], "-o", "%l") == "30:00"
 
 
 @contextmanager

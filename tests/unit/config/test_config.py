@@ -383,6 +383,22 @@ def test_a_job_of_shapes_asks_slurm_for_each_and_trains_on_the_one_it_is_given(t
                             "largest it is given)") and len(error.splitlines()) == 1, error
 
 
+def test_a_time_list_or_auto_is_the_runs_a_long_job_may_go_in(tmp_path):
+    """`time = ["24:00:00", "04:00:00"]`: a day, or 4-hour runs each requeued at its limit (issue 63); "auto": the
+    site's time or 3-hour runs. Each in one line where it cannot be."""
+    spec = load_job_spec(write(tmp_path, GOOD_SPEC.replace('time = "01:30:00"', 'time = ["24:00:00", "04:00:00"]')))
+    assert (spec.resources.time, spec.resources.time_chunks) == (86400, [14400])
+    assert JobSpec.model_validate(spec.redacted()).resources.time_chunks == [14400]  # as the ledger keeps it
+    auto = load_job_spec(write(tmp_path, GOOD_SPEC.replace('time = "01:30:00"', 'time = "auto"')))
+    assert (auto.resources.time, auto.resources.time_chunks) == (None, [3 * 3600])
+    chunked = GOOD_SPEC.replace('time = "01:30:00"', 'time = ["01:00:00", "00:10:00"]')
+    for text, said in ((chunked.replace('"00:10:00"', '"02:00:00"'), "resources: time_chunks: each must be shorter"),
+                       (chunked.replace('"00:10:00"', '"x"'), "resources.time: expected a Slurm time, a list of them"),
+                       ("requeue = false\n" + chunked, "resources.time: a run in chunks is requeued at each chunk's")):
+        error = spec_error(tmp_path, text)
+        assert said in error and len(error.splitlines()) == 1, error
+
+
 @pytest.mark.parametrize(("nodes", "said"), [
     ("[3, 2]", "spec.toml: resources.nodes: on 2 nodes dp = 2: the global batch of 3 samples is no whole number of "
                "micro_batch*dp = 2"),
