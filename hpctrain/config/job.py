@@ -200,7 +200,7 @@ class Resources(StrictModel):
     @classmethod
     def _time_as_chunks(cls, data: Any) -> Any:
         """`time = ["24:00:00", "04:00:00"]`: the first is `time`, the others `time_chunks`; "auto": 3-hour chunks
-        (a list of anything but time limits is refused as `time`, in one line)."""
+        (a list of anything but time limits, longest first, is refused as `time`, in one line)."""
         if not isinstance(data, dict) or not isinstance(time := data.get("time"), (list, str)):
             return data
         if (time == "auto" or isinstance(time, list)) and "time_chunks" in data:
@@ -208,7 +208,9 @@ class Resources(StrictModel):
         if time == "auto":
             return {**data, "time": None, "time_chunks": [AUTO_CHUNK_S // 60]}
         if isinstance(time, list) and len(time) > 1 and all(_is_time(t) for t in time):
-            return {**data, "time": time[0], "time_chunks": time[1:]}
+            limits = [parse_slurm_time(t) for t in time]
+            if all(a > b for a, b in itertools.pairwise(limits)):
+                return {**data, "time": time[0], "time_chunks": time[1:]}
         return data
 
     @field_validator("time", mode="before")
@@ -216,19 +218,10 @@ class Resources(StrictModel):
     def _no_other_time_list(cls, value: Any) -> Any:
         if isinstance(value, list):
             raise ValueError(
-                f'expected a Slurm time, a list of them (the run\'s, then shorter runs it may go in) or "auto", '
-                f"got {value!r}"
+                "expected a Slurm time, a list of them longest first (the run's, then shorter runs it may go in) or "
+                f'"auto", got {value!r}'
             )
         return value
-
-    @model_validator(mode="after")
-    def _chunks_are_shorter(self) -> Resources:
-        if self.time_chunks is not None:
-            if not self.time_chunks or len(set(self.time_chunks)) != len(self.time_chunks):
-                raise ValueError("time_chunks: expected distinct time limits")
-            if self.time is not None and max(self.time_chunks) >= self.time:
-                raise ValueError("time_chunks: each must be shorter than time, the run's whole")
-        return self
 
     @model_validator(mode="after")
     def _shapes_hold_nodes(self) -> Resources:
@@ -560,11 +553,7 @@ class JobSpec(StrictModel):
                 ("resources", "spare_nodes"),
                 ("spare nodes serve restarts inside the allocation only: set retry.in_place and launcher = 'srun'"),
             )
-        if self.resources.time_chunks and not self.requeue:
-            yield (
-                ("resources", "time"),
-                "a run in chunks is requeued at each chunk's limit: set requeue = true, or give one time limit",
-            )
+        yield from self._chunk_problems()
         if self.checkpoint.every_steps is not None and self.checkpoint.every_minutes is not None:
             yield ("checkpoint", "every_minutes"), "give every_steps or every_minutes, not both"
         if self.checkpoint.memory_every_steps and not self.retry.in_place:
@@ -576,6 +565,20 @@ class JobSpec(StrictModel):
             yield ("interactive",), "a session runs on one node and is no array: set resources.nodes = 1, no [array]"
         yield from self._layout_problems()
         yield from self._eval_problems()
+
+    def _chunk_problems(self) -> Iterator[tuple[Loc, str]]:
+        r = self.resources
+        if r.time_chunks is None:
+            return
+        if not r.time_chunks or len(set(r.time_chunks)) != len(r.time_chunks):
+            yield ("resources", "time"), "time_chunks: expected distinct time limits"
+        elif r.time is not None and max(r.time_chunks) >= r.time:
+            yield ("resources", "time"), "each of time_chunks must be shorter than time, the run's whole"
+        if not self.requeue:
+            yield (
+                ("resources", "time"),
+                "a run in chunks is requeued at each chunk's limit: set requeue = true, or give one time limit",
+            )
 
     def _eval_problems(self) -> Iterator[tuple[Loc, str]]:
         e = self.eval

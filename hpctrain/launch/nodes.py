@@ -5,8 +5,8 @@ the job instead of ending it, though SLURM_JOB_NODELIST still names it. Each (re
 ``resources.nodes`` of the nodes Slurm still holds for the job that are healthy (not down, drained, failing or
 silent) and that hpctrain has not excluded (a node whose ranks were the first to fail in two steps of this run,
 the spec's ``retry.exclude_node_after``); of a job of several shapes (``resources.nodes = [4, 2]``), on the largest
-shape those nodes hold: the rest wait as spares. With too few such nodes the step cannot keep its layout: the run ends and is requeued
-without the nodes left out (see ``hpctrain attempt``).
+shape those nodes hold: the rest wait as spares. With too few such nodes the step cannot keep its layout: the run
+ends and is requeued without the nodes left out (see ``hpctrain attempt``).
 """
 
 from __future__ import annotations

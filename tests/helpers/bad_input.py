@@ -210,7 +210,9 @@ bad_time = st.one_of(
     st.builds("{}:{:02d}:{:02d}".format, st.integers(0, 99), st.integers(0, 59), st.integers(60, 999)),
     st.builds("{}-{:02d}".format, st.integers(0, 9), st.integers(24, 99)),
     st.builds("{}-{:02d}:{:02d}".format, st.integers(0, 9), st.integers(0, 23), st.integers(60, 99)),
-    st.integers(max_value=0), st.floats(), st.booleans(), st.lists(st.integers(), max_size=2),
+    st.integers(max_value=0), st.floats(), st.booleans(),
+    # a list of time limits, longest first, is the run's and the shorter ones it may go in (`time_chunks`)
+    st.lists(st.integers(), max_size=2).filter(lambda v: not (len(v) == 2 and v[0] > v[1] > 0)),
 )
 bad_mem = st.one_of(
     st.sampled_from(["12XB", "-1", "0", "0G", "1K", "1.5G", "16 G", "G", "", "١٦G", "16GiB", "lots", "1e3", "16P"]),

@@ -392,7 +392,7 @@ def test_a_time_list_or_auto_is_the_runs_a_long_job_may_go_in(tmp_path):
     auto = load_job_spec(write(tmp_path, GOOD_SPEC.replace('time = "01:30:00"', 'time = "auto"')))
     assert (auto.resources.time, auto.resources.time_chunks) == (None, [3 * 3600])
     chunked = GOOD_SPEC.replace('time = "01:30:00"', 'time = ["01:00:00", "00:10:00"]')
-    for text, said in ((chunked.replace('"00:10:00"', '"02:00:00"'), "resources: time_chunks: each must be shorter"),
+    for text, said in ((chunked.replace('"00:10:00"', '"02:00:00"'), "resources.time: expected a Slurm time, a list of them longest first"),
                        (chunked.replace('"00:10:00"', '"x"'), "resources.time: expected a Slurm time, a list of them"),
                        ("requeue = false\n" + chunked, "resources.time: a run in chunks is requeued at each chunk's")):
         error = spec_error(tmp_path, text)
