@@ -224,6 +224,7 @@ def test_where_ranks_the_free_partition_first_and_submit_soonest_starts_there(de
         assert [(c["partition"], c["chunk_s"]) for c in shown["candidates"]][0] == ("debug", 1800), shown
         assert "partition debug: resources.time: 02:00:00 requested, partition 'debug' allows 01:00:00" in (
             shown["left_out"])
+        assert "runs of 00:30:00" in run_cli("where", str(chunked)).stdout  # the table's time limit column
         out = run_cli("submit", "--soonest", str(chunked), "--json")
         assert out.returncode == 0, out.stderr
         submitted = json.loads(out.stdout)
