@@ -324,13 +324,15 @@ def status(
             ask = not no_refresh and time.monotonic() - reasons_at >= WAITS_EVERY_S
             rows: list[Any] = []
             alerts: dict[int, list[str]] = {}
+            asked: dict[int, str] = {}
             for cfg, client in sites:
                 of_site = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
                 rows += [{**r, "site": cfg.name} for r in of_site] if several else of_site
                 alerts.update(job_alerts(ledger, of_site, cfg.alerts))
                 if ask:
-                    reasons.update(waiting(of_site, client, functools.partial(quota_limits, cfg, client, ledger)))
-                    reasons_at = time.monotonic()
+                    asked.update(waiting(of_site, client, functools.partial(quota_limits, cfg, client, ledger)))
+            if ask:
+                reasons, reasons_at = asked, time.monotonic()
             if several:  # newest first across the clusters, as one cluster's are; --all: the newest `limit`
                 rows = sorted(rows, key=lambda r: -r["id"])[: limit if show_all else None]
             pending = {r["id"] for r in rows if waits(r)}
