@@ -60,12 +60,12 @@ MAX_EVAL_TIME_S = 7 * 86400
 AUTO_CHUNK_S = 3 * 3600  # `time = "auto"`: runs of 3 h (cluv's chunks: shorter ones requeue too often)
 
 
-def _is_time(value: Any) -> bool:
+def _times(values: list[Any]) -> list[int] | None:
+    """Each of ``values`` as a time limit in seconds; None if one is none."""
     try:
-        parse_slurm_time(value)
+        return [parse_slurm_time(v) for v in values]
     except ValueError:
-        return False
-    return True
+        return None
 
 
 def _slurm_job_id(value: str) -> str:
@@ -207,10 +207,9 @@ class Resources(StrictModel):
             raise ValueError('give time as a list or "auto", or time_chunks, not both')
         if time == "auto":
             return {**data, "time": None, "time_chunks": [AUTO_CHUNK_S // 60]}
-        if isinstance(time, list) and len(time) > 1 and all(_is_time(t) for t in time):
-            limits = [parse_slurm_time(t) for t in time]
-            if all(a > b for a, b in itertools.pairwise(limits)):
-                return {**data, "time": time[0], "time_chunks": time[1:]}
+        limits = _times(time) if isinstance(time, list) and len(time) > 1 else None
+        if limits and all(a > b for a, b in itertools.pairwise(limits)):
+            return {**data, "time": time[0], "time_chunks": time[1:]}
         return data
 
     @field_validator("time", mode="before")
@@ -241,8 +240,9 @@ class Resources(StrictModel):
 
     def slurm_nodes(self, size_strings: bool) -> str:
         """sbatch's ``--nodes`` (spares included): one count, or the shapes, of which Slurm allocates as many nodes
-        as it can without delaying the start: a list ("2,4") where Slurm reads one (``size_strings``: 23.02+), else
-        their range ("2-4"; the step then runs on the largest shape the allocation holds, the rest wait as spares)."""
+        as it can without delaying the start: a list ("2,4") where the controller reads one (``size_strings``:
+        `SlurmVersion.has_node_count_lists`), else their range ("2-4"; the step then runs on the largest shape the
+        allocation holds, the rest wait as spares)."""
         counts = sorted(n + self.spare_nodes for n in self.node_counts)
         if len(counts) == 1:
             return str(counts[0])

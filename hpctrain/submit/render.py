@@ -179,8 +179,7 @@ def launch_options(spec: JobSpec, wrap: Wrap | None) -> str:
     allocation names the step's nodes: the rest are spares, or stand in for a node that failed; a job of several
     shapes names them all: its step runs on the largest the allocation holds."""
     r = spec.resources
-    counts = r.node_counts if r.shapes else [r.nodes]
-    opts = ["--nodes", ",".join(map(str, counts))] if spec.retry.in_place or r.shapes else []
+    opts = ["--nodes", ",".join(map(str, r.node_counts))] if spec.retry.in_place or r.shapes else []
     opts += wrap.launch_options() if wrap else []
     return shlex.join(opts) + " " if opts else ""
 

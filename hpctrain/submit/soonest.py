@@ -138,16 +138,15 @@ def rank(
         placements = placements[:MAX_CANDIDATES]
     candidates = []
     for p in placements:
+        runs = placed(spec, p)
         try:
-            slurm_start, nodes = _estimate(placed(spec, p), site, client, p, ledger, 0.0 if fresh else CACHE_S)
+            slurm_start, nodes = _estimate(runs, site, client, p, ledger, 0.0 if fresh else CACHE_S)
         except SlurmError as exc:
             left_out.append(f"{_named(p)}: {exc}")
             continue
         since = now - HISTORY_DAYS * 86400
         waits = tuple(
-            ledger.jobs.waits_alike(
-                site.name, p.partition, p.account, p.qos, placed(spec, p).resources.allocated_gpus, since
-            )
+            ledger.jobs.waits_alike(site.name, p.partition, p.account, p.qos, runs.resources.allocated_gpus, since)
         )
         limits = tuple(w for w in p.waits if w.startswith(WAITS_TO_START))
         start, basis = predict(slurm_start, waits, now, limits)
@@ -244,9 +243,13 @@ def chosen(ranking: Ranking, where: str, now: float | None = None) -> Placement:
 
 
 def _named(p: Placement) -> str:
-    on = f" on {p.shape} node(s)" if p.shape is not None else ""
-    on += f" in runs of {format_slurm_time(p.chunk)}" if p.chunk is not None else ""
-    return (f"{p.site}: " if p.site else "") + f"{p.partition}/{p.qos} as {p.account}{on}"
+    return (f"{p.site}: " if p.site else "") + f"{p.partition}/{p.qos} as {p.account}{_on_words(p.shape, p.chunk)}"
+
+
+def _on_words(shape: int | None, chunk: int | None) -> str:
+    """ " on 2 node(s) in runs of 00:30:00", of what is given."""
+    on = f" on {shape} node(s)" if shape is not None else ""
+    return on + (f" in runs of {format_slurm_time(chunk)}" if chunk is not None else "")
 
 
 def _placements(
@@ -266,8 +269,7 @@ def _placements(
         sorted(site.partitions, key=lambda p: p != own), spec.resources.node_counts, _chunks(spec, site)
     ):
         shaped = _on(spec, nodes, chunk)
-        on = f" on {nodes} node(s)" if shapes else ""
-        on += f" in runs of {format_slurm_time(chunk)}" if chunk is not None else ""
+        on = _on_words(nodes if shapes else None, chunk)
         try:
             check_resources(shaped, site, partition, where)
         except ConfigError as exc:
