@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -172,11 +173,13 @@ def ingest_journal(ledger: Ledger, journal: Journal) -> int:
 
 
 def _fold(ledger: Ledger, key: str, name: str, rec: dict[str, Any], path: Path) -> None:
-    """One record (file ``path``) into the ledger, or a `journal_error` event saying why it could not be."""
+    """One record (file ``path``) into the ledger, or a `journal_error` event saying why it could not be: a record
+    that is refused, by its handler or by the schema, neither stops every later ingest nor leaves part of itself."""
     rec.setdefault("time", time.time())
     try:
-        HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
-    except (KeyError, TypeError, ValueError) as exc:
+        with ledger.transaction():  # a savepoint: what the handler wrote before it failed goes with it
+            HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
+    except (AttributeError, IndexError, KeyError, TypeError, ValueError, sqlite3.IntegrityError) as exc:
         _event(
             ledger,
             {

@@ -19,10 +19,12 @@ from hpctrain.data import ShardLoader, pack
 from helpers.cli import run_cli
 from helpers.cluster import site_with_cache
 from helpers.data import flip_byte, make_dataset
+from helpers.lanes import lanes
 from helpers.slow_source import reads, slow_index
 from helpers.waiting import wait_until
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, lanes(why="the cache is files on each node; Slurm only runs the readers' jobs, "
+                                       "which each release's other tests run alike")]
 # Each rank (4 a job) reads two epochs of its share through the node's cache, and says what it read, where.
 READER = """import json, os, sys
 from hpctrain.data import ShardLoader
@@ -111,29 +113,28 @@ def test_a_killed_fetch_a_corrupted_copy_and_a_capped_cache_all_read_bitwise(dev
     assert run_cli("cancel", str(killed)).returncode == 0
     wait_until(lambda: not subprocess.run(["squeue", "-h", "-j", slurm_id], capture_output=True, text=True).stdout,
                120, 0.5, "the cancelled job's end")
-    begun = Counter(reads(log))
     again = reader_job(tmp_path, one, slow.path, "again", "nodes = 1, gpus_per_node = 2")
     assert_read_as_without_a_cache(again, index, 2)
-    fetched = Counter(name for name, _ in reads(log)) - Counter(name for name, _ in begun)
+    fetched = Counter(name for name, _ in reads(log, besides=slurm_id))
     assert fetched == {s.name: 1 for s in index.shards}  # the killed job's shards among them, each once
     assert not list((tmp_path / "killed").glob(partial))  # the killed fetches' files cleared
-    settled = Counter(reads(log))
+    settled = Counter(reads(log, besides=slurm_id))
     reader_job(tmp_path, site, slow.path, "warm", everywhere)
-    before = Counter(reads(log))
+    before = Counter(reads(log, besides=slurm_id))
     assert max((before - settled).values()) == 1
     victim_shard, victim_node = sorted(before - settled)[0]
     [copy] = (tmp_path / "cache" / victim_node).glob(f"hpctrain-*/shards/{index.shards[0].sha256}.tar")
     flip_byte(copy, 5000)
     out = reader_job(tmp_path, site, slow.path, "after", everywhere)
-    assert Counter(reads(log)) - before == Counter({(victim_shard, victim_node): 1})
+    assert Counter(reads(log, besides=slurm_id)) - before == Counter({(victim_shard, victim_node): 1})
     assert_read_as_without_a_cache(out, index, 3)
     said = [json.loads(p.read_text()) for p in out.glob("rank*.json")]
     assert sum(s["cache"]["cache_corrupt"] for s in said if s["node"] == victim_node) == 1
     capped = cache_site(tmp_path, "capped", 'max_size = "1M"\n')
-    before = Counter(reads(log))
+    before = Counter(reads(log, besides=slurm_id))
     out = reader_job(tmp_path, capped, slow.path, "capped", everywhere)
     assert_read_as_without_a_cache(out, index, 3)
-    again = Counter(reads(log)) - before
+    again = Counter(reads(log, besides=slurm_id)) - before
     assert max(again.values()) > 1  # evicted, then read again
     for node in {n for _, n in again}:
         assert sum(p.stat().st_size for p in (tmp_path / "capped" / node).glob("hpctrain-*/shards/*.tar")) <= 1 << 20

@@ -1,6 +1,7 @@
 """A shard source of fixed pace that says each time it is read: `pipe:python -m helpers.slow_source FILE LOG RATE`
-writes FILE to stdout at RATE bytes a second, after appending its name and node (Slurm's, else the host's) to LOG (O_APPEND: one line each,
-whole, however many nodes append at once). The data-cache tests count the source's reads by LOG."""
+writes FILE to stdout at RATE bytes a second, after appending its name, node (Slurm's, else the host's) and Slurm job
+to LOG (O_APPEND: one line each, whole, however many nodes append at once). The data-cache tests count the source's
+reads by LOG."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def slow_index(index: ShardIndex, path: Path, log: Path, rate: float | None) -> 
     def url(shard) -> str:
         file = shlex.quote(str(index.shard_path(shard)))
         if rate is None:
-            node = '"${SLURMD_NODENAME:-$(hostname)}"'
-            return f"pipe:printf '%s %s\\n' {shlex.quote(shard.name)} {node} >> {logged} && exec cat {file}"
+            node = '"${SLURMD_NODENAME:-$(hostname)}" "${SLURM_JOB_ID:--}"'
+            return f"pipe:printf '%s %s %s\\n' {shlex.quote(shard.name)} {node} >> {logged} && exec cat {file}"
         return f"pipe:PYTHONPATH={helpers} {python} -m helpers.slow_source {file} {logged} {rate:g}"
 
     shards = tuple(replace(s, url=url(s)) for s in index.shards)
@@ -36,17 +37,19 @@ def slow_index(index: ShardIndex, path: Path, log: Path, rate: float | None) -> 
     return slow
 
 
-def reads(log: Path) -> list[tuple[str, str]]:
-    """(shard file name, node) of each read so far."""
+def reads(log: Path, besides: str | None = None) -> list[tuple[str, str]]:
+    """(shard file name, node) of each read so far, but those of Slurm job ``besides`` (a job cancelled midway can
+    start a read as it dies, which then logs after the job has left squeue)."""
     if not log.exists():
         return []
-    return [tuple(line.split(" ", 1)) for line in log.read_text().splitlines()]  # type: ignore[misc]
+    lines = (line.split(" ") for line in log.read_text().splitlines())
+    return [(name, node) for name, node, job in lines if job != besides]
 
 
 def main(file: str, log: str, rate: str) -> None:
     fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # the dev cluster's nodes share one host
-    os.write(fd, f"{Path(file).name} {node}\n".encode())
+    os.write(fd, f"{Path(file).name} {node} {os.environ.get('SLURM_JOB_ID', '-')}\n".encode())
     os.close(fd)
     per_s, chunk = float(rate), 64 << 10
     start, sent = time.monotonic(), 0

@@ -66,6 +66,22 @@ def test_unreadable_and_malformed_records_become_events(tmp_path, job_env, ledge
     assert kinds == ["journal_error", "unreadable"]
 
 
+def test_a_record_refused_midway_leaves_nothing_of_itself_and_stops_no_later_one(tmp_path, job_env, ledger,
+                                                                                   monkeypatch):
+    """A utilization record whose GPU rows are written before its timeline is refused, and a checkpoint the schema
+    refuses (no path): each one journal_error event, none of their rows, and the records after them ingested."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    journal = Journal(tmp_path / "j")
+    summary = {"samples": 3, "seconds": 30.0, "mean": 50.0}
+    journal.write("utilization", source="cpu", gpus={"0": summary}, policy={}, timeline=[[0.0, "0", None, None]])
+    journal.write("checkpoint", step=10, path=None, state="committed")
+    journal.write("checkpoint", step=20, path="/ck/step_20", state="committed")
+    assert ingest_journal(ledger, journal) == 3
+    assert ledger.gpus.of_job(1) == [] and [c["step"] for c in ledger.checkpoints.of_job(1)] == [20]
+    errors = [e for e in Table(ledger, "events").rows() if e["kind"] == "journal_error"]
+    assert len(errors) == 2 and any("IntegrityError" in e["message"] for e in errors), errors
+
+
 def _ingest(db: str, jdir: str) -> None:
     with Ledger(db) as ledger:
         ingest_journal(ledger, Journal(jdir))
