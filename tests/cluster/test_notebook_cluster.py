@@ -115,10 +115,13 @@ def test_a_preempted_session_shows_the_notice_in_its_kernel_before_the_grace_end
         session = Session.read(job["job_dir"])
         kernel = api(session, "kernels", "POST", {"name": "python3"})
         run_cell(session, kernel["id"], "import time")  # the kernel is up before the preemption
-        Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+
+        def preempt() -> None:  # once the cell runs: a notice that comes between cells is printed under the last
+            Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+
         # Shown while the kernel still runs: after the grace, SIGTERM stops the server and its kernels.
         shown = run_cell(session, kernel["id"], "for _ in range(600): time.sleep(0.1)", timeout_s=120,
-                         until="save your work now")
+                         until="save your work now", running=preempt)
         assert "this session got a stop notice" in shown
     wait_until(lambda: settled(isolated_ledger), 180, 2, "the preempted session to end")
     with Ledger(isolated_ledger) as ledger:

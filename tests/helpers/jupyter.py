@@ -7,6 +7,7 @@ import json
 import socket
 import urllib.request
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from hpctrain.interactive import Session
@@ -35,15 +36,16 @@ def api(session: Session, path: str, method: str = "GET", body: dict | None = No
 
 
 def run_cell(session: Session, kernel_id: str, code: str, timeout_s: float = 120, then_s: float = 0,
-             until: str | None = None) -> str:
+             until: str | None = None, running: Callable[[], object] | None = None) -> str:
     """Execute ``code`` in a kernel over its websocket; the text it printed (stdout, stderr, its result, an error's
     name and value), and what came on the kernel's channel ``then_s`` seconds after it finished. With ``until``: as
-    soon as that text has been printed, the cell still running."""
-    return asyncio.run(_run_cell(session, kernel_id, code, timeout_s, then_s, until))
+    soon as that text has been printed, the cell still running. ``running`` is called once the kernel runs the cell
+    (what the kernel prints before then belongs to the cell before)."""
+    return asyncio.run(_run_cell(session, kernel_id, code, timeout_s, then_s, until, running))
 
 
 async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: float, then_s: float,
-                    until: str | None) -> str:
+                    until: str | None, running: Callable[[], object] | None) -> str:
     from tornado.websocket import websocket_connect
 
     url = f"ws://{session.address}:{session.port}/api/kernels/{kernel_id}/channels?token={session.token}"
@@ -78,6 +80,9 @@ async def _run_cell(session: Session, kernel_id: str, code: str, timeout_s: floa
             out.append(body["data"].get("text/plain", "") + "\n")
         elif kind == "error":
             out.append(f"{body['ename']}: {body['evalue']}\n")
+        elif kind == "status" and body["execution_state"] == "busy" and running is not None:
+            running()
+            running = None
         elif kind == "status" and body["execution_state"] == "idle" and done_at is None:
             done_at = loop.time()
             if not then_s:
