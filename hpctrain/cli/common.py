@@ -16,7 +16,8 @@ site_option = click.option(
     "-s",
     metavar="NAME|PATH",
     default=None,
-    help=f"site config: a name in site_configs/ (or ${SITE_DIR_ENV}) or a file; default ${SITE_ENV} or 'dev'",
+    help=f"site config: a name in site_configs/ (or ${SITE_DIR_ENV}) or a file; default ${SITE_ENV} or 'dev'; "
+    "several (a,b, or a site group) where the command spans clusters",
 )
 
 
@@ -48,18 +49,19 @@ def open_site(site: str | None) -> tuple[Any, Any, Any]:
 
 
 def open_sites(site: str | None) -> tuple[list[tuple[Any, Any]], Any]:
-    """``--site a,b``: each cluster's site config with a Slurm client for it, and the one ledger they keep (refused
-    in one line where they keep different ones)."""
+    """``--site a,b`` (or a site group's name): each cluster's site config with a Slurm client for it, and the one
+    ledger they keep (refused in one line where they keep different ones)."""
+    from hpctrain.config import load_site
+    from hpctrain.config.site import site_names
     from hpctrain.errors import ConfigError
     from hpctrain.ledger import Ledger
     from hpctrain.slurm import SlurmClient
 
-    if site is None or "," not in site:
-        cfg, ledger, client = open_site(site)
+    names = site_names(site)
+    if len(names) == 1:
+        cfg, ledger, client = open_site(names[0])
         return [(cfg, client)], ledger
-    from hpctrain.config import load_site
-
-    configs = [load_site(name.strip()) for name in site.split(",")]
+    configs = [load_site(name) for name in names]
     first = configs[0]
     for cfg in configs[1:]:
         if cfg.ledger.path != first.ledger.path:

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field, FiniteFloat, PrivateAttr
 
 from hpctrain.bundled import data_dir
-from hpctrain.config.loading import Loc, StrictModel, load_model
+from hpctrain.config.loading import Loc, StrictModel, read_mapping, validate
 from hpctrain.config.policies import MAX_TIMEOUT_S, HangPolicy, IdlePolicy
 from hpctrain.config.types import (
     ENV_NAME,
@@ -270,15 +270,18 @@ def site_search_path() -> list[Path]:
     return dirs
 
 
+SITE_SUFFIXES = (".toml", ".yaml", ".yml")
+
+
 def find_site_file(site: str) -> Path:
     """A path to an existing file, or a site name looked up on the search path."""
     as_path = Path(site).expanduser()
-    if as_path.suffix in (".toml", ".yaml", ".yml") or os.sep in site:
+    if as_path.suffix in SITE_SUFFIXES or os.sep in site:
         if not as_path.exists():  # one that is not a regular file is refused as it is read
             raise ConfigError(f"{site}: site config file not found")
         return as_path
     for d in site_search_path():
-        for ext in (".toml", ".yaml", ".yml"):
+        for ext in SITE_SUFFIXES:
             if (candidate := d / f"{site}{ext}").is_file():
                 return candidate
     searched = ", ".join(str(d) for d in site_search_path())
@@ -295,10 +298,48 @@ def job_site() -> SiteConfig | None:
     return load_site(site) if site else None
 
 
+class SiteGroup(StrictModel):
+    """Several clusters named as one (`--site NAME`): a file found as a site config is, holding only `sites`."""
+
+    sites: list[str] = Field(
+        min_length=2, description="the site config of each cluster: a name, or a path (relative: to this file)"
+    )
+
+
+def site_names(site: str | None) -> list[str]:
+    """The sites ``--site`` names, each once and in order: one (a name or a path), several joined by commas, or a
+    site group's (`SiteGroup`)."""
+    names: list[str] = []
+    for part in (site or default_site_name()).split(","):
+        path = find_site_file(part.strip())
+        data = read_mapping(path)
+        members = _members(path, validate(SiteGroup, data, path)) if "sites" in data else [part.strip()]
+        names += [name for name in members if name not in names]
+    return names
+
+
+def _members(path: Path, group: SiteGroup) -> list[str]:
+    """A group's sites, a path among them taken relative to the group's file; a group of groups refused."""
+    members = []
+    for member in group.sites:
+        if Path(member).suffix in SITE_SUFFIXES or os.sep in member:
+            member = str(path.parent / Path(member).expanduser())
+        if "sites" in read_mapping(find_site_file(member)):
+            raise ConfigError(f"{path}: sites: {member} is a group of sites itself: name each site of the group")
+        members.append(member)
+    return members
+
+
 def load_site(site: str | None = None) -> SiteConfig:
     """Load a site config by name or path; $HPCTRAIN_LEDGER overrides the ledger path."""
     path = find_site_file(site or default_site_name())
-    cfg = load_model(SiteConfig, path)
+    data = read_mapping(path)
+    if "sites" in data:
+        raise ConfigError(
+            f"{path}: a group of sites, where this command takes one: name one of them "
+            "(where, submit --soonest, status and cost take a group)"
+        )
+    cfg = validate(SiteConfig, data, path)
     cfg._source = path.resolve()
     if env := os.environ.get(LEDGER_ENV):
         cfg.ledger.path = Path(env).expanduser()

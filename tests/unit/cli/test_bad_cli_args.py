@@ -88,7 +88,7 @@ def test_bad_cli_arguments_in_process(tmp_path, isolated_ledger, no_slurm, args)
 @pytest.mark.parametrize("args", [
     ("submit", "{spec}", "--site", "dev", "--array", "0"),
     ("submit", "{spec}", "--site", "dev", "--array", "5%x"),
-    ("submit", "{spec}", "--site", "dev,dev"),  # several clusters: --soonest picks one, a plain submit cannot
+    ("submit", "{spec}", "--site", "dev,example-ib-cluster"),  # several clusters: --soonest picks one, a plain submit cannot
     ("where", "{spec}", "--site", "dev,nosuch"),
     ("status", "--no-refresh", "--interval", "abc"),
     ("cost", "--no-refresh", "--since", "2026-13-45"),
