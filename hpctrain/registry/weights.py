@@ -35,7 +35,7 @@ SAFETENSORS_DTYPES = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
 }
-_BLOCK = 16 << 20  # bytes hashed at a time
+_BLOCK = 1 << 20  # bytes hashed at a time
 
 
 def header(m: Manifest, names: dict[str, str]) -> dict[str, Any]:
@@ -111,8 +111,11 @@ def _mapped(staged: Path) -> dict[str, Any]:
 
 
 def file_sha256(path: Path) -> str:
+    """Hashed through one buffer: a new block each read kept two alive at once (32 MiB), past a tight memory limit."""
     digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(_BLOCK):
-            digest.update(block)
+    block = bytearray(_BLOCK)
+    view = memoryview(block)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(block):
+            digest.update(view[:n])
     return digest.hexdigest()

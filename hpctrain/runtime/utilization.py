@@ -143,7 +143,7 @@ class ProcessSource:
         self.step_pid = os.getppid() if step_pid is None else step_pid
         self._processes = read
         self.shims: dict[int, int] = {}  # local rank -> its shim's pid
-        self.last: tuple[float, list[float]] | None = None
+        self.last: tuple[float, list[float], frozenset[int]] | None = None  # time, CPU and shims of a read
         self.memory = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
     def read(self) -> list[Reading]:
@@ -159,13 +159,13 @@ class ProcessSource:
             below = _descendants(children, self.shims[rank]) if rank in self.shims else []
             cpu.append(sum(procs[p][1] for p in below))
             rss.append(sum(procs[p][2] for p in below))
-        last, self.last = self.last, (now, cpu)
+        last, self.last = self.last, (now, cpu, frozenset(self.shims))
         if last is None or now <= last[0]:
             return [Reading(None, m, self.memory) for m in rss]
-        wall = now - last[0]
-        return [
-            Reading(min(100.0, max(0.0, 100.0 * (c - before) / wall)), m, self.memory)
-            for c, before, m in zip(cpu, last[1], rss, strict=True)
+        wall, known = now - last[0], last[2]
+        return [  # a rank whose shim is new: this reading is the baseline of its CPU time, as the first is of all
+            Reading(min(100.0, max(0.0, 100.0 * (c - before) / wall)) if rank in known else None, m, self.memory)
+            for rank, (c, before, m) in enumerate(zip(cpu, last[1], rss, strict=True))
         ]
 
     def close(self) -> None:
