@@ -291,7 +291,7 @@ def settle(ledger: Ledger, client: SlurmClient, row: EvaluationRow, refused: str
         slurm_id = eval_job["slurm_job_id"] or client.find_by_name(row["submission_key"] or "", row["requested_at"])
         if slurm_id is not None:
             if not eval_job["slurm_job_id"]:
-                ledger.jobs.submitted(eval_job["id"], slurm_id)
+                ledger.jobs.submitted(eval_job["id"], slurm_id, at=eval_job["updated_at"])
             ledger.evaluations.submitted(*key, eval_job["id"])
             return SUBMITTED
         if eval_job["state"] == "SUBMITTING":

@@ -19,6 +19,9 @@ from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import CAUSE_OF_STATE, NO_MORE_RUNS, TERMINAL, array_state
 
+# How far slurmctld's clock may run behind the one that stamped a job's submission in the ledger.
+CLOCK_SKEW_S = 300.0
+
 
 class Poller:
     """Refreshes every active tracked job of a site with one sacct call (one squeue call while sacct fails)."""
@@ -51,6 +54,8 @@ class Poller:
         changed, digests = 0, {}
         with self.ledger.transaction():
             for job, rows, digest in news:
+                if job["submitted_at"] is not None:  # not an earlier job's rows under the same id
+                    rows = sacct.submitted_since(rows, job["submitted_at"] - CLOCK_SKEW_S)
                 tasks = sacct.histories(rows).get(job["slurm_job_id"], {})
                 if job["is_array"]:  # a row under the array's own id without a task index names no task
                     tasks.pop(-1, None)

@@ -22,6 +22,7 @@ from hpctrain.contract import JobPaths
 from hpctrain.errors import SlurmError
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.journal import Journal
+from hpctrain.ledger.rows import JobRow
 from hpctrain.runtime import secret_file
 from hpctrain.slurm import sacct
 from hpctrain.slurm.client import SlurmClient
@@ -74,7 +75,7 @@ def settle_unsent(ledger: Ledger, client: SlurmClient, site: str) -> list[str]:
             settled = []
             for row in ledger.jobs.unsent(site):
                 try:
-                    settled.append(_settle(ledger, client, row["id"], row["job_dir"]))
+                    settled.append(_settle(ledger, client, row))
                 except SlurmError as exc:  # Slurm cannot say: the row stays as it is for a later supervision
                     settled.append(f"job {row['id']}: unsent or not, Slurm cannot say yet: {exc}")
             return settled
@@ -82,14 +83,15 @@ def settle_unsent(ledger: Ledger, client: SlurmClient, site: str) -> list[str]:
             os.close(fd)
 
 
-def _settle(ledger: Ledger, client: SlurmClient, job_id: int, job_dir: str | None) -> str:
+def _settle(ledger: Ledger, client: SlurmClient, row: JobRow) -> str:
+    job_id, job_dir = row["id"], row["job_dir"]
     slurm_id = _found(client, job_id, job_dir) if job_dir else None
     with ledger.transaction():
         if slurm_id is None:
             ledger.jobs.submit_failed(job_id, KILLED)
             ledger.event("submit_failed", KILLED, job_id=job_id)
         else:
-            ledger.jobs.submitted(job_id, slurm_id)
+            ledger.jobs.submitted(job_id, slurm_id, at=row["updated_at"])  # a SUBMITTING row's: when recorded
             how = f"slurm job {slurm_id}, found again after its submitter was killed"
             ledger.event("submitted", how, job_id=job_id, slurm_job_id=slurm_id)
     if slurm_id is None:

@@ -84,10 +84,13 @@ class Jobs:
         """The job's batch script (its path and SHA-256) and directory, once written."""
         self._rows.update(job_id, {"script_path": path, "job_dir": job_dir, "script_sha256": sha256})
 
-    def submitted(self, job_id: int, slurm_job_id: str) -> None:
+    def submitted(self, job_id: int, slurm_job_id: str, at: float | None = None) -> None:
+        """Slurm took the job: now, or for a submission found again after its submitter died, no earlier than ``at``
+        (when the job was recorded). Slurm's rows under its id from before then are another job's (`Poller`)."""
         now = time.time()
         self._rows.update(
-            job_id, {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": now, "updated_at": now}
+            job_id,
+            {"slurm_job_id": slurm_job_id, "state": "PENDING", "submitted_at": at or now, "updated_at": now},
         )
 
     def submit_failed(self, job_id: int, error: str) -> None:

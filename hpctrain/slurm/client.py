@@ -64,7 +64,7 @@ class SlurmClient:
         return cls(site.slurm.conf, site.slurm.bin_dir, site.slurm.timeout_s)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = dict(os.environ, SLURM_TIME_FORMAT="standard")  # a user's own format would hide every time read
         if self.conf is not None:
             env["SLURM_CONF"] = str(self.conf)
         return env

@@ -105,6 +105,24 @@ def by_job(rows: Sequence[dict[str, str]]) -> dict[str, Sequence[dict[str, str]]
     return {job: kept for job, kept in out.items()}
 
 
+def submitted_since(rows: Sequence[dict[str, str]], floor: float) -> Sequence[dict[str, str]]:
+    """A job's rows submitted at ``floor`` or later (a row without a Submit time is kept). Slurm gives a job id
+    again once its counter starts over (a controller started without its state, or past MaxJobId), and accounting
+    keeps the earlier job's rows under it: `sacct -j` lists both, and the old job's runs would be read as this
+    job's."""
+    since = datetime.fromtimestamp(floor).isoformat(timespec="seconds")  # sacct's form and zone: compared as text
+
+    def kept(submit: str) -> bool:
+        return not submit[:1].isdigit() or submit >= since
+
+    if isinstance(rows, Parsable):
+        if "Submit" not in rows.header:
+            return rows
+        lines = [line for submit, line in rows.column("Submit") if kept(submit)]
+        return rows if len(lines) == len(rows.lines) else Parsable(rows.header, lines)
+    return [row for row in rows if kept(row.get("Submit", ""))]
+
+
 def digest(rows: Sequence[dict[str, str]]) -> str:
     """A job's sacct rows in a few bytes: equal digests, nothing new to fold in. A running row's ElapsedRaw (GROWS)
     is left out: it grows on every poll, and the ledger takes a run's elapsed time only once it has ended (which

@@ -138,13 +138,24 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
             running = evaluations_running()
             return ledger.jobs.known(job)["state"] == "RUNNING" and newest() > after and (running or not evaluating)
 
+        def state() -> str:
+            """What a wait that ran out saw: the job's row, runs and events, and the checkpoints and evaluations."""
+            row = ledger.jobs.known(job)
+            return json.dumps({"job": {k: row[k] for k in ("slurm_job_id", "state", "submitted_at")},
+                               "runs": [(a["attempt"], a["state"], a["node_list"]) for a in ledger.attempts.of_job(job)],
+                               "events": [(e["kind"], e["message"]) for e in ledger.events.of_job(job)][-8:],
+                               "checkpoints": [(c["step"], c["state"]) for c in ledger.checkpoints.of_job(job)],
+                               "evaluations": [(e["step"], e["state"], e["eval_job_id"])
+                                               for e in ledger.evaluations.of_job(job)]})
+
         seen = 0
         for k, evaluating in ((1, False), (2, True)):
-            wait_until(lambda: ready(seen, evaluating), 600, 0.5, f"the job to run on past step {seen} ({k})")
+            wait_until(lambda: ready(seen, evaluating), 600, 0.5, f"the job to run on past step {seen} ({k})", state)
             seen = newest()
             Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
-            wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 600, 0.5, f"preemption {k}")
-        wait_until(lambda: (tick(), not evaluations_running())[1], 600, 0.5, "the evaluation jobs' preemption")
+            wait_until(lambda: (tick(), ledger.jobs.known(job)["state"])[1] != "RUNNING", 600, 0.5, f"preemption {k}",
+                       state)
+        wait_until(lambda: (tick(), not evaluations_running())[1], 600, 0.5, "the evaluation jobs' preemption", state)
         gate.touch()
 
         def all_done() -> bool:
@@ -152,7 +163,7 @@ def test_on_checkpoint_evaluates_every_checkpoint_once_across_preemptions(dev_cl
             return (ledger.jobs.known(job)["state"] in TERMINAL and not unasked(ledger, job)
                     and all(e["state"] not in OPEN for e in ledger.evaluations.of_job(job)))
 
-        wait_until(all_done, 900, 2.0, "the job and every evaluation to finish")
+        wait_until(all_done, 900, 2.0, "the job and every evaluation to finish", state)
         assert ledger.jobs.known(job)["state"] == "COMPLETED"
         preempted = [a for a in ledger.attempts.of_job(job) if a["cause"] == "preemption"]
         committed = sorted(c["step"] for c in ledger.checkpoints.of_job(job) if c["state"] == "committed")

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition"):
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "condition", seen=None):
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds, saying what
+    ``seen()`` (where given) says of the state then."""
     import time
 
     end = time.monotonic() + timeout
@@ -16,5 +17,5 @@ def wait_until(predicate, timeout: float, interval: float = 0.5, what: str = "co
         if value:
             return value
         if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+            pytest.fail(f"timed out after {timeout}s waiting for {what}" + (f"; seen then: {seen()}" if seen else ""))
         time.sleep(interval)

@@ -4,6 +4,7 @@
 import subprocess
 import sys
 import textwrap
+import time
 
 from hpctrain.jobs.unsent import KILLED, settle_unsent
 from hpctrain.ledger import Ledger
@@ -38,3 +39,23 @@ def test_a_row_is_settled_only_once_no_submitter_holds_the_lock(tmp_path):
         assert (row["state"], row["error"]) == ("SUBMIT_FAILED", KILLED)
         assert [e["kind"] for e in Table(ledger, "events").rows()] == ["submit_failed"]
         assert settle_unsent(ledger, None, "dev") == []  # type: ignore[arg-type]
+
+
+class Found:
+    """A controller that holds the job's sbatch under its comment."""
+
+    def find_by_comment(self, comment: str) -> str:
+        return "77"
+
+
+def test_a_job_found_again_counts_as_submitted_when_it_was_recorded(tmp_path):
+    """Not when it was found: Slurm's rows under its id from before then are another job's (the Poller's floor)."""
+    with Ledger(tmp_path / "l.db") as ledger:
+        job_id = ledger.jobs.record({"name": "j", "site": "dev"})
+        ledger.jobs.set_script(job_id, str(tmp_path / "job.sh"), str(tmp_path), "0" * 64)
+        recorded = ledger.jobs.get(job_id)["updated_at"]
+        time.sleep(0.05)
+        assert settle_unsent(ledger, Found(), "dev") == [  # type: ignore[arg-type]
+            f"job {job_id}: slurm job 77, found again after its submitter was killed"]
+        row = ledger.jobs.get(job_id)
+        assert (row["state"], row["slurm_job_id"], row["submitted_at"]) == ("PENDING", "77", recorded)

@@ -1,5 +1,6 @@
-"""sbatch run from inside a Slurm job (a scrontab tick, a job submitting itself again) passes on none of that job's
-SLURM_* variables but SLURM_CONF: the new job would read them as its own (SLURM_RESTART_COUNT as its requeues)."""
+"""The environment of the Slurm commands SlurmClient runs. sbatch run from inside a Slurm job (a scrontab tick, a job
+submitting itself again) passes on none of that job's SLURM_* variables but SLURM_CONF: the new job would read them as
+its own (SLURM_RESTART_COUNT as its requeues). A user's SLURM_TIME_FORMAT never reaches one: every time read is ISO."""
 
 from __future__ import annotations
 
@@ -35,3 +36,10 @@ def test_outside_a_job_the_environment_goes_as_it_is(tmp_path, monkeypatch):
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     names = submit(tmp_path, monkeypatch, {"SLURM_TIME_FORMAT": "standard", "SBATCH_ACCOUNT": "a"})
     assert {"SLURM_TIME_FORMAT", "SBATCH_ACCOUNT"} <= names
+
+
+def test_a_users_time_format_never_reaches_sacct(tmp_path, monkeypatch):
+    (tmp_path / "sacct").write_text('#!/bin/sh\nprintf "JobID|Submit\\n7|%s\\n" "$SLURM_TIME_FORMAT"\n')
+    (tmp_path / "sacct").chmod(0o755)
+    monkeypatch.setenv("SLURM_TIME_FORMAT", "%m/%d %H:%M")
+    assert [row["Submit"] for row in SlurmClient(bin_dir=tmp_path).sacct(["7"], ("JobID", "Submit"))] == ["standard"]
