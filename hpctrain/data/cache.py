@@ -234,7 +234,10 @@ class ShardCache:
                     dst.truncate(size)
                 self.counts.source_bytes += size
                 if size == info.bytes and got == info.sha256:
-                    os.replace(tmp, self.path(info.sha256))
+                    # Under the room lock: a fetch counted neither as a temporary nor yet as a copy would let
+                    # another fetch's reservation past the cap (_make_room reads the two one after the other).
+                    with self._lock("node", "room", fcntl.LOCK_EX):
+                        os.replace(tmp, self.path(info.sha256))
                     self._remember(info.sha256)
                     return
             except OSError as exc:

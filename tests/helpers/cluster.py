@@ -78,6 +78,12 @@ def site_with_cache(path: Path, cache_dir: str, extra: str = "") -> str:
     return str(path)
 
 
+def sacct_said(slurm_id: str) -> str:
+    """sacct's rows of a job, as text: what a failed assertion on its runs shows."""
+    return subprocess.run(["sacct", "-X", "-D", "-P", "-o", "JobID,State,Submit,Start,End,NodeList,AllocTRES", "-j",
+                           slurm_id], capture_output=True, text=True).stdout
+
+
 def sacct_gpu_hours(slurm_id: str) -> float:
     """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
     out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],

@@ -89,6 +89,30 @@ def test_a_capped_cache_evicts_the_least_recently_used_never_one_in_use(slow, tm
     assert sum(p.stat().st_size for p in cache.shards.glob("*.tar")) <= 3 * size + 10
 
 
+def test_a_fetched_copy_takes_the_place_of_its_reservation_only_under_the_room_lock(index, tmp_path):
+    """Room is counted as the copies, then the fetches under way: a fetch that became a copy between the two reads
+    would be counted in neither, and let another fetch's reservation past the cap. So its rename waits for whoever
+    counts room (here the test, holding the room lock), then happens."""
+    import fcntl
+    import threading
+
+    slow = slow_index(index, tmp_path / "slow" / "index.json", tmp_path / "reads.log", 5e3)  # about 1.2 s a shard
+    cache = ShardCache(tmp_path / "cache", max_bytes=10 * max(s.bytes for s in slow.shards))
+    info = slow.shards[0]
+    def fetch() -> None:
+        with cache.location(slow, info):
+            pass
+
+    fetched = threading.Thread(target=fetch)
+    fetched.start()
+    wait_until(lambda: list(cache.shards.glob(".*.tmp")), 30, 0.01, "the fetch's reservation")
+    with cache._lock("node", "room", fcntl.LOCK_EX):  # taken while its bytes come
+        time.sleep(2.5)  # they have come and been checked meanwhile
+        assert not cache.path(info.sha256).exists() and len(list(cache.shards.glob(".*.tmp"))) == 1
+    fetched.join(30)
+    assert cache.path(info.sha256).exists() and list(cache.shards.glob(".*.tmp")) == []
+
+
 def read_capped(root: str, index_path: str, cap: int, start: int) -> None:
     from hpctrain.data.index import load_index
 
