@@ -65,8 +65,8 @@ def start() -> None:
     history = list(earlier.values())
     step = latest_committed_step(policy.checkpoint_dir(task))
     journal.write("attempt_start", attempt=number, step=step, **_log_position())
-    if env.race_file is not None and env.slurm_job_id is not None:
-        _race(journal, env.race_file, env.slurm_job_id, number, step)
+    if env.race_file is not None and env.slurm_job_id is not None and env.job_id is not None:
+        _race(journal, env.race_file, env.job_id, env.slurm_job_id, number, step)
     if (why := rerun_of_completed(earlier)) is not None:
         journal.write(
             "attempt_end", attempt=number, cause="rerun", step_end=step, exit_code=0, requeued=False, message=why
@@ -192,7 +192,7 @@ def restart(exit_code: int) -> None:
     click.echo(f"hpctrain: {why}", err=True)
 
 
-def _race(journal: Any, race_file: Any, slurm_job_id: str, number: int, step: int | None) -> None:
+def _race(journal: Any, race_file: Any, job_id: int, slurm_job_id: str, number: int, step: int | None) -> None:
     """Run on only if this job wins its race (`submit --race`); else journal why, cancel this job (its siblings'
     poll would) and exit DONE, which every batch script, a site's own included, takes as "exit 0"."""
     from hpctrain.errors import SlurmError
@@ -200,12 +200,12 @@ def _race(journal: Any, race_file: Any, slurm_job_id: str, number: int, step: in
     from hpctrain.slurm.client import SlurmClient
 
     try:
-        if claim(race_file, slurm_job_id):
+        if claim(race_file, job_id):
             return
         winner = race_file.read_text().strip()
     except OSError as exc:  # the race cannot be decided: running the command twice is worse than not at all
-        winner = f"unknown ({exc.strerror})"
-    why = f"lost the race to job {winner}: another placement started first"
+        winner = f"an unknown runner ({exc.strerror})"
+    why = f"lost the race to {winner}: another placement started first"
     journal.write(
         "attempt_end", attempt=number, cause="race_lost", step_end=step, exit_code=0, requeued=False, message=why
     )

@@ -99,6 +99,26 @@ def find_job(ledger: Any, job: str) -> dict[str, Any]:
     return row
 
 
+def own_site(cfg: Any, client: Any, site: str, job_id: int) -> tuple[Any, Any]:
+    """The site config and Slurm client of ``site``, where ledger job ``job_id`` runs: ``cfg``'s and ``client``
+    where that is ``cfg``'s site, else that site's own, loaded by name. A job is never looked up, cancelled or
+    submitted again on another cluster than its own; ConfigError in one line where its site's config is not found."""
+    if site == cfg.name:
+        return cfg, client
+    from hpctrain.config import load_site
+    from hpctrain.errors import ConfigError
+    from hpctrain.slurm import SlurmClient
+
+    try:
+        own = load_site(site)
+    except ConfigError as exc:
+        said = str(exc).splitlines()[0]
+        raise ConfigError(
+            f"job {job_id} runs on site {site!r}, not {cfg.name!r}: give --site its config ({said})"
+        ) from None
+    return own, SlurmClient.for_site(own)
+
+
 def warn(result: Any) -> Any:
     """Print a refresh's warning (accounting down: states from squeue) on stderr; returns the result."""
     if result.warning:

@@ -17,6 +17,7 @@ from hpctrain.cli.common import (
     make_console,
     open_site,
     open_sites,
+    own_site,
     quota_limits,
     refresh_sites,
     site_option,
@@ -80,12 +81,12 @@ def submit(
     if array is not None:
         spec.array = _array_option(array)
     sites, ledger = open_sites(site)
-    if len(sites) > 1 and not soonest:
-        raise click.UsageError("--site names several clusters: with --soonest only, which picks one")
+    if len(sites) > 1 and not soonest and runners is None:
+        raise click.UsageError("--site names several clusters: with --soonest (which picks one) or --race only")
     cfg, client = sites[0]
     with ledger:
         if runners is not None:
-            _race(spec, spec_path, cfg, ledger, client, runners, as_json)
+            _race(spec, spec_path, sites, ledger, runners, as_json)
             return
         placement = None
         if soonest:
@@ -130,16 +131,19 @@ def submit(
     sys.exit(0 if set(states.values()) == {"COMPLETED"} else 1)
 
 
-def _race(spec: Any, spec_path: str, cfg: Any, ledger: Any, client: Any, runners: int, as_json: bool) -> None:
-    """`submit --race K`: the K soonest placements at once (hpctrain.submit.racing)."""
+def _race(spec: Any, spec_path: str, sites: list[tuple[Any, Any]], ledger: Any, runners: int, as_json: bool) -> None:
+    """`submit --race K`: the K soonest placements at once, over every site given (hpctrain.submit.racing)."""
     import getpass
 
     from hpctrain.submit import Submitter
     from hpctrain.submit.racing import submit_race
-    from hpctrain.submit.soonest import rank
+    from hpctrain.submit.soonest import rank_sites
 
-    ranking = rank(spec, cfg, client, getpass.getuser(), spec_path, ledger, fresh=True)
-    subs, left_out = submit_race(Submitter(cfg, ledger, client), spec, spec_path, ranking, runners)
+    ranking = rank_sites(spec, sites, getpass.getuser(), spec_path, ledger, fresh=True)
+    for line in ranking.left_out if len(sites) > 1 else []:
+        click.echo(f"hpctrain: warning: left out: {line}", err=True)
+    submitters = [Submitter(cfg, ledger, client) for cfg, client in sites]
+    subs, left_out = submit_race(submitters, spec, spec_path, ranking, runners)
     for line in left_out:
         click.echo(f"hpctrain: warning: not in the race: {line}", err=True)
     if as_json:
@@ -149,7 +153,12 @@ def _race(spec: Any, spec_path: str, cfg: Any, ledger: Any, client: Any, runners
                     "ledger_ids": [i for s in subs for i in s.ledger_ids],
                     "slurm_ids": [i for s in subs for i in s.slurm_ids],
                     "runners": [
-                        {"partition": s.placement.partition, "account": s.placement.account, "qos": s.placement.qos}
+                        {
+                            "site": s.placement.site or sites[0][0].name,
+                            "partition": s.placement.partition,
+                            "account": s.placement.account,
+                            "qos": s.placement.qos,
+                        }
                         for s in subs
                     ],
                 }
@@ -159,7 +168,10 @@ def _race(spec: Any, spec_path: str, cfg: Any, ledger: Any, client: Any, runners
     click.echo(f"submitted {spec.name} to a race of {len(subs)}: the first to start runs it")
     for s in subs:
         p = s.placement
-        click.echo(f"  ledger id {s.ledger_ids[0]}, slurm job {s.slurm_ids[0]}: {p.partition}/{p.qos} as {p.account}")
+        on = f"{p.site}: " if len(sites) > 1 else ""
+        click.echo(
+            f"  ledger id {s.ledger_ids[0]}, slurm job {s.slurm_ids[0]}: {on}{p.partition}/{p.qos} as {p.account}"
+        )
 
 
 def _array_option(text: str) -> Any:
@@ -326,15 +338,16 @@ def status(
             alerts: dict[int, list[str]] = {}
             asked: dict[int, str] = {}
             for cfg, client in sites:
-                of_site = submissions(job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit))
-                rows += [{**r, "site": cfg.name} for r in of_site] if several else of_site
+                listed = job_summaries(ledger, cfg.name, active_only=not show_all, limit=limit)
+                of_site = submissions(listed)
+                rows += listed if several else of_site
                 alerts.update(job_alerts(ledger, of_site, cfg.alerts))
                 if ask:
                     asked.update(waiting(of_site, client, functools.partial(quota_limits, cfg, client, ledger)))
             if ask:
                 reasons, reasons_at = asked, time.monotonic()
             if several:  # newest first across the clusters, as one cluster's are; --all: the newest `limit`
-                rows = sorted(rows, key=lambda r: -r["id"])[: limit if show_all else None]
+                rows = sorted(submissions(rows), key=lambda r: -r["id"])[: limit if show_all else None]
             pending = {r["id"] for r in rows if waits(r)}
             reasons = {job_id: why for job_id, why in reasons.items() if job_id in pending}
             sessions = _sessions(ledger, rows)
@@ -396,6 +409,7 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
     cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
+        cfg, client = own_site(cfg, client, row["site"], row["id"])
         if show_lineage:
             original = _rerun_of(ledger, row)
             _print_lineage(row, original)
@@ -578,7 +592,8 @@ def rerun(job: str, site: str | None) -> None:
 
     cfg, ledger, client = open_site(site)
     with ledger:
-        done = submit_again(cfg, ledger, client, find_job(ledger, job))
+        row = find_job(ledger, job)
+        done = submit_again(*own_site(cfg, client, row["site"], row["id"]), ledger, row)
     click.echo(
         f"rerun of job {done.original}: ledger id {done.submission.ledger_ids[0]}, "
         f"slurm job {done.submission.slurm_ids[0]}"
@@ -605,6 +620,7 @@ def logs(job: str, site: str | None, follow: bool, task: int | None, attempt: in
     cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
+        cfg, client = own_site(cfg, client, row["site"], row["id"])
         if task is not None and not row["is_array"]:
             raise HpctrainError(f"job {row['id']} is not an array: it has no task {task}")
         if row["job_dir"] is None:
@@ -622,10 +638,11 @@ def cancel(job: str | None, site: str | None, sweep: str | None) -> None:
 
     if bool(job) == bool(sweep):
         raise click.UsageError("give a JOB or --sweep, not both")
-    _, ledger, client = open_site(site)
+    cfg, ledger, client = open_site(site)
     with ledger:
         if job:
-            cancelled = cancel_jobs(ledger, client, find_job(ledger, job))
+            row = find_job(ledger, job)
+            cancelled = cancel_jobs(ledger, lambda name: own_site(cfg, client, name, row["id"])[1], row)
         else:
             assert sweep  # one of the two, as checked above
             cancelled = cancel_sweep(ledger, client, sweep)

@@ -70,6 +70,6 @@ def start(
 
         job = ledger.jobs.known(job_id)
         if job["state"] not in TERMINAL:
-            cancel_jobs(ledger, client, job)
+            cancel_jobs(ledger, lambda _: client, job)  # its own site's: it was just submitted there
         raise
     return Started(job_id, sub.slurm_ids[0], sub.placement, session)

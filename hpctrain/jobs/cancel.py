@@ -3,13 +3,14 @@ call, an event per job."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.ledger import Ledger
-from hpctrain.ledger.rows import SubmittedJob
+from hpctrain.ledger.rows import JobRow, SubmittedJob
+from hpctrain.runtime.race import won
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 
@@ -22,9 +23,13 @@ def _cancel(ledger: Ledger, client: SlurmClient, rows: Sequence[Mapping[str, Any
     return [r["slurm_job_id"] for r in live]
 
 
-def cancel_jobs(ledger: Ledger, client: SlurmClient, job: Mapping[str, Any]) -> list[str]:
-    """Cancel every unfinished job of ``job``'s submission; returns the Slurm ids cancelled."""
-    return _cancel(ledger, client, ledger.jobs.in_group(job["group_id"]))
+def cancel_jobs(ledger: Ledger, client_of: Callable[[str], SlurmClient], job: Mapping[str, Any]) -> list[str]:
+    """Cancel every unfinished job of ``job``'s submission, each on its own cluster (``client_of`` its site: the
+    runners of a race may be on several); returns the Slurm ids cancelled."""
+    by_site: dict[str, list[JobRow]] = {}
+    for row in ledger.jobs.in_group(job["group_id"]):
+        by_site.setdefault(row["site"], []).append(row)
+    return [i for site, rows in by_site.items() for i in _cancel(ledger, client_of(site), rows)]
 
 
 def cancel_sweep(ledger: Ledger, client: SlurmClient, sweep_id: str) -> list[str]:
@@ -49,7 +54,9 @@ def cancel_race_losers(ledger: Ledger, client: SlurmClient, site: str) -> list[s
             winner = Path(race).read_text().strip()
         except OSError:
             continue  # not claimed yet (or its file system is away: the runners decide among themselves)
-        losers += [r for r in rows if winner and r["slurm_job_id"] != winner and r["state"] not in TERMINAL]
+        losers += [
+            r for r in rows if winner and not won(winner, r["id"], r["slurm_job_id"]) and r["state"] not in TERMINAL
+        ]
     if not losers:
         return []
     client.scancel([r["slurm_job_id"] for r in losers])

@@ -163,8 +163,8 @@ def job_summaries(ledger: Ledger, site: str, active_only: bool = False, limit: i
 def submissions(rows: list[JobSummary]) -> list[JobSummary]:
     """One row per submission, in the order of ``rows``: the jobs of an array split past MaxArraySize (one group)
     as one, under its first job's id and name, with every part's Slurm id, its tasks' states counted together, and
-    the restarts and preemptions of all; a race's runners (`submit --race`) as one, in the state of the one that
-    runs."""
+    the restarts and preemptions of all; a race's runners (`submit --race`) as one, in the state and on the site of
+    the one that runs."""
     groups: dict[int, list[JobSummary]] = {}
     for r in rows:
         groups.setdefault(r["group_id"] or r["id"], []).append(r)
@@ -179,7 +179,10 @@ def submissions(rows: list[JobSummary]) -> list[JobSummary]:
         merged = parts[0].copy()
         states = [p["state"] for p in parts]
         if parts[0]["race"]:  # the runner that won: the others were cancelled for it, or are about to be
-            states = [s for s in states if s != "CANCELLED"] or ["CANCELLED"]
+            running = [p for p in parts if p["state"] != "CANCELLED"]
+            states = [p["state"] for p in running] or ["CANCELLED"]
+            if running:  # runners on several clusters: the one that runs
+                merged["site"] = running[0]["site"]
         merged.update(
             {
                 "slurm_job_id": ",".join(p["slurm_job_id"] or "-" for p in parts),

@@ -34,7 +34,7 @@ def _marks(values: Collection[Any]) -> str:
 
 
 _SUMMARY_SQL = """
-SELECT j.id, j.name, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id, j.race,
+SELECT j.id, j.name, j.site, j.slurm_job_id, j.state, j.account, j.qos, j.partition, j.is_array, j.group_id, j.race,
        j.sweep_id, j.submitted_at, j.started_at, j.ended_at,
        (SELECT count(*) FROM array_tasks t WHERE t.job_id = j.id) AS tasks,
        (SELECT group_concat(state || ':' || n) FROM (SELECT state, count(*) AS n FROM array_tasks t

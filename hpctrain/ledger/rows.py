@@ -87,6 +87,7 @@ class JobSummary(TypedDict):
 
     id: int
     name: str
+    site: str
     slurm_job_id: str | None
     state: str
     account: str | None

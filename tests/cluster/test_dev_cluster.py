@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.ledger import Ledger
+from hpctrain.slurm.states import TERMINAL
+
 from helpers.cli import run_cli
 from helpers.cluster import DEV_CLUSTER, dev_port_base
 from helpers.lanes import lanes
@@ -31,10 +34,25 @@ account = "teama"
 """
 
 
+# One GPU a second, writing its ledger id: on which runner of a race the command ran.
+RACER = """name = "racer"
+command = ["python3", "-c", "import os; open({ran!r}, 'a').write(os.environ['HPCTRAIN_JOB_ID'] + chr(10))"]
+launcher = "none"
+[resources]
+gpus_per_node = 1
+cpus_per_task = 1
+mem = "1G"
+time = "00:05:00"
+account = "teama"
+"""
+
+
 def second_site(tmp_path: Path, root: Path) -> Path:
-    """The dev site config for the cluster in ``root``, named c2."""
+    """The dev site config for the cluster in ``root``, named c2, its logs folder the first's (where a race over
+    both keeps its file)."""
+    dev = "${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}"
     text = (REPO / "site_configs" / "dev.toml").read_text()
-    text = text.replace("${HPCTRAIN_DEV_ROOT:-/var/tmp/hpctrain-dev}", str(root))
+    text = text.replace(dev, str(root)).replace(f'logs = "{root}/logs"', f'logs = "{dev}/logs"')
     path = tmp_path / "c2.toml"
     path.write_text(text.replace('name = "dev"', 'name = "c2"'))
     return path
@@ -106,8 +124,9 @@ def test_accounts_have_distinct_fairshare(dev_cluster):
 def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolated_ledger, tmp_path):
     """A cluster in another root: up, down (only its own daemons and jobs), up again. Meanwhile the two clusters are
     two sites of one ledger (issue 63): a job of three whole nodes, while the first holds a node's GPUs, is ranked and
-    submitted to the second; `status` and `cost` show it beside a job of the first; with the second down, `where`
-    leaves it out in one line, and `status` says so in one line and shows its job as last seen."""
+    submitted to the second; `status` and `cost` show it beside a job of the first; a race over both runs once, its
+    losers cancelled on their own clusters; `cancel` of a job of the second asks the second; with the second down,
+    `where` leaves it out in one line, and `status` says so in one line and shows its jobs as last seen."""
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
@@ -153,6 +172,39 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
                                                                         "--json").stdout)}
         assert spent.keys() == {"dev", "c2"} and spent["c2"] > spent["dev"] > 0, spent  # 12 GPUs against 1
         assert "site" in run_cli("status", "--site", both, "--all").stdout.splitlines()[2]  # the table's site column
+        # A race over both clusters (gpu and debug on each, all free): exactly one runner runs the command, the
+        # others are cancelled on their own clusters by the polls of each; status shows it once, on the winner's.
+        (racer := tmp_path / "racer.toml").write_text(RACER.format(ran=str(tmp_path / "ran")))
+        out = run_cli("submit", "--race", "4", "--site", both, str(racer), "--json")
+        assert out.returncode == 0, out.stderr
+        raced = json.loads(out.stdout)
+        assert sorted(r["site"] for r in raced["runners"]) == ["c2", "c2", "dev", "dev"], raced
+
+        def race_over() -> dict[int, str]:
+            shown = {r["id"]: r for r in json.loads(run_cli("status", "--site", both, "--all", "--json").stdout)}
+            with Ledger(isolated_ledger) as ledger:
+                states = {i: ledger.jobs.known(i)["state"] for i in raced["ledger_ids"]}
+            return {**states, "shown": shown[min(states)]} if set(states.values()) <= TERMINAL else {}
+
+        over = wait_until(race_over, 180, 2.0, "the race to end, its losers cancelled")
+        shown, ran = over.pop("shown"), (tmp_path / "ran").read_text().split()
+        assert len(ran) == 1 and over[int(ran[0])] == "COMPLETED", (ran, over)
+        assert sorted(over.values()) == ["CANCELLED"] * 3 + ["COMPLETED"], over
+        winner = raced["runners"][raced["ledger_ids"].index(int(ran[0]))]["site"]
+        assert (shown["state"], shown["site"]) == ("COMPLETED", winner)
+        # A job of the second cluster is cancelled there, whichever site `cancel` is given: its own, or, where its
+        # config is not found by name, one line asking for it and nothing cancelled anywhere.
+        narrow.write_text(narrow.read_text().replace('["sleep", "5"]', '["sleep", "300"]'))
+        out = run_cli("submit", "--site", str(both.split(",")[1]), str(narrow), "--json")
+        assert out.returncode == 0, out.stderr
+        job, slurm_id = json.loads(out.stdout)["ledger_ids"][0], json.loads(out.stdout)["slurm_ids"][0]
+        refused = run_cli("cancel", str(job))
+        assert refused.returncode != 0 and refused.stderr.startswith(
+            f"hpctrain: error: job {job} runs on site 'c2', not 'dev': give --site its config"), refused.stderr
+        assert len(refused.stderr.splitlines()) == 1 and running("sleep 171")
+        assert run_cli("cancel", "--site", both.split(",")[1], str(job)).returncode == 0
+        wait_until(lambda: sh("sacct", "-X", "-n", "-P", "-o", "State", "-j", slurm_id, env=conf).startswith(
+            "CANCELLED"), 60, 1.0, "the second cluster's job to be cancelled")
         sh(str(DEV_CLUSTER), "down", env=env)
         down = run_cli("where", str(spec), "--site", both, "--json")
         assert down.returncode == 0 and "Traceback" not in down.stderr, down.stderr
@@ -161,7 +213,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         [gone] = [line for line in shown["left_out"] if line.startswith("site c2: ")]
         assert "\n" not in gone
         status = run_cli("status", "--site", both, "--all", "--json")  # c2's jobs as last seen, in one line
-        assert status.returncode == 0 and len(json.loads(status.stdout)) == 2, status.stderr
+        assert status.returncode == 0 and len(json.loads(status.stdout)) == 4, status.stderr  # the race as one
         assert [ln for ln in status.stderr.splitlines() if "site c2 left out" in ln] == status.stderr.splitlines()
         assert daemon_pids(env) == {}
         for pid in second.values():

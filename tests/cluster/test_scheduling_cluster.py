@@ -419,7 +419,7 @@ def test_races_of_two_placements_run_the_command_once_and_cancel_the_other(dev_c
                     spec_path.write_text(RACER.format(ran=str(tmp_path / f"ran-{k}")))
                     spec = load_job_spec(spec_path)
                     ranking = rank(spec, site, client, "root", str(spec_path), ledger, fresh=True)
-                    subs, left_out = submit_race(Submitter(site, ledger, client), spec, str(spec_path), ranking, 2)
+                    subs, left_out = submit_race([Submitter(site, ledger, client)], spec, str(spec_path), ranking, 2)
                     assert left_out == [] and sorted(s.placement.partition for s in subs) == ["debug", "gpu"]
                     races[k] = [s.slurm_ids[0] for s in subs]
 

@@ -251,7 +251,7 @@ def test_a_race_is_one_submission_in_its_winners_state_and_its_losers_are_cancel
         slurm = Slurm()
         ledger.jobs.set_state(2, "RUNNING", started_at=100.0)
         assert cancel_race_losers(ledger, slurm, "dev") == [] and slurm.cancelled == []  # nobody has claimed it
-        race_file.write_text("21\n")  # job 21 claimed it: 22 lost, however it looks in the ledger
+        race_file.write_text("job 1\n")  # job 1 (slurm job 21) claimed it: 22 lost, however it looks in the ledger
         ledger.jobs.set_state(1, "RUNNING", started_at=100.5)
         [race] = submissions(job_summaries(ledger, "dev", active_only=True))
         assert (race["id"], race["slurm_job_id"], race["state"]) == (1, "21,22", "RUNNING")

@@ -391,6 +391,15 @@ def _claimer(path, slurm_id, barrier, won):
     won[slurm_id] = claim(path, slurm_id)
 
 
+def test_a_claim_names_the_runners_ledger_id_or_as_an_earlier_hpctrain_wrote_it_its_slurm_id():
+    """Ledger ids are unique across the clusters of a race, Slurm ids are not: slurm job 7 of one cluster is not
+    that of another. A race an earlier hpctrain claimed with a Slurm id is still decided by it."""
+    from hpctrain.runtime.race import won
+
+    assert won("job 3", 3, "7") and not won("job 3", 7, "3") and not won("job 3", 4, None)
+    assert won("7", 3, "7") and not won("7", 7, "3") and not won("7", 7, None)
+
+
 def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_path):
     """`submit --race`: the first batch script to claim the race runs the command; a winner Slurm requeued runs
     again; every other loses, whenever it comes."""
@@ -400,7 +409,7 @@ def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_pa
 
     for trial in range(20):
         path = tmp_path / f"race-{trial}"
-        ids = [str(1000 + k) for k in range(6)]
+        ids = [1000 + k for k in range(6)]  # ledger ids
         with multiprocessing.Manager() as manager:
             won, barrier = manager.dict(), manager.Barrier(len(ids))
             runners = [multiprocessing.Process(target=_claimer, args=(path, i, barrier, won)) for i in ids]
@@ -410,6 +419,6 @@ def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_pa
                 p.join()
             results = dict(won)
         [winner] = [i for i, w in results.items() if w]
-        assert len(results) == len(ids) and path.read_text() == f"{winner}\n"
-        assert claim(path, winner) and not claim(path, "999")
+        assert len(results) == len(ids) and path.read_text() == f"job {winner}\n"
+        assert claim(path, winner) and not claim(path, 999)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no claim left behind

@@ -138,3 +138,26 @@ def test_a_job_placed_on_one_shape_is_submitted_with_every_shape_its_partition_h
     assert (submitted.nodes, submitted.shapes, submitted.partition) == (1, [2, 1], "debug")
     assert as_submitted(spec, Placement("gpu", "normal", "teama", "x", shape=3), load_site("dev")).resources.shapes == [
         3, 2, 1]
+
+
+def test_a_race_across_clusters_without_one_logs_folder_is_refused_and_records_nothing(tmp_path):
+    """Each runner claims the race in a file of the logs folder: clusters that name different ones cannot race."""
+    from hpctrain.config import load_site
+    from hpctrain.config.job import JobSpec
+    from hpctrain.errors import ConfigError
+    from hpctrain.submit import Submitter
+    from hpctrain.submit.racing import submit_race
+
+    dev = load_site("dev")
+    other = dev.model_copy(update={"name": "c2", "paths": dev.paths.model_copy(update={"logs": tmp_path / "c2"})})
+    spec = JobSpec.model_validate({"name": "a", "command": ["true"], "launcher": "none"})
+    ranking = Ranking([Candidate(Placement("gpu", "normal", "teama", "x", site=s), 1.0, 1.0, "n1", (), "Slurm")
+                       for s in ("dev", "c2")], [])
+    with Ledger(tmp_path / "l.db") as ledger:
+        with pytest.raises(ConfigError) as refused:
+            submit_race([Submitter(dev, ledger, None), Submitter(other, ledger, None)],  # type: ignore[arg-type]
+                        spec, "job.toml", ranking, 2)
+        assert Table(ledger, "jobs").rows() == []
+    assert str(refused.value) == (
+        "job.toml: a race across clusters needs one logs folder they all see ([paths] logs): site dev's is "
+        f"{dev.paths.logs}, site c2's is {tmp_path / 'c2'}")
