@@ -30,6 +30,7 @@ from hpctrain.submit import Submitter
 
 from helpers.cli import run_cli
 from helpers.cluster import HIGH, sacct_gpu_hours, sacct_said, site_with_cache, slurm_setting
+from helpers.lanes import on_release
 from helpers.paths import run_folder
 from helpers.report import mark_steps, pixels, plot_images, screenshot
 from helpers.slow_source import reads, slow_index
@@ -213,9 +214,9 @@ HANGING = patched_trainer(STEPS, 'if calls[0] == 50 and os.environ["RANK"] == "2
 SLOW = patched_trainer(STEPS, 'if os.environ.get("SLURM_RESTART_COUNT", "0") == "0": time.sleep(0.75)')
 
 
-@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
-    "host's Slurm only (CI time): the restart is the batch script's and srun's, the watchdog the trainer's, the "
-    "same on every release"))
+@on_release("24.11", why=(
+    "the restart is the batch script's and srun's, the watchdog the trainer's, the same on every release (on 22.05 "
+    "it ran on the host's Slurm until 2026-12-05; the host's cluster tests are CI's longest part)"))
 def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tmp_path):
     """[hang] step_s and retry.in_place with the memory tier every 3 steps: rank 2 sleeps inside step 50; every
     rank's watchdog writes its stacks, the step ends once the timeout has passed (how soon after: measured by
