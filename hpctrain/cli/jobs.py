@@ -593,7 +593,8 @@ def rerun(job: str, site: str | None) -> None:
     cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
-        done = submit_again(*own_site(cfg, client, row["site"], row["id"]), ledger, row)
+        cfg, client = own_site(cfg, client, row["site"], row["id"])
+        done = submit_again(cfg, ledger, client, row)
     click.echo(
         f"rerun of job {done.original}: ledger id {done.submission.ledger_ids[0]}, "
         f"slurm job {done.submission.slurm_ids[0]}"

@@ -13,7 +13,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm.states import TERMINAL
 
 from helpers.cli import run_cli
-from helpers.cluster import DEV_CLUSTER, dev_port_base
+from helpers.cluster import DEV_CLUSTER, RACER, dev_port_base
 from helpers.lanes import lanes
 from helpers.paths import REPO
 from helpers.waiting import wait_until
@@ -30,19 +30,6 @@ gpus_per_node = 4
 tasks_per_node = 1
 mem = "1G"
 time = "00:10:00"
-account = "teama"
-"""
-
-
-# One GPU a second, writing its ledger id: on which runner of a race the command ran.
-RACER = """name = "racer"
-command = ["python3", "-c", "import os; open({ran!r}, 'a').write(os.environ['HPCTRAIN_JOB_ID'] + chr(10))"]
-launcher = "none"
-[resources]
-gpus_per_node = 1
-cpus_per_task = 1
-mem = "1G"
-time = "00:05:00"
 account = "teama"
 """
 

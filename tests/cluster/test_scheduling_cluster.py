@@ -29,7 +29,7 @@ from hpctrain.submit import Submitter
 from hpctrain.submit.placement import choose_placement, fairshare_standings
 
 from helpers.cli import run_cli
-from helpers.cluster import finish
+from helpers.cluster import RACER, finish
 from helpers.train import TINY_MODEL, patched_trainer, reference_losses, relative_errors
 from helpers.waiting import wait_until
 
@@ -385,16 +385,6 @@ def test_where_and_submit_soonest_refuse_in_one_line_and_submit_nothing(dev_clus
         assert Table(ledger, "jobs").rows() == []
 
 
-RACER = """name = "racer"
-command = ["python3", "-c", "import os; open({ran!r}, 'a').write(os.environ['SLURM_JOB_ID'] + chr(10))"]
-launcher = "none"
-[resources]
-gpus_per_node = 1
-cpus_per_task = 1
-mem = "1G"
-time = "00:05:00"
-account = "teama"
-"""
 # The acceptance's 50 races on the host, 10 on each lane (CI time), run 10 at a time.
 RACES, AT_ONCE = (10, 10) if os.environ.get("HPCTRAIN_LANE") else (50, 10)
 
@@ -421,21 +411,22 @@ def test_races_of_two_placements_run_the_command_once_and_cancel_the_other(dev_c
                     ranking = rank(spec, site, client, "root", str(spec_path), ledger, fresh=True)
                     subs, left_out = submit_race([Submitter(site, ledger, client)], spec, str(spec_path), ranking, 2)
                     assert left_out == [] and sorted(s.placement.partition for s in subs) == ["debug", "gpu"]
-                    races[k] = [s.slurm_ids[0] for s in subs]
+                    races[k] = {s.ledger_ids[0]: s.slurm_ids[0] for s in subs}
 
                 def ended() -> dict[str, str] | None:
                     Poller(ledger, client, "dev").refresh()
-                    ids = [i for pair in races.values() for i in pair]
+                    ids = [i for pair in races.values() for i in pair.values()]
                     rows = slurm("sacct", "-X", "-n", "-P", "-o", "JobID,State", "-j", ",".join(ids))
                     states = {i: s.split()[0] for i, s in (line.split("|")[:2] for line in rows.splitlines())}
                     return states if len(states) == len(ids) and set(states.values()) <= TERMINAL else None
 
                 states = wait_until(ended, 120, interval=1, what=f"races {first}-{first + AT_ONCE - 1} to end")
             for k, pair in races.items():
-                ran = (tmp_path / f"ran-{k}").read_text().split() if (tmp_path / f"ran-{k}").exists() else []
-                assert len(ran) == 1 and ran[0] in pair, (k, ran, {i: states[i] for i in pair})
-                [loser] = [i for i in pair if i != ran[0]]
-                assert (states[ran[0]], states[loser]) == ("COMPLETED", "CANCELLED"), (k, states)
+                ran = [int(i) for i in (tmp_path / f"ran-{k}").read_text().split()] if (
+                    tmp_path / f"ran-{k}").exists() else []
+                assert len(ran) == 1 and ran[0] in pair, (k, ran, {i: states[i] for i in pair.values()})
+                [loser] = [slurm_id for runner, slurm_id in pair.items() if runner != ran[0]]
+                assert (states[pair[ran[0]]], states[loser]) == ("COMPLETED", "CANCELLED"), (k, states)
     finally:
         os.killpg(cron.pid, signal.SIGTERM)
         cron.wait()
@@ -522,7 +513,7 @@ def test_a_submission_killed_at_any_step_is_settled_and_runs_at_most_once(dev_cl
             assert (ran, states) == ([], ["SUBMIT_FAILED"]), how
             assert jobs[0]["error"] == "its submitter was killed before Slurm took it"
             continue
-        assert len(ran) == 1 and ran[0] in {j["slurm_job_id"] for j in jobs}, (how, ran, jobs)
+        assert len(ran) == 1 and int(ran[0]) in {j["id"] for j in jobs if j["slurm_job_id"]}, (how, ran, jobs)
         expected = {"plain, after its sbatch": ["COMPLETED"], "plain, slow beside reconciles": ["COMPLETED"],
                     "race, after the first runner's sbatch": ["COMPLETED"],
                     "race, before the second runner's sbatch": ["COMPLETED", "SUBMIT_FAILED"],

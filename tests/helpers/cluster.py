@@ -78,6 +78,19 @@ def site_with_cache(path: Path, cache_dir: str, extra: str = "") -> str:
     return str(path)
 
 
+# A race's runner: one GPU, one CPU, writing its ledger id into the file {ran}: which runner ran the command.
+RACER = """name = "racer"
+command = ["python3", "-c", "import os; open({ran!r}, 'a').write(os.environ['HPCTRAIN_JOB_ID'] + chr(10))"]
+launcher = "none"
+[resources]
+gpus_per_node = 1
+cpus_per_task = 1
+mem = "1G"
+time = "00:05:00"
+account = "teama"
+"""
+
+
 def sacct_said(slurm_id: str) -> str:
     """sacct's rows of a job, as text: what a failed assertion on its runs shows."""
     return subprocess.run(["sacct", "-X", "-D", "-P", "-o", "JobID,State,Submit,Start,End,NodeList,AllocTRES", "-j",
