@@ -405,11 +405,13 @@ def show(job: str, site: str | None, as_json: bool, show_lineage: bool, task: in
     from hpctrain.jobs.shard_cache import cache_counts, cache_words
     from hpctrain.jobs.stragglers import latest
     from hpctrain.ledger.attempts import outcome
+    from hpctrain.slurm.states import TERMINAL
 
     cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
-        cfg, client = own_site(cfg, client, row["site"], row["id"])
+        if row["state"] not in TERMINAL:  # Slurm is asked why it waits: its own cluster's
+            cfg, client = own_site(cfg, client, row["site"], row["id"])
         if show_lineage:
             original = _rerun_of(ledger, row)
             _print_lineage(row, original)
@@ -617,11 +619,13 @@ def logs(job: str, site: str | None, follow: bool, task: int | None, attempt: in
     """The output of JOB across its runs and array tasks, with a mark where each run began."""
     from hpctrain.errors import HpctrainError
     from hpctrain.jobs.logs import show_logs
+    from hpctrain.slurm.states import TERMINAL
 
     cfg, ledger, client = open_site(site)
     with ledger:
         row = find_job(ledger, job)
-        cfg, client = own_site(cfg, client, row["site"], row["id"])
+        if follow and row["state"] not in TERMINAL:  # followed by polls of its own cluster
+            cfg, client = own_site(cfg, client, row["site"], row["id"])
         if task is not None and not row["is_array"]:
             raise HpctrainError(f"job {row['id']} is not an array: it has no task {task}")
         if row["job_dir"] is None:

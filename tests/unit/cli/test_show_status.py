@@ -137,3 +137,21 @@ def test_show_of_a_split_array_gives_its_submission_and_its_newest_events(isolat
         (str(ids[2]), "PENDING", "500", "500 PENDING")]
     assert "  70 earlier events (52 attempt_end, 18 requeue); --json lists them all" in lines
     assert sum(" event " in line for line in lines) == 30 and lines[-1].endswith("attempt_end: event 99")
+
+
+def test_a_job_of_a_site_whose_config_is_not_found_is_shown_once_ended_and_never_asked_of_this_cluster(
+        isolated_ledger):
+    """A job of another cluster (its site config given by path at submit): once ended, `show` needs no Slurm; while
+    it may still run, `show` and `cancel` would ask this cluster about another's Slurm id, and say so instead."""
+    with Ledger(isolated_ledger) as ledger:
+        ended = Table(ledger, "jobs").insert({"name": "j", "site": "far", "state": "COMPLETED", "slurm_job_id": "41"})
+        pending = Table(ledger, "jobs").insert({"name": "j", "site": "far", "state": "PENDING", "slurm_job_id": "42",
+                                                "group_id": 2})
+    assert run_cli("show", str(ended)).returncode == 0
+    for argv in (["show", str(pending)], ["cancel", str(pending)]):
+        out = run_cli(*argv)
+        assert out.returncode != 0 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"hpctrain: error: job {pending} runs on site 'far', not 'dev': give --site its"
+                                     " config"), out.stderr
+    with Ledger(isolated_ledger) as ledger:
+        assert [e["kind"] for e in ledger.events.of_job(pending)] == []  # nothing asked of Slurm
