@@ -141,11 +141,11 @@ def _race(spec: Any, spec_path: str, sites: list[tuple[Any, Any]], ledger: Any, 
 
     ranking = rank_sites(spec, sites, getpass.getuser(), spec_path, ledger, fresh=True)
     for line in ranking.left_out if len(sites) > 1 else []:
-        click.echo(f"hpctrain: warning: left out: {line}", err=True)
+        click.echo(visible(f"hpctrain: warning: left out: {line}"), err=True)
     submitters = [Submitter(cfg, ledger, client) for cfg, client in sites]
     subs, left_out = submit_race(submitters, spec, spec_path, ranking, runners)
     for line in left_out:
-        click.echo(f"hpctrain: warning: not in the race: {line}", err=True)
+        click.echo(visible(f"hpctrain: warning: not in the race: {line}"), err=True)
     if as_json:
         click.echo(
             json_text(

@@ -44,6 +44,9 @@ CANCEL_ENDED = re.compile(
 )
 
 
+TIME_FORMAT = "SLURM_TIME_FORMAT"  # how Slurm's commands print times: a user's own would hide every time read
+
+
 def calling_job_variables(environ: Mapping[str, str]) -> list[str]:
     """The names of the SLURM_* variables Slurm set for the job this process runs in (none outside a job)."""
     if "SLURM_JOB_ID" not in environ:
@@ -64,7 +67,7 @@ class SlurmClient:
         return cls(site.slurm.conf, site.slurm.bin_dir, site.slurm.timeout_s)
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ, SLURM_TIME_FORMAT="standard")  # a user's own format would hide every time read
+        env = dict(os.environ)
         if self.conf is not None:
             env["SLURM_CONF"] = str(self.conf)
         return env
@@ -87,7 +90,7 @@ class SlurmClient:
         of it. A failure whose every complaint line matches ``harmless`` is none."""
         self.calls[command] += 1
         argv = [self.executable(command), *args]
-        env = {**self.env(), **(extra_env or {})}
+        env = {**self.env(), TIME_FORMAT: "standard", **(extra_env or {})}  # every time in an answer read as ISO
         for name in unset_env:
             env.pop(name, None)
         if (conf := env.get("SLURM_CONF")) and not Path(conf).exists():
@@ -234,6 +237,10 @@ class SlurmClient:
         but SLURM_CONF is passed on: the new job would read what Slurm does not set for it (SLURM_RESTART_COUNT,
         SLURM_ARRAY_JOB_ID, SLURM_MEM_PER_CPU, ...) as its own."""
         unset = [*unset_env, *calling_job_variables(os.environ)]
+        if TIME_FORMAT in os.environ:  # the job's environment is the user's, not the one hpctrain reads answers in
+            env = {TIME_FORMAT: os.environ[TIME_FORMAT], **(env or {})}
+        else:
+            unset.append(TIME_FORMAT)
         out = self.run("sbatch", "--parsable", *args, input=script, extra_env=env, unset_env=unset)
         return out.strip().split(";")[0]
 
