@@ -29,7 +29,7 @@ from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
 from helpers.cli import run_cli
-from helpers.cluster import HIGH, sacct_gpu_hours, sacct_said, site_with_cache, slurm_setting
+from helpers.cluster import HIGH, run_ends, sacct_gpu_hours, sacct_said, site_with_cache, slurm_setting
 from helpers.lanes import on_release
 from helpers.paths import run_folder
 from helpers.report import mark_steps, pixels, plot_images, screenshot
@@ -288,10 +288,11 @@ def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tm
     # The newest save of either tier is at most 3 steps back, 6 when the kill came while it was being written.
     assert killed_after - 6 < starts[2]["resumed_from"] <= killed_after
     assert not list(Path("/dev/shm").glob(f"hpctrain-{job['slurm_job_id']}.*"))  # freed at the end
-    assert len(records(journal, "attempt_start")) == 2
     assert run_cli("reconcile").returncode == 0
     shown = json.loads(run_cli("show", str(job_id), "--json").stdout)
-    assert [(a["attempt"], a["cause"]) for a in shown["attempts"]] == [(0, "preemption"), (1, "completed")]
+    causes = [a["cause"] for a in shown["attempts"]]
+    assert causes in run_ends("preemption", "completed"), shown["attempts"]
+    assert len(records(journal, "attempt_start")) == len(causes)
     assert [e["kind"] for e in shown["events"] if e["kind"] in ("hang", "step_restart")] == [
         "hang", "step_restart", "step_restart", "hang", "step_restart", "hang", "step_restart"]
     # Every 50 steps the ranks' compute times: the tensor-parallel peers of each stage alike, no straggler.

@@ -97,6 +97,18 @@ def sacct_said(slurm_id: str) -> str:
                            slurm_id], capture_output=True, text=True).stdout
 
 
+def run_ends(*causes: str) -> list[list[str]]:
+    """The ways a job's runs may end when they end as ``causes``: so, or on a release that runs a job once more after
+    a preempted run outlived its grace time (24.11: `reruns_after_preemption`, as a loaded machine's stop checkpoint
+    may), so and then Slurm's own rerun, which hpctrain's batch script ends at once (cause rerun)."""
+    from hpctrain.slurm import SlurmClient
+
+    ends = [list(causes)]
+    if "preemption" in causes and SlurmClient().version().reruns_after_preemption:
+        ends.append([*causes, "rerun"])
+    return ends
+
+
 def sacct_gpu_hours(slurm_id: str) -> float:
     """sacct's own numbers: every run of the job, GPUs x ElapsedRaw."""
     out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-o", "ElapsedRaw,AllocTRES", "-j", slurm_id],
