@@ -1,7 +1,7 @@
 """What measuring GPU use costs (issue 61): the node sampler's CPU time per node-hour, and the ledger's bytes per
 GPU-hour, on this machine (no GPU: the `cpu` source, which reads /proc, where NVML would ask the driver).
 
-    .venv/bin/python benchmarks/gpu_sampling.py [--ranks 8] [--readings 300] [--hours 10] [--runs 200]
+    .venv/bin/python benchmarks/gpu_sampling.py [--ranks 8] [--readings 300] [--hours 2] [--jobs 20] [--runs 200]
 
 Sampler: --ranks real "shims" (children of this process, as a step's tasks are of its slurmstepd), each running a
 process of its own, read --readings times by the `cpu` source, every reading's summaries and timeline kept and a
@@ -10,11 +10,12 @@ reading every 5 s, against the node-hour of one core it runs beside (goal: <= 0.
 figure that matters is the step time's share, tests/unit/project/test_cuda.py). The host's process count is
 printed: the `cpu` source lists /proc each reading.
 
-Ledger: one 8-GPU job's records of --hours hours (a record a minute, each with the 8 GPUs' summaries and their
-minutes) ingested into a fresh ledger as `reconcile` does, and --runs more runs of a few minutes: the bytes of a
-GPU's summary per run and of its timeline per GPU-hour once vacuumed, the CPU seconds of ingesting them, and what
-the heavy user's year of benchmarks/ledger_scale.py --heavy would add (its runs' GPUs and GPU-hours counted in that
-ledger, where it has been made).
+Ledger: --jobs 8-GPU jobs' records of --hours hours each (a record a minute, each with the 8 GPUs' summaries and their
+minutes) ingested into a fresh ledger as `reconcile` does, then settled (hpctrain.jobs.accounting.settle: packed,
+the samplers' notes dropped), and --runs more runs of a few seconds alike: the bytes of a run's summaries and of a
+node's timeline as the job runs and once settled (vacuumed), the CPU seconds of ingesting them, and what the heavy
+user's year of benchmarks/ledger_scale.py --heavy would add (its runs' GPUs and GPU-hours, and its runs in the
+window curves are kept for, counted in that ledger, where it has been made).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpctrain.jobs.accounting import TIMELINE_ROWS
+from hpctrain.contract import UTILIZATION
+from hpctrain.jobs.accounting import GPU_CURVES_KEPT_S, TIMELINE_POINTS, settle
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
@@ -59,7 +61,7 @@ def sampler_cost(ranks: int, readings: int) -> tuple[float, int]:
             time.sleep(0.2)
         with tempfile.TemporaryDirectory() as tmp:
             journal = Journal(Path(tmp))
-            sampler = NodeSampler(source, lambda rec: journal.write("utilization", **rec), SAMPLE_S, 5, 1, 10)
+            sampler = NodeSampler(source, lambda rec: journal.write(UTILIZATION, **rec), SAMPLE_S, 5, 1, 10)
             at = time.time()
             started = time.thread_time()
             for k in range(readings):
@@ -86,7 +88,7 @@ class EightGpus:
 
 def _journal_run(journal: Journal, context: dict, seconds: float) -> None:
     """A node sampler's records of one run of an 8-GPU job, ``seconds`` long, ending now."""
-    sampler = NodeSampler(EightGpus(), lambda rec: journal.write("utilization", **rec, **context), SAMPLE_S, 5, 1, 10)
+    sampler = NodeSampler(EightGpus(), lambda rec: journal.write(UTILIZATION, **rec, **context), SAMPLE_S, 5, 1, 10)
     at = time.time() - seconds
     for k in range(int(seconds / SAMPLE_S)):
         sampler.sample(at + k * SAMPLE_S, SAMPLE_S)
@@ -95,33 +97,53 @@ def _journal_run(journal: Journal, context: dict, seconds: float) -> None:
     sampler.report(final=True)
 
 
-def ledger_bytes(hours: float, runs: int) -> tuple[float, float, float, float]:
-    """Bytes of a GPU's summary per run, of its timeline per GPU-hour as it runs and once settled (thinned to
-    TIMELINE_ROWS), and the CPU seconds per GPU-hour of ingesting --hours of one 8-GPU job."""
+def ledger_bytes(hours: float, jobs: int, runs: int) -> dict[str, float]:
+    """Bytes in the ledger of --jobs 8-GPU jobs of --hours each, a row a minute and node as they run and a curve of
+    at most TIMELINE_POINTS points each once settled; bytes of a run's 8 GPUs' summaries as it runs and settled,
+    over --runs runs of a few seconds in jobs of 10 runs each; the CPU seconds per GPU-hour of ingesting; the
+    journals' notes included (a settle drops the samplers')."""
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         with Ledger(folder / "ledger.db") as ledger:
-            job = Table(ledger, "jobs").insert({"name": "sampled", "site": "dev", "state": "RUNNING"})
-            sizes = [_vacuumed(ledger)]
-            long = Journal(folder / "long")
-            _journal_run(long, {"job_id": job, "attempt": 0, "task_index": -1, "step_restart": 0, "host": "n1"},
-                         hours * 3600)
-            started = time.process_time()
-            ingest_journal(ledger, long)
-            ingest_s = time.process_time() - started
-            sizes.append(_vacuumed(ledger))
-            ledger.gpus.thin([job], TIMELINE_ROWS)  # as settling the ended job does
+            empty, ingest_s = _vacuumed(ledger), 0.0
+            for k in range(jobs):
+                job = _ended_job(ledger, folder / f"long-{k}")
+                journal = Journal(folder / f"long-{k}" / "journal")
+                _journal_run(journal, _context(job, 0), hours * 3600)
+                started = time.process_time()
+                ingest_journal(ledger, journal)
+                ingest_s += time.process_time() - started
+            running = _vacuumed(ledger)
+            settle(ledger, "dev", time.time() + 8 * 86400)
             settled = _vacuumed(ledger)
-            short = Journal(folder / "short")
-            for attempt in range(1, runs + 1):  # a few seconds each: their summaries, a minute of timeline
-                _journal_run(short, {"job_id": job, "attempt": attempt, "task_index": -1, "step_restart": 0,
-                                     "host": "n1"}, 2 * SAMPLE_S)
-            ingest_journal(ledger, short)
-            sizes.append(_vacuumed(ledger))
-    per_summary = (sizes[2] - settled) / (8 * runs)  # a minute of timeline each too: counted as summary
-    per_hour = (sizes[1] - sizes[0] - 8 * per_summary) / (8 * hours)
-    per_hour_settled = (settled - sizes[0] - 8 * per_summary) / (8 * hours)
-    return per_summary, per_hour, per_hour_settled, ingest_s / (8 * hours)
+            for first in range(0, runs, 10):
+                job_dir = folder / f"short-{first}"
+                job = _ended_job(ledger, job_dir)
+                for attempt in range(10):  # a few seconds each: their summaries, a minute of timeline
+                    _journal_run(Journal(job_dir / "journal"), _context(job, attempt), 2 * SAMPLE_S)
+                ingest_journal(ledger, Journal(job_dir / "journal"))
+            short_running = _vacuumed(ledger)
+            settle(ledger, "dev", time.time() + 8 * 86400)
+            short_settled = _vacuumed(ledger)
+    gpu_hours = 8 * hours * jobs
+    run_settled = (short_settled - settled) / runs
+    return {
+        "running per GPU-hour": (running - empty) / gpu_hours,
+        "curve": (settled - empty) / jobs - run_settled,  # less its summaries
+        "run running": (short_running - settled) / runs,
+        "run settled": run_settled,
+        "ingest per GPU-hour": ingest_s / gpu_hours,
+    }
+
+
+def _ended_job(ledger: Ledger, job_dir: Path) -> int:
+    return Table(ledger, "jobs").insert(
+        {"name": "sampled", "site": "dev", "state": "COMPLETED", "ended_at": time.time(), "job_dir": str(job_dir)}
+    )
+
+
+def _context(job: int, attempt: int) -> dict:
+    return {"job_id": job, "attempt": attempt, "task_index": -1, "step_restart": 0, "host": "n1"}
 
 
 def _vacuumed(ledger: Ledger) -> int:
@@ -131,27 +153,32 @@ def _vacuumed(ledger: Ledger) -> int:
     return int(pages * ledger.db.execute("PRAGMA page_size").fetchone()[0])
 
 
-def heavy_year() -> tuple[float, float] | None:
-    """The GPUs of every run and the GPU-hours of the heavy year's ledger, where it has been made (counted once:
-    two scans of its 5 GiB, kept beside it)."""
+def heavy_year() -> tuple[float, float, float] | None:
+    """The heavy year's ledger, where it has been made: its runs' GPUs, their GPU-hours, and its runs in the window
+    curves are kept for (counted once: scans of its 5 GiB, kept beside it)."""
     counted = HEAVY_YEAR.with_suffix(".gpus.json")
-    if counted.exists():
-        return tuple(json.loads(counted.read_text()))  # type: ignore[return-value]
+    if counted.exists() and len(found := json.loads(counted.read_text())) == 3:
+        return tuple(found)  # type: ignore[return-value]
     if not HEAVY_YEAR.exists():
         return None
     conn = sqlite3.connect(f"file:{HEAVY_YEAR}?mode=ro", uri=True)
     gpus = conn.execute("SELECT total(alloc_gpus) FROM attempts").fetchone()[0]
     hours = conn.execute("SELECT total(gpu_hours) FROM job_usage").fetchone()[0]
+    newest = conn.execute("SELECT max(started_at) FROM attempts").fetchone()[0]
+    recent = conn.execute(
+        "SELECT count(*) FROM attempts WHERE started_at >= ? AND alloc_gpus > 0", [newest - GPU_CURVES_KEPT_S]
+    ).fetchone()[0]
     conn.close()
-    counted.write_text(json.dumps([gpus, hours]))
-    return gpus, hours
+    counted.write_text(json.dumps([gpus, hours, recent]))
+    return gpus, hours, recent
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--readings", type=int, default=300)
-    parser.add_argument("--hours", type=float, default=10.0)
+    parser.add_argument("--hours", type=float, default=2.0)
+    parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--runs", type=int, default=200)
     args = parser.parse_args()
     per_reading, processes = sampler_cost(args.ranks, args.readings)
@@ -161,23 +188,27 @@ def main() -> None:
     figure("GPU sampler (cpu source): CPU seconds per node-hour", per_hour, "CPU s")
     figure("GPU sampler (cpu source): share of one core", per_hour / 3600, "x", "<= 0.005 (issue 61)",
            per_hour / 3600 <= 0.005)
-    per_summary, per_hour, settled, ingest = ledger_bytes(args.hours, args.runs)
-    print(f"ledger: a GPU's summary {per_summary:,.0f} bytes a run, its timeline {per_hour:,.0f} bytes a GPU-hour as "
-          f"it runs, {settled:,.0f} once a {args.hours:g} h run settled (at most {TIMELINE_ROWS} rows a node; "
-          f"vacuumed); ingesting {1000 * ingest:.1f} ms CPU a GPU-hour")
-    figure("GPU use in the ledger: a GPU's summary per run", per_summary, "B")
-    figure("GPU use in the ledger: timeline per GPU-hour, running", per_hour, "B")
-    figure(f"GPU use in the ledger: timeline per GPU-hour, a settled {args.hours:g} h run", settled, "B")
+    sizes = ledger_bytes(args.hours, args.jobs, args.runs)
+    print(f"ledger: {args.jobs} 8-GPU jobs of {args.hours:g} h: {sizes['running per GPU-hour']:,.0f} bytes a GPU-hour as they run "
+          f"(a row a minute, a note a record), a curve {sizes['curve']:,.0f} bytes once settled (at most "
+          f"{TIMELINE_POINTS} points); a run's 8 GPUs {sizes['run running']:,.0f} bytes as it runs, "
+          f"{sizes['run settled']:,.0f} settled (vacuumed); ingesting {1000 * sizes['ingest per GPU-hour']:.1f} ms CPU "
+          "a GPU-hour")
+    figure("GPU use in the ledger: an 8-GPU run's summaries, running", sizes["run running"], "B")
+    figure("GPU use in the ledger: an 8-GPU run's summaries, settled", sizes["run settled"], "B")
+    figure("GPU use in the ledger: per GPU-hour, running", sizes["running per GPU-hour"], "B")
+    figure(f"GPU use in the ledger: a settled {args.hours:g} h 8-GPU node's curve", sizes["curve"], "B")
     if (year := heavy_year()) is not None:
-        gpus, hours = year
-        # Settled, a GPU's run keeps at most TIMELINE_ROWS minutes' worth: its mean length, capped.
-        capped_hours = gpus * min(hours / gpus, TIMELINE_ROWS / 60)
-        summaries, timeline = gpus * per_summary / 2**30, capped_hours * per_hour / 2**30
+        gpus, hours, recent = year
+        summaries = gpus / 8 * sizes["run settled"] / 2**30
+        curves = recent * sizes["curve"] / 2**30  # at most: a curve a run (it is one a task and node)
         print(f"the heavy year ({HEAVY_YEAR.name}, {HEAVY_YEAR.stat().st_size / 2**30:.1f} GiB): {gpus:,.0f} GPUs of "
-              f"runs, {hours:,.0f} GPU-hours ({60 * hours / gpus:.0f} min a GPU's run): summaries {summaries:.2f} GiB, "
-              f"settled timelines {timeline:.2f} GiB")
+              f"runs, {hours:,.0f} GPU-hours ({60 * hours / gpus:.0f} min a GPU's run), {recent:,.0f} runs in the last "
+              f"{GPU_CURVES_KEPT_S / 86400:.0f} days: summaries {summaries:.2f} GiB, curves {curves:.2f} GiB at most, "
+              f"{2**30 * (summaries + curves) / hours:.1f} bytes a GPU-hour")
         figure("GPU use in the ledger: a heavy year's summaries", summaries, "GiB")
-        figure("GPU use in the ledger: a heavy year's settled timelines", timeline, "GiB")
+        figure(f"GPU use in the ledger: a heavy year's curves (last {GPU_CURVES_KEPT_S / 86400:.0f} days)", curves, "GiB")
+        figure("GPU use in the ledger: a heavy year, bytes per GPU-hour", 2**30 * (summaries + curves) / hours, "B")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ EVAL_TIME = "eval/time_s"  # the seconds an evaluation held the training loop up
 
 DEFAULT_SIGNAL_LEAD_S = 300.0
 JOURNAL = "journal"  # a job folder's journal (hpctrain.ledger.journal)
+UTILIZATION = "utilization"  # the kind of a node's GPU sampler's journal records (hpctrain.runtime.utilization)
 
 
 @dataclass(frozen=True)

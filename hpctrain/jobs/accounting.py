@@ -14,6 +14,7 @@ in SQL rather than measured again at each report.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.contract import UTILIZATION, JobPaths
 from hpctrain.jobs.goodput import GPU_CAUSES, Goodput, job_goodput
 from hpctrain.ledger.usage import MINUTE, sample
 
@@ -32,7 +34,8 @@ if TYPE_CHECKING:  # the CLI imports this module's names at start-up: no SQLite 
 INTERRUPTED = ("preemption", "timeout", "node_failure", "requeued", "error", "oom")
 SETTLE_BATCH = 2000  # jobs measured and kept per transaction
 CURVE_POINTS = 400  # samples of each account's running total of GPU-hours in a report
-TIMELINE_ROWS = 60  # a settled job's GPU timeline, at most, a task and node (hpctrain.ledger.gpus)
+TIMELINE_POINTS = 60  # a settled job's GPU timeline, at most, a task and node (hpctrain.ledger.gpus)
+GPU_CURVES_KEPT_S = 40 * 86400  # and for how long after its first point
 
 
 @dataclass(slots=True)  # a report reads tens of thousands
@@ -70,8 +73,11 @@ def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | Non
     for i in range(0, len(ids), SETTLE_BATCH):
         part = ids[i : i + SETTLE_BATCH]
         runs = measure(ledger, ledger.attempts.usage_of(part, now), now)
-        ledger.usage.keep(part, [_kept_row(site, u) for u in runs], now)
-        ledger.gpus.thin(part, TIMELINE_ROWS)
+        journals = [os.path.realpath(JobPaths.journal_of(d)) for d in ledger.jobs.dirs(part).values()]
+        with ledger.transaction():  # one decision: a job's runs kept, its GPU use packed, its samplers' notes gone
+            ledger.usage.keep(part, [_kept_row(site, u) for u in runs], now)
+            ledger.gpus.settle(part, TIMELINE_POINTS, now - GPU_CURVES_KEPT_S)
+            ledger.ingested.forget(journals, UTILIZATION)
     return len(ids)
 
 

@@ -33,6 +33,8 @@ JOB_TABLES = (
     "segments",
     "gpu_use",
     "gpu_timeline",
+    "gpu_runs",
+    "gpu_curves",
     "run_usage",
     "job_usage",
     "trials",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpctrain.contract import UTILIZATION
 from hpctrain.ledger.db import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.rows import AttemptFields, NewCheckpoint, SegmentKey
@@ -69,8 +70,9 @@ def _hang(ledger: Ledger, rec: dict[str, Any]) -> None:
 
 
 def _utilization(ledger: Ledger, rec: dict[str, Any]) -> None:
-    """A node sampler's record (hpctrain.runtime.utilization): not an event (one a minute per node)."""
-    if key := _segment(rec):
+    """A node sampler's record (hpctrain.runtime.utilization): not an event (one a minute per node). A settled job's
+    are packed already (its journal read again after the notes of them were dropped)."""
+    if (key := _segment(rec)) and not ledger.usage.settled(key["job_id"]):
         timeline = [tuple(point) for point in rec.get("timeline") or []]
         ledger.gpus.record(
             key, rec["host"], rec["source"], rec["gpus"], rec["policy"], timeline, rec["time"], bool(rec.get("final"))
@@ -150,7 +152,7 @@ HANDLERS: dict[str, Handler] = {
     "startup": _startup,
     "hang": _hang,
     "evaluation": _evaluation,
-    "utilization": _utilization,
+    UTILIZATION: _utilization,
     **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed", "idle_cancel"), _attempt),
 }
 

@@ -32,6 +32,15 @@ class Ingested:
     def add(self, journal: str, name: str, kind: str) -> None:
         self._rows.insert({"journal": journal, "name": name, "kind": kind, "ingested_at": time.time()})
 
+    def forget(self, journals: list[str], kind: str) -> None:
+        """Drop the notes of the ``kind`` records of these journals, which are read no more (a job reopened reads
+        them again, and rebuilds what they made)."""
+        with self._ledger.transaction() as db:
+            db.execute(
+                "DELETE FROM journal_ingested WHERE journal IN (SELECT value FROM json_each(?)) AND kind = ?",
+                [json.dumps(journals), kind],
+            )
+
     def seen(self, journals: list[str]) -> dict[str, int]:
         """The mtime (ns) each of ``journals`` had when it was last read through, where one was noted."""
         rows = self._ledger.db.execute(

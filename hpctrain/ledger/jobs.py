@@ -191,9 +191,12 @@ class Jobs:
 
     def session_dirs(self, job_ids: Collection[int]) -> dict[int, str]:
         """The job directories of the interactive sessions (`hpctrain notebook`) among ``job_ids``."""
+        return self.dirs(job_ids, "AND json_extract(spec_json, '$.interactive') IS NOT NULL")
+
+    def dirs(self, job_ids: Collection[int], where: str = "") -> dict[int, str]:
+        """The job directories of ``job_ids`` (those that have one), of the jobs ``where`` (SQL) also says."""
         rows = self.ledger.db.query(
-            "SELECT id, job_dir FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND job_dir IS NOT NULL "
-            "AND json_extract(spec_json, '$.interactive') IS NOT NULL",
+            f"SELECT id, job_dir FROM jobs WHERE id IN (SELECT value FROM json_each(?)) AND job_dir IS NOT NULL {where}",
             [ids_json(job_ids)],
         )
         return {r["id"]: r["job_dir"] for r in rows}

@@ -690,6 +690,47 @@ MIGRATIONS: list[list[Step]] = [
     # 27: the submissions of one job to several placements, one group, of which the first to claim the race file
     # named here runs (`submit --race`); the polls cancel the others.
     ["ALTER TABLE jobs ADD COLUMN race TEXT"],
+    # 28: a settled job's GPU use packed (issue 61: a heavy year's summaries were 8.5 GiB, its timelines 220 GiB):
+    # `gpu_runs` a row a job step start and node, its GPUs' figures one binary record each (hpctrain.ledger.gpus),
+    # their idle seconds summed for `cost`; `gpu_curves` a row a task and node, its timeline's points packed, kept
+    # for a window of days by `at` (with a rowid: a row of 1.7 kB fits in a page of a table's B-tree, where an
+    # index's, a table WITHOUT ROWID's, spills over 1 kB into a page of its own). A job reopened loses both: its
+    # journal's records, read again, rebuild them.
+    [
+        """CREATE TABLE gpu_runs (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            attempt INTEGER NOT NULL,
+            step_restart INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            samples INTEGER NOT NULL,
+            at REAL NOT NULL,
+            below_percent REAL NOT NULL,
+            after_s REAL NOT NULL,
+            alert_s REAL NOT NULL,
+            idle_s REAL NOT NULL,
+            devices TEXT NOT NULL,
+            gpus BLOB NOT NULL,
+            PRIMARY KEY (job_id, task_index, attempt, step_restart, node)
+        ) WITHOUT ROWID""",
+        """CREATE TABLE gpu_curves (
+            job_id INTEGER NOT NULL REFERENCES jobs(id),
+            task_index INTEGER NOT NULL,
+            node TEXT NOT NULL,
+            at REAL NOT NULL,
+            devices TEXT NOT NULL,
+            points BLOB NOT NULL,
+            PRIMARY KEY (job_id, task_index, node)
+        )""",
+        "CREATE INDEX gpu_curves_at ON gpu_curves(at)",
+        """CREATE TRIGGER gpu_packed_reopened AFTER UPDATE OF ended_at ON jobs
+            WHEN NEW.ended_at IS NOT OLD.ended_at AND OLD.usage_settled_at IS NOT NULL
+        BEGIN
+            DELETE FROM gpu_runs WHERE job_id = NEW.id;
+            DELETE FROM gpu_curves WHERE job_id = NEW.id;
+        END""",
+    ],
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

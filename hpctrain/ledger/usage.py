@@ -141,6 +141,11 @@ class RunUsage:
             )
         ]
 
+    def settled(self, job_id: int) -> bool:
+        """Whether the job's runs are kept (its GPU use packed): until it is reopened, its journal adds nothing."""
+        row = self.ledger.db.execute("SELECT usage_settled_at FROM jobs WHERE id = ?", [job_id]).fetchone()
+        return row is not None and row[0] is not None
+
     def keep(self, job_ids: Collection[int], runs: list[dict[str, Any]], at: float) -> None:
         """The runs (rows of COLUMNS) of these jobs, which have settled at ``at``."""
         ids = list(job_ids)

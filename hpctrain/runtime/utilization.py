@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from hpctrain.contract import UTILIZATION
 from hpctrain.errors import HpctrainError
 
 if TYPE_CHECKING:
@@ -390,7 +391,7 @@ class NodeSampling:
             )
             self.sampler = NodeSampler(
                 source,
-                lambda record: journal.write("utilization", **record),
+                lambda record: journal.write(UTILIZATION, **record),
                 *values,  # type: ignore[arg-type]
                 why=why,
                 idle_cancel=cancel,

@@ -3,8 +3,12 @@ and sweep ticks must not slow down with (tests/unit/ledger/test_ledger_scale.py,
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import random
+import signal
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -192,3 +196,21 @@ def commands(site_cfg) -> dict[str, Callable[[Ledger, float], object]]:
         "sweep tick": lambda ledger, now: tick_all(ledger, client, site_cfg),
         "reconcile": lambda ledger, now: reconcile(ledger, client, SITE),
     }
+
+
+def killed_at(statement: int) -> Callable[[], None]:
+    """A child's ``before``: the SQLite connections it opens kill it (SIGKILL) as the ``statement``-th statement,
+    counted over them all, is given them."""
+
+    def arm() -> None:
+        count, connect = itertools.count(1), sqlite3.connect
+
+        class Killing(sqlite3.Connection):
+            def execute(self, *args):  # type: ignore[no-untyped-def]
+                if next(count) == statement:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().execute(*args)
+
+        sqlite3.connect = lambda *args, **kwargs: connect(*args, factory=Killing, **kwargs)  # in the child only
+
+    return arm

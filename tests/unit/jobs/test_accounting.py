@@ -195,6 +195,7 @@ def test_the_upgrade_to_v16_sums_the_runs_kept_before_it(tmp_path):
                        "DROP TRIGGER attempts_new_to_supervise; DROP TRIGGER attempts_undecided_to_supervise; "
                        "DROP TRIGGER jobs_state_to_supervise; DROP TRIGGER tasks_new_to_supervise; "
                        "DROP TRIGGER tasks_state_to_supervise; DROP TABLE sites_to_supervise; "
+                       "DROP TRIGGER gpu_packed_reopened; DROP TABLE gpu_runs; DROP TABLE gpu_curves; "
                        "ALTER TABLE jobs DROP COLUMN race; "
                        "ALTER TABLE metrics DROP COLUMN seq; ALTER TABLE evaluations DROP COLUMN seq; "
                        "ALTER TABLE tracker_exports RENAME COLUMN sent_seq TO metrics_rowid; "

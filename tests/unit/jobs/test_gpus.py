@@ -4,7 +4,6 @@ status's alerts (issue 61; the cluster tests feed records of real processes)."""
 from __future__ import annotations
 
 import json
-import time
 
 from hpctrain.config.site import Alerts
 from hpctrain.jobs.alerts import job_alerts
@@ -13,37 +12,10 @@ from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.table import Table
-from hpctrain.runtime.utilization import NodeSampler, Reading
+from hpctrain.runtime.utilization import Reading
 
 from helpers.cli import run_cli
-
-GiB = 2.0**30
-
-
-class FourGpus:
-    """A node whose rank 0 works and whose ranks 1-3 do nothing."""
-
-    kind, devices = "nvml", ["0", "1", "2", "3"]
-
-    def read(self):
-        return [Reading(97.0, 30 * GiB, 80 * GiB, 400.0)] + [Reading(0.0, 0.5 * GiB, 80 * GiB, 60.0)] * 3
-
-    def close(self):
-        pass
-
-
-def sampled(journal: Journal, job_id: int, attempt: int, seconds: float, monkeypatch) -> None:
-    """A node sampler's records of ``seconds`` of readings (every 10 s, of a clock that runs on its own)."""
-    monkeypatch.setenv("SLURM_JOB_ID", "77")
-    monkeypatch.setenv("SLURMD_NODENAME", "n1")
-    monkeypatch.setenv("HPCTRAIN_ATTEMPT_BASE", str(attempt))
-    sampler = NodeSampler(FourGpus(), lambda rec: journal.write("utilization", job_id=job_id, **rec), 10, 5, 1, 10)
-    start = time.time() - seconds
-    for k in range(int(seconds // 10) + 1):
-        sampler.sample(start + 10 * k, 10.0 if k else 0.0)
-        if k % 6 == 5:
-            sampler.report(final=False)
-    sampler.report(final=True)
+from helpers.gpus import GiB, FourGpus, sampled
 
 
 def test_idle_gpus_are_named_in_the_ledger_status_show_and_alerts(isolated_ledger, tmp_path, monkeypatch):

@@ -207,13 +207,14 @@ def keys(row_type: type) -> set[str]:
 
 def test_row_types_are_the_tables_columns(tmp_path):
     """Every table but run_usage, job_usage, usage_minutes, ledger_info, metric_tails, journal_seen,
-    sites_to_decide and sites_to_supervise (their SQL) and SQLite's own has
+    sites_to_decide, sites_to_supervise, gpu_runs and gpu_curves (their SQL, packed) and SQLite's own has
     its row type, and what the table classes take are its columns."""
     with Ledger(tmp_path / "l.db") as ledger:
         columns = {t: {c.name for c in ledger.db.table(t).columns} for t in ledger.db.table_names()
                    if not t.startswith("sqlite_")}  # SQLite's own: the planner's statistics
     assert set(columns) == set(ROW_TYPES) | {"run_usage", "job_usage", "usage_minutes", "ledger_info", "metric_tails",
-                                              "journal_seen", "sites_to_decide", "sites_to_supervise"}
+                                              "journal_seen", "sites_to_decide", "sites_to_supervise",
+                                              "gpu_runs", "gpu_curves"}
     assert {t: keys(row_type) for t, row_type in ROW_TYPES.items()} == {t: columns[t] for t in ROW_TYPES}
     assert keys(rows.SubmittedJob) == columns["jobs"] and keys(rows.LoggedEvent) == columns["events"] | {"data"}
     assert [t for t, table in WRITE_TYPES.items() if not keys(t) <= columns[table]] == []

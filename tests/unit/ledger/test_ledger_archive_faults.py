@@ -6,14 +6,13 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import signal
 import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.ledger import DAY, make_history
+from helpers.ledger import DAY, killed_at, make_history
 
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.archive import JOB_TABLES, SQLITE_FILES, archive
@@ -54,24 +53,6 @@ def archive_in_child(path: Path, target: Path, before: Callable[[], None] = lamb
         finally:
             os._exit(code)
     return pid
-
-
-def killed_at(statement: int) -> Callable[[], None]:
-    """A child's ``before``: the SQLite connections it opens kill it (SIGKILL) as the ``statement``-th statement,
-    counted over them all, is given them."""
-
-    def arm() -> None:
-        count, connect = itertools.count(1), sqlite3.connect
-
-        class Killing(sqlite3.Connection):
-            def execute(self, *args):  # type: ignore[no-untyped-def]
-                if next(count) == statement:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return super().execute(*args)
-
-        sqlite3.connect = lambda *args, **kwargs: connect(*args, factory=Killing, **kwargs)  # in the child only
-
-    return arm
 
 
 @pytest.fixture
