@@ -13,8 +13,9 @@ after one warm-up (imports, page cache). Goal (issue 20): each under 1 s and not
     .venv/bin/python benchmarks/ledger_scale.py --heavy [--jobs 1000000] [--repeats 5]
 
 A heavy user's year instead (issue 41; tests/helpers/heavy_ledger.py): many runs per job, 2,000 active jobs with
-24,000 active array tasks, heavy-tailed metrics, runs cancelled before they started; Slurm answers for the active
-jobs (nothing new). Each command runs in a process of its own, on the ledger as generated (no planner statistics,
+24,000 active array tasks, heavy-tailed metrics, runs cancelled before they started, every run's GPU use as its
+node samplers leave it (issue 61: packed once settled, curves for 40 days); Slurm answers for the active jobs
+(nothing new). Each command runs in a process of its own, on the ledger as generated (no planner statistics,
 as users' ledgers were) and again once analysed: its median, and the process's peak RSS. Goals: each <= 1 s (cost
 and report over 30 days <= 2 s), RSS <= 200 MB, a year / its last 40 days <= 1.3.
 """
@@ -38,7 +39,7 @@ from hpctrain.ledger import Ledger
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from _figures import figure  # noqa: E402
-from helpers.heavy_ledger import make_heavy_history  # noqa: E402
+from helpers.heavy_ledger import add_gpu_use, make_heavy_history  # noqa: E402
 from helpers.ledger import SITE, commands, make_history  # noqa: E402
 
 CACHE = Path("/var/tmp/hpctrain-bench-ledger")
@@ -96,6 +97,12 @@ def timings(path: Path, now: float, repeats: int) -> dict[str, float]:
 def heavy_ledger_of(jobs: int, days: float) -> tuple[Path, float, dict[str, int]]:
     """The heavy ledger of this size, the time it was made as of, and the ids to time."""
     path, made = cached(f"heavy-{jobs}-{days:g}d.db", lambda p, now: {"ids": make_heavy_history(p, jobs, now, days)})
+    if "gpu_runs" not in made:  # made before issue 61: its runs' GPU use added
+        t0 = time.perf_counter()
+        made["gpu_runs"] = add_gpu_use(path, made["now"])
+        print(f"added the GPU use of {made['gpu_runs']:,} runs to {path} in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr)
+        path.with_suffix(".json").write_text(json.dumps(made))
     return path, made["now"], made["ids"]
 
 

@@ -3,7 +3,7 @@ rows (hpctrain.runtime.utilization's records), each task's newest job step start
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hpctrain.ledger import Ledger
@@ -32,7 +32,7 @@ class GpuUse:
         return {
             "kind": self.kind,
             "mean": self.mean,
-            "idle": [_name(g, self.gpus) for g in self.idle],
+            "idle": list(map(_namer(self.gpus), self.idle)),
             "gpus": [{k: g.get(k) for k in ("task_index", "node", "device", *SUMMARY)} for g in self.gpus],
         }
 
@@ -84,7 +84,8 @@ def idle_words(use: GpuUse, idle: Sequence[GpuUseRow]) -> str | None:
 
 def gpus_line(use: GpuUse) -> str:
     """'GPUs (nvml) 24 % on average: 0 97 %, 1 0 %, ...; peak memory 61 of 80 GiB' for `show`."""
-    each = ", ".join(f"{_name(g, use.gpus)} {_percent(g['mean'])}" for g in use.gpus)
+    name = _namer(use.gpus)
+    each = ", ".join(f"{name(g)} {_percent(g['mean'])}" for g in use.gpus)
     peaks = [(g["mem_peak"], g["mem_total"]) for g in use.gpus if g["mem_peak"] is not None and g["mem_total"]]
     memory = ""
     if peaks:
@@ -98,19 +99,26 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f} %"
 
 
-def _name(gpu: GpuUseRow, gpus: Sequence[GpuUseRow]) -> str:
-    """A GPU as the user reads it: its number, with its node where the job has several (and its task in an
-    array)."""
-    nodes = {g["node"] for g in gpus}
-    tasks = {g["task_index"] for g in gpus}
-    prefix = (f"task {gpu['task_index']} " if len(tasks) > 1 else "") + (f"{gpu['node']}:" if len(nodes) > 1 else "")
-    return prefix + gpu["device"]
+def _namer(gpus: Sequence[GpuUseRow]) -> Callable[[GpuUseRow], str]:
+    """How to name a GPU of ``gpus`` as the user reads it: its number, with its node where the job has several (and
+    its task in an array)."""
+    many_nodes = len({g["node"] for g in gpus}) > 1
+    many_tasks = len({g["task_index"] for g in gpus}) > 1
+
+    def name(gpu: GpuUseRow) -> str:
+        return (
+            (f"task {gpu['task_index']} " if many_tasks else "")
+            + (f"{gpu['node']}:" if many_nodes else "")
+            + gpu["device"]
+        )
+
+    return name
 
 
 def _names(idle: Sequence[GpuUseRow], gpus: Sequence[GpuUseRow]) -> str:
     """'1-3', '0, 2', 'n1:1-3, n2:0': runs of consecutive numbers on one node joined."""
     if len({g["node"] for g in gpus}) > 1 or len({g["task_index"] for g in gpus}) > 1:
-        return ", ".join(_name(g, gpus) for g in idle)
+        return ", ".join(map(_namer(gpus), idle))
     numbers = sorted(int(g["device"]) for g in idle)
     runs: list[list[int]] = []
     for n in numbers:

@@ -43,6 +43,9 @@ ON CONFLICT (job_id, task_index, attempt, step_restart, node, device) DO UPDATE 
     final = excluded.final
 WHERE excluded.seconds >= gpu_use.seconds
 """
+# Its key's index, named by SQLite: the planner's statistics, skewed by arrays of thousands of tasks (a thousand rows
+# a job on average), made a query of 900 jobs scan the whole table (2.7 s of a heavy user's `cost --causes`).
+_USE_KEY = "sqlite_autoindex_gpu_use_1"
 _RUN_KEY = ("job_id", "task_index", "attempt", "step_restart", "node")
 _POLICY = ("below_percent", "after_s", "alert_s")
 # A settled GPU's figures: mean and p10 in hundredths of a percent (NONE_16: none), then float32s (NaN: none).
@@ -123,9 +126,7 @@ class Gpus:
                 chunk = ids[start : start + IN_CHUNK]
                 marks = ",".join("?" * len(chunk))
                 use = db.query(f"SELECT * FROM gpu_use WHERE job_id IN ({marks}) ORDER BY {', '.join(_RUN_KEY)}", chunk)
-                runs = [
-                    _packed_run(list(g)) for _, g in itertools.groupby(use, lambda r: tuple(r[k] for k in _RUN_KEY))
-                ]
+                runs = [packed_run(list(g)) for _, g in itertools.groupby(use, lambda r: tuple(r[k] for k in _RUN_KEY))]
                 db.conn.executemany(
                     "INSERT OR REPLACE INTO gpu_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", runs
                 )
@@ -135,7 +136,7 @@ class Gpus:
                     chunk,
                 ).fetchall()
                 curves = [
-                    _packed_curve(key, [r[3:] for r in rows], points)
+                    packed_curve(key, [r[3:] for r in rows], points)
                     for key, rows in itertools.groupby(timeline, lambda r: r[:3])
                 ]
                 db.conn.executemany("INSERT OR REPLACE INTO gpu_curves VALUES (?, ?, ?, ?, ?, ?)", curves)
@@ -151,12 +152,16 @@ class Gpus:
         """Every GPU summary of these jobs, by job, oldest run first (a settled job's unpacked)."""
         ids = sorted(set(job_ids))
         found: list[GpuUseRow] = []
+        packed = False
         for start in range(0, len(ids), IN_CHUNK):
             chunk = ids[start : start + IN_CHUNK]
             marks = ",".join("?" * len(chunk))
-            found += self._use.rows(f"job_id IN ({marks})", chunk)
+            found += self._use.rows(f"job_id IN ({marks})", chunk, ", ".join((*_RUN_KEY, "device")), index=_USE_KEY)
             for run in self.ledger.db.query(f"SELECT * FROM gpu_runs WHERE job_id IN ({marks})", chunk):
                 found += _unpacked_run(run)
+                packed = True
+        if not packed:  # in order already (a running job's, as `status` reads 24,000 array tasks')
+            return found
         return sorted(found, key=lambda r: tuple(r[k] for k in (*_RUN_KEY, "device")))  # type: ignore[literal-required]
 
     def means(self, job_ids: Iterable[int]) -> dict[tuple[int, int], float]:
@@ -177,7 +182,8 @@ class Gpus:
             chunk = ids[start : start + IN_CHUNK]
             out.update(
                 self.ledger.db.execute(
-                    f"SELECT job_id, total(idle_s) FROM (SELECT job_id, idle_s, at FROM gpu_use UNION ALL "
+                    f"SELECT job_id, total(idle_s) FROM (SELECT job_id, idle_s, at FROM gpu_use INDEXED BY {_USE_KEY} "
+                    "UNION ALL "
                     f"SELECT job_id, idle_s, at FROM gpu_runs) WHERE job_id IN ({','.join('?' * len(chunk))}) "
                     "AND at >= ? GROUP BY job_id",
                     [*chunk, since],
@@ -207,7 +213,7 @@ class Gpus:
         return sorted(minutes, key=lambda m: (m.at, m.task_index, m.node))
 
 
-def _packed_run(gpus: list[dict[str, Any]]) -> tuple[Any, ...]:
+def packed_run(gpus: list[dict[str, Any]]) -> tuple[Any, ...]:
     """One job step start and node's `gpu_use` rows as a `gpu_runs` row."""
     first = gpus[0]
     figures = b"".join(
@@ -242,7 +248,7 @@ def _unpacked_run(run: Mapping[str, Any]) -> Iterator[GpuUseRow]:
         yield cast("GpuUseRow", row)
 
 
-def _packed_curve(key: tuple[int, int, str], rows: list[tuple[float, str, str]], points: int) -> tuple[Any, ...]:
+def packed_curve(key: tuple[int, int, str], rows: list[tuple[float, str, str]], points: int) -> tuple[Any, ...]:
     """A task and node's timeline rows (at, util JSON, mem JSON), in order of time, as a `gpu_curves` row: runs of
     consecutive rows merged into at most ``points``."""
     width = -(-len(rows) // points)

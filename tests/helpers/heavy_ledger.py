@@ -77,6 +77,82 @@ def make_heavy_history(path: Path, jobs: int, now: float, days: float = 365, act
     return picked
 
 
+def add_gpu_use(path: Path, now: float, seed: int = 0) -> int:
+    """The GPU use of the heavy ledger's runs that started, as node samplers (issue 61) would have left it: each
+    active run's 8 GPUs' rows (4 on each of its 2 nodes), each settled run's packed a row a node, and the curves of
+    the settled runs of the last GPU_CURVES_KEPT_S (a row a task and node, a point a minute up to TIMELINE_POINTS).
+    Packed rows are drawn from a pool of GPU_POOL made by hpctrain's own packing (81 M GPU-runs packed one by one
+    take an hour). How many runs."""
+    from hpctrain.jobs.accounting import GPU_CURVES_KEPT_S, TIMELINE_POINTS
+    from hpctrain.ledger.gpus import packed_curve, packed_run
+
+    rnd = random.Random(seed)
+    runs_pool = [packed_run([_gpu_row(rnd, 0, -1, 0, "n1", str(d), 3600.0, now) for d in range(4)])
+                 for _ in range(GPU_POOL)]
+    curves_pool = {points: [packed_curve((0, -1, "n1"), [(60.0 * m, *_minute(rnd)) for m in range(points)], points)
+                            for _ in range(GPU_POOL // 10)] for points in range(1, TIMELINE_POINTS + 1)}
+    count = 0
+    with Ledger(path) as ledger:
+        db = ledger.db.conn
+        runs = db.execute(
+            "SELECT a.job_id, a.task_index, a.attempt, a.started_at, coalesce(a.ended_at, ?), j.usage_settled_at "
+            "FROM attempts a JOIN jobs j ON j.id = a.job_id WHERE a.started_at IS NOT NULL AND a.alloc_gpus > 0 "
+            "ORDER BY a.job_id, a.task_index, a.attempt",
+            [now],
+        )
+        packed: list[tuple] = []
+        live: list[dict[str, Any]] = []
+        curves: dict[tuple[int, int, str], tuple] = {}
+        for job_id, task, attempt, start, end, settled in runs:
+            count += 1
+            seconds = max(end - start, 1.0)
+            for node in ("n1", "n2"):
+                if settled is None:
+                    live += [_gpu_row(rnd, job_id, task, attempt, node, str(d), seconds, end) for d in range(4)]
+                    continue
+                pooled = rnd.choice(runs_pool)
+                idle = pooled[11] * seconds / 3600.0
+                packed.append((job_id, task, attempt, 0, node, *pooled[5:7], end, *pooled[8:11], idle, *pooled[12:]))
+                if start >= now - GPU_CURVES_KEPT_S:  # a task's runs on a node share its curve: the last one's
+                    points = min(int(seconds // 60) + 1, TIMELINE_POINTS)
+                    curves[job_id, task, node] = (job_id, task, node, start, *rnd.choice(curves_pool[points])[4:])
+            if len(packed) >= 200_000:
+                _insert_gpu_use(db, packed, list(curves.values()), live)
+                packed, curves, live = [], {}, []
+        _insert_gpu_use(db, packed, list(curves.values()), live)
+        db.commit()
+    return count
+
+
+GPU_POOL = 1000
+
+
+def _minute(rnd: random.Random) -> tuple[str, str]:
+    """A timeline row's 4 GPUs: their percents and MiB, as JSON."""
+    return (json.dumps({str(d): rnd.randint(0, 100) for d in range(4)}),
+            json.dumps({str(d): rnd.randint(1000, 80_000) for d in range(4)}))
+
+
+def _gpu_row(rnd: random.Random, job_id: int, task: int, attempt: int, node: str, device: str, seconds: float,
+             at: float) -> dict[str, Any]:
+    mean = rnd.uniform(0, 100)
+    idle = seconds if mean < 5 else 0.0
+    return {"job_id": job_id, "task_index": task, "attempt": attempt, "step_restart": 0, "node": node,
+            "device": device, "kind": "nvml", "samples": int(seconds // 5), "seconds": seconds, "mean": mean,
+            "p10": max(0.0, mean - 20), "mem_peak": rnd.uniform(1e9, 8e10), "mem_total": 8.5e10,
+            "energy_j": 300.0 * seconds, "idle_s": idle, "idle_now_s": idle, "below_percent": 5.0, "after_s": 60.0,
+            "alert_s": 600.0, "at": at, "final": 1}
+
+
+def _insert_gpu_use(db, packed: list[tuple], curves: list[tuple], live: list[dict[str, Any]]) -> None:
+    db.executemany("INSERT OR REPLACE INTO gpu_runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", packed)
+    db.executemany("INSERT OR REPLACE INTO gpu_curves VALUES (?, ?, ?, ?, ?, ?)", curves)
+    if live:
+        columns = list(live[0])
+        db.executemany(f"INSERT OR REPLACE INTO gpu_use ({', '.join(columns)}) VALUES "
+                       f"({', '.join(':' + c for c in columns)})", live)
+
+
 TRIALS = 20
 BIG_SWEEP_POINTS = 100  # loss points of each of the big sweep's trials
 ACTIVE_SWEEPS = 3  # of TRIALS trials each, all of them in flight (max_parallel): a tick submits nothing
@@ -206,7 +282,7 @@ class AnsweringSlurm(QuietSlurm):
 def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger, float], object]]:
     """Each command's work as the CLI does it, Slurm answered by AnsweringSlurm (made from the ledger on first use):
     the figures issue 41 asks for."""
-    from hpctrain.jobs.accounting import cost_totals
+    from hpctrain.jobs.accounting import add_idle, cost_totals
     from hpctrain.jobs.alerts import job_alerts
     from hpctrain.jobs.goodput import job_goodput
     from hpctrain.jobs.pending import waiting
@@ -236,6 +312,11 @@ def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger,
     def cost(by: str, days: int) -> Callable[[Ledger, float], object]:
         return lambda ledger, now: cost_totals(ledger, SITE, {}, by, since=now - days * DAY, now=now)
 
+    def causes(ledger: Ledger, now: float) -> object:  # the GPU-hours held idle too (issue 61)
+        groups = cost_totals(ledger, SITE, {}, "account", since=now - 30 * DAY, now=now)
+        add_idle(ledger, groups, now - 30 * DAY)
+        return groups
+
     return {
         "status": status,
         "status --all": lambda ledger, now: submissions(job_summaries(ledger, SITE)),
@@ -243,6 +324,7 @@ def heavy_commands(site_cfg, ids: dict[str, int]) -> dict[str, Callable[[Ledger,
         "metrics --tail 20, longest job": lambda ledger, now: ledger.metrics.tail(ids["long_job"], 20),
         "cost --since 7d": cost("job", 7),
         "cost --by account --since 30d": cost("account", 30),
+        "cost --causes --by account --since 30d": causes,
         "report --account, 30 days": lambda ledger, now: account_report(ledger, site_cfg, "teama", now - 30 * DAY),
         "sweep tick": lambda ledger, now: tick_all(ledger, client(ledger), site_cfg),
         "reconcile": lambda ledger, now: reconcile(ledger, client(ledger), SITE),
