@@ -214,3 +214,19 @@ def killed_at(statement: int) -> Callable[[], None]:
         sqlite3.connect = lambda *args, **kwargs: connect(*args, factory=Killing, **kwargs)  # in the child only
 
     return arm
+
+
+def ledger_in_child(path: Path, work: Callable[[Ledger], object], before: Callable[[], None] = lambda: None) -> int:
+    """Fork a process that calls ``before``, then ``work`` on the ledger at ``path``; its pid (exit status 0 once
+    done, 1 where it raised)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            before()
+            with Ledger(path) as ledger:
+                work(ledger)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers.ledger import DAY, killed_at, make_history
+from helpers.ledger import DAY, killed_at, ledger_in_child, make_history
 
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.archive import JOB_TABLES, SQLITE_FILES, archive
@@ -40,19 +40,8 @@ def restore(saved: Path, work: Path) -> tuple[Path, Path]:
 
 
 def archive_in_child(path: Path, target: Path, before: Callable[[], None] = lambda: None) -> int:
-    """Fork a process that archives ``path`` into ``target`` after calling ``before``; its pid (exit status 0 once
-    done, 1 where it raised)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            before()
-            with Ledger(path) as ledger:
-                archive(ledger, target, CUTOFF)
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
+    """Fork a process that archives ``path`` into ``target`` after calling ``before``; its pid."""
+    return ledger_in_child(path, lambda ledger: archive(ledger, target, CUTOFF), before)
 
 
 @pytest.fixture

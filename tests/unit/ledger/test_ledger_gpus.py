@@ -22,7 +22,7 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.table import Table
 
 from helpers.gpus import sampled
-from helpers.ledger import DAY, killed_at
+from helpers.ledger import DAY, killed_at, ledger_in_child
 
 POLICY = {"below_percent": 5, "after_s": 60, "alert_s": 600}
 SETTLED = time.time() + 8 * DAY  # past the window in which journals are read: every ended job settles
@@ -126,18 +126,8 @@ def tables(path: Path) -> dict[str, set[tuple]]:
 
 
 def settle_in_child(path: Path, before: Callable[[], None]) -> int:
-    """Fork a process that settles ``path``'s jobs after calling ``before``; its pid (exit status 0 once done)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            before()
-            with Ledger(path) as ledger:
-                settle(ledger, "dev", SETTLED)
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
+    """Fork a process that settles ``path``'s jobs after calling ``before``; its pid."""
+    return ledger_in_child(path, lambda ledger: settle(ledger, "dev", SETTLED), before)
 
 
 def test_a_settle_killed_at_any_statement_or_two_at_once_end_as_one(tmp_path, monkeypatch):
