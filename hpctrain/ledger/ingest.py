@@ -13,7 +13,8 @@ from hpctrain.ledger.db import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.rows import AttemptFields, NewCheckpoint, SegmentKey
 
-Handler = Callable[[Ledger, dict[str, Any]], None]
+# A handler folds a record in; one that returns False leaves it unread (noted as not read, it is read again).
+Handler = Callable[[Ledger, dict[str, Any]], "bool | None"]
 
 _CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "host", "rank")
 BATCH = 200  # records per write transaction: few lock round trips, and no writer waits long behind one
@@ -69,14 +70,18 @@ def _hang(ledger: Ledger, rec: dict[str, Any]) -> None:
     _event(ledger, rec)
 
 
-def _utilization(ledger: Ledger, rec: dict[str, Any]) -> None:
+def _utilization(ledger: Ledger, rec: dict[str, Any]) -> bool:
     """A node sampler's record (hpctrain.runtime.utilization): not an event (one a minute per node). A settled job's
-    are packed already (its journal read again after the notes of them were dropped)."""
-    if (key := _segment(rec)) and not ledger.usage.settled(key["job_id"]):
-        timeline = [tuple(point) for point in rec.get("timeline") or []]
-        ledger.gpus.record(
-            key, rec["host"], rec["source"], rec["gpus"], rec["policy"], timeline, rec["time"], bool(rec.get("final"))
-        )
+    are packed already: left unread (False), so that the job, reopened, reads them again."""
+    if not (key := _segment(rec)):
+        return True
+    if ledger.usage.settled(key["job_id"]):
+        return False
+    timeline = [tuple(point) for point in rec.get("timeline") or []]
+    ledger.gpus.record(
+        key, rec["host"], rec["source"], rec["gpus"], rec["policy"], timeline, rec["time"], bool(rec.get("final"))
+    )
+    return True
 
 
 def _metrics(ledger: Ledger, rec: dict[str, Any]) -> None:
@@ -169,18 +174,19 @@ def ingest_journal(ledger: Ledger, journal: Journal) -> int:
             for name, rec in fresh[start : start + BATCH]:
                 if ledger.ingested.has(key, name):
                     continue  # another reconcile got there first
-                _fold(ledger, key, name, rec, journal.dir / name)
-                new += 1
+                new += _fold(ledger, key, name, rec, journal.dir / name)
     return new
 
 
-def _fold(ledger: Ledger, key: str, name: str, rec: dict[str, Any], path: Path) -> None:
+def _fold(ledger: Ledger, key: str, name: str, rec: dict[str, Any], path: Path) -> bool:
     """One record (file ``path``) into the ledger, or a `journal_error` event saying why it could not be: a record
-    that is refused, by its handler or by the schema, neither stops every later ingest nor leaves part of itself."""
+    that is refused, by its handler or by the schema, neither stops every later ingest nor leaves part of itself.
+    Whether it was read (noted): a handler may leave it unread."""
     rec.setdefault("time", time.time())
     try:
         with ledger.transaction():  # a savepoint: what the handler wrote before it failed goes with it
-            HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec)
+            if HANDLERS.get(rec.get("kind", ""), _event)(ledger, rec) is False:
+                return False
     except (AttributeError, IndexError, KeyError, TypeError, ValueError, sqlite3.IntegrityError) as exc:
         _event(
             ledger,
@@ -192,3 +198,4 @@ def _fold(ledger: Ledger, key: str, name: str, rec: dict[str, Any], path: Path) 
             },
         )
     ledger.ingested.add(key, name, rec.get("kind", "?"))
+    return True

@@ -695,7 +695,8 @@ MIGRATIONS: list[list[Step]] = [
     # their idle seconds summed for `cost`; `gpu_curves` a row a task and node, its timeline's points packed, kept
     # for a window of days by `at` (with a rowid: a row of 1.7 kB fits in a page of a table's B-tree, where an
     # index's, a table WITHOUT ROWID's, spills over 1 kB into a page of its own). A job reopened loses both: its
-    # journal's records, read again, rebuild them.
+    # journal's records, read again (its directory's mtime forgotten: read even if nothing was written since),
+    # rebuild them.
     [
         """CREATE TABLE gpu_runs (
             job_id INTEGER NOT NULL REFERENCES jobs(id),
@@ -729,6 +730,7 @@ MIGRATIONS: list[list[Step]] = [
         BEGIN
             DELETE FROM gpu_runs WHERE job_id = NEW.id;
             DELETE FROM gpu_curves WHERE job_id = NEW.id;
+            DELETE FROM journal_seen WHERE journal = rtrim(NEW.job_dir, '/') || '/journal';
         END""",
     ],
 ]

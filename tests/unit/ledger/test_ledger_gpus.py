@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.contract import UTILIZATION
+from hpctrain.contract import JobPaths
 from hpctrain.jobs.accounting import GPU_CURVES_KEPT_S, settle
+from hpctrain.jobs.reconcile import read_journals
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.ingest import ingest_journal
 from hpctrain.ledger.journal import Journal
@@ -73,15 +74,17 @@ def test_a_settled_jobs_gpu_use_is_packed_and_reads_as_before(isolated_ledger, t
         assert_same_use(gpu_use(ledger, job), live)
         kept = ledger.ingested.names(str(journal.dir.resolve()))
         assert len(kept) == 1 and kept < notes  # the other record's note, not the samplers'
-        # Read again (nothing does: its journal is no longer read), the samplers' records change nothing.
-        assert ingest_journal(ledger, journal) == len(notes) - 1
-        assert count(ledger, "gpu_use") == 0
+        # Read again (nothing does: its journal is no longer read), the samplers' records change nothing and stay
+        # unread; the journal is noted read through (its mtime).
+        os.utime(journal.dir, (time.time() - 3600,) * 2)
+        assert read_journals(ledger, [JobPaths.journal_of(str(tmp_path))]) == 0
+        assert count(ledger, "gpu_use") == 0 and ledger.ingested.names(str(journal.dir.resolve())) == kept
         assert_same_use(gpu_use(ledger, job), live)
-        # Reopened (Slurm runs it again), its journal rebuilds its use; it settles again once it has ended.
+        # Reopened, its journal rebuilds its use though nothing was written to it since; it settles again once it
+        # has ended.
         ledger.jobs.set_state(job, "REQUEUED", ended_at=None)
         assert count(ledger, "gpu_runs") == count(ledger, "gpu_curves") == 0
-        ledger.ingested.forget([str(journal.dir.resolve())], UTILIZATION)
-        ingest_journal(ledger, journal)
+        assert read_journals(ledger, [JobPaths.journal_of(str(tmp_path))]) == len(notes) - 1
         assert gpu_use(ledger, job) == live
         ledger.jobs.set_state(job, "COMPLETED", ended_at=time.time())
         assert settle(ledger, "dev", SETTLED) == 1
