@@ -73,7 +73,11 @@ def settle(ledger: Ledger, site: str, now: float | None = None, limit: int | Non
     for i in range(0, len(ids), SETTLE_BATCH):
         part = ids[i : i + SETTLE_BATCH]
         runs = measure(ledger, ledger.attempts.usage_of(part, now), now)
-        journals = [os.path.realpath(JobPaths.journal_of(d)) for d in ledger.jobs.dirs(part).values()]
+        # The samplers' journals by the name their notes have (resolved): of the jobs sampled alone, before the
+        # write transaction (on a shared file system each path is round trips to its server).
+        journals = [
+            os.path.realpath(JobPaths.journal_of(d)) for d in ledger.jobs.dirs(ledger.gpus.sampled(part)).values()
+        ]
         with ledger.transaction():  # one decision: a job's runs kept, its GPU use packed, its samplers' notes gone
             ledger.usage.keep(part, [_kept_row(site, u) for u in runs], now)
             ledger.gpus.settle(part, TIMELINE_POINTS, now - GPU_CURVES_KEPT_S)

@@ -144,6 +144,22 @@ class Gpus:
                 db.execute(f"DELETE FROM gpu_timeline WHERE job_id IN ({marks})", chunk)
             db.execute("DELETE FROM gpu_curves WHERE at < ?", [curves_since])
 
+    def sampled(self, job_ids: Iterable[int]) -> set[int]:
+        """Those of these jobs that have GPU use not yet packed."""
+        ids = sorted(set(job_ids))
+        found: set[int] = set()
+        for start in range(0, len(ids), IN_CHUNK):
+            chunk = ids[start : start + IN_CHUNK]
+            found.update(
+                r[0]
+                for r in self.ledger.db.execute(
+                    f"SELECT DISTINCT job_id FROM gpu_use INDEXED BY {_USE_KEY} "
+                    f"WHERE job_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+            )
+        return found
+
     def of_job(self, job_id: int) -> list[GpuUseRow]:
         """Every GPU summary of the job, oldest run first."""
         return self.of_jobs([job_id])

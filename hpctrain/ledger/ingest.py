@@ -13,7 +13,7 @@ from hpctrain.ledger.db import Ledger
 from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.rows import AttemptFields, NewCheckpoint, SegmentKey
 
-# A handler folds a record in; one that returns False leaves it unread (noted as not read, it is read again).
+# A handler folds a record in; one that returns False leaves it unread: not noted, a later read reads it again.
 Handler = Callable[[Ledger, dict[str, Any]], "bool | None"]
 
 _CONTEXT = ("kind", "time", "job_id", "slurm_job_id", "task_index", "restart", "host", "rank")
