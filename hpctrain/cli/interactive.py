@@ -114,7 +114,8 @@ def notebook(
     click.echo(f"  then:   {s.url('localhost')}")
     click.echo(f"  on the cluster's network: {s.url()}")
     click.echo(
-        f"  ends after {s.idle_minutes:g} min without kernel activity or at its time limit; "
+        f"  ends after {s.idle_minutes:g} min without kernel activity (or with its GPUs idle, where NVML reads "
+        "them) or at its time limit; "
         f"`hpctrain cancel {got.job_id}` ends it now"
     )
     if open_browser:

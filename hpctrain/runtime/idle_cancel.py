@@ -38,6 +38,7 @@ class IdleCancel:
         self,
         env: JobEnvironment,
         grace_s: float,
+        rule: str,
         journal: Journal,
         cancel: Callable[[str], object] = _slurm_cancel,
     ):
@@ -49,7 +50,7 @@ class IdleCancel:
         self.pattern = f"{glob.escape(step)}*"
         self.mark = self.folder / f"{step}{env.node}"
         self.decision = self.folder / f"{self.run}-ended"
-        self.nodes, self.grace_s, self.journal = env.step_node_count, grace_s, journal
+        self.nodes, self.grace_s, self.rule, self.journal = env.step_node_count, grace_s, rule, journal
         self.target, self.cancel = env.requeue_target, cancel
         self._since: float | None = None  # when this node's GPUs were all idle, as its mark says
 
@@ -92,7 +93,6 @@ class IdleCancel:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(f"{at}\n")
         if not self._journaled():
-            minutes = self.grace_s / 60
             self.journal.write(
                 KIND,
                 attempt=self.attempt,
@@ -103,8 +103,8 @@ class IdleCancel:
                 grace_s=self.grace_s,
                 nodes=self.nodes,
                 message=(
-                    f'every GPU of the job idle for {idle_s / 60:.1f} min ([idle] action = "cancel", '
-                    f"cancel_minutes = {minutes:g}): the job is cancelled, not requeued"
+                    f"every GPU of the job idle for {idle_s / 60:.1f} min ({self.rule}): "
+                    "the job is cancelled, not requeued"
                 ),
             )
         self.cancel(self.target)

@@ -26,6 +26,7 @@ from hpctrain.contract import UTILIZATION
 from hpctrain.errors import HpctrainError
 
 if TYPE_CHECKING:
+    from hpctrain.config.job import Interactive
     from hpctrain.config.policies import IdlePolicy
     from hpctrain.contract import JobEnvironment
     from hpctrain.ledger.journal import Journal
@@ -380,15 +381,12 @@ class NodeSampling:
         from hpctrain.runtime.idle_cancel import IdleCancel
 
         try:
-            policy = job_idle_policy(env)
+            policy, session = job_idle_policy(env)
             source, why = open_source(env.gpu_ids)
             values = (policy.sample_s, policy.below_percent, policy.after_minutes, policy.alert_minutes)
-            assert all(v is not None for v in values) and policy.cancel_minutes is not None
-            cancel = (
-                IdleCancel(env, policy.cancel_minutes * 60, journal)
-                if policy.action == "cancel" and env.job_dir is not None
-                else None
-            )
+            assert all(v is not None for v in values)
+            end = idle_end(policy, session, source.kind)
+            cancel = IdleCancel(env, *end, journal) if end is not None and env.job_dir is not None else None
             self.sampler = NodeSampler(
                 source,
                 lambda record: journal.write(UTILIZATION, **record),
@@ -406,9 +404,9 @@ class NodeSampling:
             self.sampler.stop()
 
 
-def job_idle_policy(env: JobEnvironment) -> IdlePolicy:
-    """The job's [idle] over its site's, over the defaults; the defaults where the spec cannot be read (the
-    sampler fails no job)."""
+def job_idle_policy(env: JobEnvironment) -> tuple[IdlePolicy, Interactive | None]:
+    """The job's [idle] over its site's, over the defaults, and its interactive session if it is one; the defaults
+    and no session where the spec cannot be read (the sampler fails no job)."""
     from hpctrain.config.job import load_job_spec
     from hpctrain.config.policies import IdlePolicy
     from hpctrain.config.site import job_site
@@ -416,7 +414,23 @@ def job_idle_policy(env: JobEnvironment) -> IdlePolicy:
 
     try:
         site = job_site()
-        spec = load_job_spec(env.spec_file).idle if env.spec_file is not None else IdlePolicy()
-        return spec.over(site.idle if site else IdlePolicy())
+        spec = load_job_spec(env.spec_file) if env.spec_file is not None else None
+        own = spec.idle if spec is not None else IdlePolicy()
+        return own.over(site.idle if site else IdlePolicy()), spec.interactive if spec is not None else None
     except (HpctrainError, OSError):
-        return IdlePolicy().resolved()
+        return IdlePolicy().resolved(), None
+
+
+def idle_end(policy: IdlePolicy, session: Interactive | None, kind: str) -> tuple[float, str] | None:
+    """How long every GPU of a node may stay idle before its run is ended, and the setting that says so (None:
+    never): `cancel_minutes` under `action = "cancel"`; for an interactive session whose GPUs NVML reads, its
+    `idle_minutes` at most, so that a kernel busy on the CPU alone does not hold GPUs for nothing. (Read from the
+    processes, a session's GPU is as busy as its kernels, which Jupyter's own culling ends already.)"""
+    limits = []
+    if policy.action == "cancel" and policy.cancel_minutes is not None:
+        limits.append(
+            (policy.cancel_minutes * 60, f'[idle] action = "cancel", cancel_minutes = {policy.cancel_minutes:g}')
+        )
+    if session is not None and kind == "nvml":
+        limits.append((session.idle_minutes * 60, f"the session's idle_minutes = {session.idle_minutes:g}"))
+    return min(limits, default=None)

@@ -18,6 +18,7 @@ from hpctrain.runtime.attempts import Outcome, decide, journal_outcomes
 from hpctrain.runtime.idle_cancel import IdleCancel
 
 GRACE_S = 120.0
+RULE = '[idle] action = "cancel", cancel_minutes = 2'
 
 
 def node_env(tmp_path, node: str, nodes: int = 2, restarts: int = 0) -> JobEnvironment:
@@ -43,7 +44,7 @@ class Cancels(list):
 
 
 def samplers(tmp_path, journal, cancels, nodes=("n1", "n2")):
-    return [IdleCancel(node_env(tmp_path, n, len(nodes)), GRACE_S, journal, cancels) for n in nodes]
+    return [IdleCancel(node_env(tmp_path, n, len(nodes)), GRACE_S, RULE, journal, cancels) for n in nodes]
 
 
 def decisions(journal: Journal) -> list[dict]:
@@ -80,9 +81,9 @@ def test_a_node_that_works_again_keeps_the_run(tmp_path):
 
 def test_a_new_step_or_run_is_not_ended_by_the_marks_of_the_last(tmp_path):
     journal, cancels = Journal(tmp_path / "journal"), Cancels()
-    old = IdleCancel(node_env(tmp_path, "n1", 2), GRACE_S, journal, cancels)
+    old = IdleCancel(node_env(tmp_path, "n1", 2), GRACE_S, RULE, journal, cancels)
     assert not old.check(500.0, 1000.0)
-    restarted = [IdleCancel(node_env(tmp_path, n, 2, restarts=1), GRACE_S, journal, cancels) for n in ("n2",)]
+    restarted = [IdleCancel(node_env(tmp_path, n, 2, restarts=1), GRACE_S, RULE, journal, cancels) for n in ("n2",)]
     assert not restarted[0].check(500.0, 1000.0)  # n1's mark is the first step's: one node of two
     assert not decisions(journal)
 

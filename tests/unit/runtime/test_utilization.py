@@ -13,12 +13,19 @@ import psutil
 import pynvml
 import pytest
 
+from hpctrain.config.policies import IdlePolicy
+from hpctrain.contract import JOB_DIR_ENV, SPEC_ENV, JobEnvironment
+from hpctrain.interactive.spec import session_spec
+from hpctrain.ledger.journal import Journal
+from hpctrain.runtime.idle_cancel import IdleCancel
 from hpctrain.runtime.utilization import (
     GpuSummary,
     NodeSampler,
     NvmlSource,
     ProcessSource,
     Reading,
+    idle_end,
+    job_idle_policy,
     open_source,
 )
 
@@ -133,3 +140,47 @@ def test_the_sampler_journals_summaries_and_a_last_record_when_stopped():
     assert last["gpus"]["0"]["mean"] == 80 and last["gpus"]["1"]["mean"] == 0
     assert last["gpus"]["1"]["idle_s"] == last["gpus"]["1"]["seconds"] > 0
     assert {p[1] for p in last["timeline"]} == {"0", "1"} and last["cost_s"] >= 0
+
+
+def test_what_ends_a_node_idle_the_policys_cancel_and_a_sessions_idle_minutes_under_nvml(tmp_path, monkeypatch):
+    """A session's kernels may keep busy on the CPU alone: where NVML reads its GPUs, their idleness ends it after
+    its idle_minutes; read from the processes, a GPU is as busy as its kernels, which Jupyter's culling ends."""
+    session = session_spec(idle_minutes=30)
+    spec = tmp_path / "spec.json"
+    spec.write_text(session.model_dump_json(by_alias=True), encoding="utf-8")
+    monkeypatch.delenv("HPCTRAIN_SITE", raising=False)
+    policy, found = job_idle_policy(JobEnvironment({SPEC_ENV: str(spec)}))
+    assert found == session.interactive and policy.action == "alert"
+    assert idle_end(policy, found, "cpu") is None
+    assert idle_end(policy, found, "nvml") == (1800.0, "the session's idle_minutes = 30")
+    cancel = IdlePolicy(action="cancel", cancel_minutes=10).resolved()
+    by_policy = (600.0, '[idle] action = "cancel", cancel_minutes = 10')
+    assert idle_end(cancel, found, "nvml") == idle_end(cancel, found, "cpu") == idle_end(cancel, None, "cpu") == by_policy
+    assert idle_end(IdlePolicy(action="cancel", cancel_minutes=45).resolved(), found, "nvml")[0] == 1800.0
+    assert idle_end(IdlePolicy().resolved(), None, "nvml") is None
+
+
+class IdleNvml(Fake):
+    kind = "nvml"
+
+    def read(self):
+        return [Reading(0.0, 1.0, 2.0), Reading(1.0, 1.0, 2.0)]
+
+
+def test_a_session_whose_nvml_gpus_stay_idle_is_ended_once_as_idle(tmp_path):
+    """The node's sampler, given what `idle_end` says of a session under NVML: the run's end is journaled once,
+    cause idle, naming the session's setting, and Slurm is asked to end it."""
+    (tmp_path / "job").mkdir()
+    env = JobEnvironment({JOB_DIR_ENV: str(tmp_path / "job"), "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1",
+                          "SLURM_RESTART_COUNT": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_PROCID": "0"})
+    journal, cancelled = Journal(tmp_path / "journal.jsonl"), []
+    end = idle_end(IdlePolicy().resolved(), session_spec(idle_minutes=0.005).interactive, "nvml")
+    assert end is not None
+    sampler = NodeSampler(IdleNvml(), lambda record: None, sample_s=0.05, below_percent=5, after_minutes=1,
+                          alert_minutes=2, idle_cancel=IdleCancel(env, *end, journal, cancelled.append))
+    sampler.start()
+    wait_until(lambda: sampler.cancelled, timeout=30, what="the session ended")
+    sampler.stop()
+    (decided,) = [rec for _, rec in journal.records(kinds=("idle_cancel",))]
+    assert decided["cause"] == "idle" and not decided["requeued"] and cancelled == ["77"]
+    assert "the session's idle_minutes = 0.005" in decided["message"]
