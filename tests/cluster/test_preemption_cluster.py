@@ -31,7 +31,7 @@ from hpctrain.submit import Submitter
 from helpers.cli import run_cli
 from helpers.cluster import HIGH, run_ends, sacct_gpu_hours, sacct_said, site_with_cache, slurm_setting
 from helpers.lanes import on_release
-from helpers.paths import run_folder
+from helpers.paths import suite_folder
 from helpers.report import mark_steps, pixels, plot_images, screenshot
 from helpers.slow_source import reads, slow_index
 from helpers.train import (
@@ -110,10 +110,11 @@ def low_qos_grace(request, dev_cluster):
 
 @pytest.fixture(scope="session")
 def straight(tmp_path_factory):
-    """The data the tests train on, and the checkpoints of the run never preempted: made once per test run, by the
-    first test that asks (during its run, after its preemptions), not per test (under pytest-xdist, once for all
-    workers: the first to ask trains it, under a file lock in the run's shared temporary folder, the others wait)."""
-    shared = run_folder(tmp_path_factory)
+    """The data the tests train on, and the checkpoints of the run never preempted: made once per suite, by the
+    first test that asks (during its run, after its preemptions), not per test (once for all pytest-xdist workers and
+    all lanes: the first to ask trains it, under a file lock in the suite's shared folder, the others wait; every
+    part trains the same data, this Python's standard library, on the same Python and torch)."""
+    shared = suite_folder(tmp_path_factory)
     work = tmp_path_factory.mktemp("straight")
     index = pack_text_dataset(work / "data", TINY_MODEL["seq_len"], count=600, shard_bytes=8192).path
 
