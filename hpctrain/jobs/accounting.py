@@ -336,10 +336,11 @@ def cost_totals(
 
 def add_idle(ledger: Ledger, groups: list[Total], since: float | None = None) -> None:
     """Each total's GPU-hours held idle (hpctrain.runtime.utilization: below `[idle] below_percent` for
-    `after_minutes` or longer), from its jobs' GPU summaries sampled since ``since``."""
+    `after_minutes` or longer), from its jobs' GPU summaries sampled since ``since``; at most its GPU-hours (a
+    sampler's clock counts the fraction of a second that Slurm's elapsed time, in whole seconds, leaves out)."""
     idle = ledger.gpus.idle_seconds({j for g in groups for j in g.jobs}, since or 0.0)
     for g in groups:
-        g.idle_gpu_hours = sum(idle.get(j, 0.0) for j in g.jobs) / 3600
+        g.idle_gpu_hours = min(sum(idle.get(j, 0.0) for j in g.jobs) / 3600, g.gpu_hours)
 
 
 def pooled_goodput(groups: Iterable[Total]) -> float | None:

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 REPORT_EVERY = 12  # readings a record (a minute at the default 5 s), and one when the step ends
 MINUTE = 60.0  # the timeline's resolution
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+CHILDREN_LISTS = os.path.exists(f"/proc/self/task/{os.getpid()}/children")  # the kernel's CONFIG_PROC_CHILDREN
 
 
 @dataclass(frozen=True)
@@ -100,25 +102,40 @@ class NvmlSource:
         self.nvml.nvmlShutdown()
 
 
-def _processes() -> dict[int, tuple[int, float, float]]:
-    """Every process of this host: pid -> (parent pid, CPU seconds, resident bytes), from /proc."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    out: dict[int, tuple[int, float, float]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
+def _stat(pid: int) -> tuple[int, float, float] | None:
+    """Process ``pid``'s parent, CPU seconds and resident bytes, from /proc; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rfind(b")") + 2 :].split()  # past the command name, which may hold spaces
+    return int(fields[1]), (int(fields[11]) + int(fields[12])) / CLOCK_TICKS, float(int(fields[21]) * PAGE)
+
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid``: the kernel's list of each of its threads' (none once it is gone)."""
+    out: list[int] = []
+    try:
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in threads:
         try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                text = f.read()
-        except OSError:  # gone meanwhile
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(child) for child in f.read().split())
+        except OSError:  # the thread ended meanwhile
             continue
-        fields = text[text.rfind(b")") + 2 :].split()  # past the command name, which may hold spaces
-        out[int(name)] = (
-            int(fields[1]),
-            (int(fields[11]) + int(fields[12])) / CLOCK_TICKS,
-            float(int(fields[21]) * page),
-        )
     return out
+
+
+def _scanned_children() -> Callable[[int], list[int]]:
+    """Where the kernel keeps no children lists: every process of the host read once, as parent -> children."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (stat := _stat(int(name))) is not None:
+            children.setdefault(stat[0], []).append(int(name))
+    return lambda pid: children.get(pid, [])
 
 
 def _local_rank(pid: int) -> int | None:
@@ -136,31 +153,35 @@ def _local_rank(pid: int) -> int | None:
 class ProcessSource:
     """Each local rank's processes as its GPU (kind ``cpu``): the tasks of this job step on this node are the
     children of its slurmstepd (this shim's parent), each the shim of one local rank; a rank's processes are its
-    shim's descendants (the shim itself, which samples, left out)."""
+    shim's descendants (the shim itself, which samples, left out). Only the step's own processes are read, through
+    the kernel's children lists, however many others the node runs (a scan of /proc where it keeps none)."""
 
     kind = "cpu"
 
-    def __init__(self, gpu_ids: list[str], step_pid: int | None = None, read: Callable[[], dict] = _processes):
+    def __init__(self, gpu_ids: list[str], step_pid: int | None = None):
         self.devices = list(gpu_ids)
         self.step_pid = os.getppid() if step_pid is None else step_pid
-        self._processes = read
         self.shims: dict[int, int] = {}  # local rank -> its shim's pid
+        self.others: set[int] = set()  # children of the step that are no rank's shim
         self.last: tuple[float, list[float], frozenset[int]] | None = None  # time, CPU and shims of a read
-        self.memory = float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+        self.memory = float(os.sysconf("SC_PHYS_PAGES") * PAGE)
 
     def read(self) -> list[Reading]:
-        now, procs = time.monotonic(), self._processes()
-        children: dict[int, list[int]] = {}
-        for pid, (parent, _, _) in procs.items():
-            children.setdefault(parent, []).append(pid)
-        for pid in children.get(self.step_pid, []):
-            if pid not in self.shims.values() and (rank := _local_rank(pid)) is not None:
+        now = time.monotonic()
+        children = _children if CHILDREN_LISTS else _scanned_children()
+        for pid in children(self.step_pid):
+            if pid in self.others or pid in self.shims.values():
+                continue
+            if (rank := _local_rank(pid)) is None:
+                self.others.add(pid)
+            else:
                 self.shims[rank] = pid
         cpu, rss = [], []
         for rank in range(len(self.devices)):
             below = _descendants(children, self.shims[rank]) if rank in self.shims else []
-            cpu.append(sum(procs[p][1] for p in below))
-            rss.append(sum(procs[p][2] for p in below))
+            stats = [stat for stat in map(_stat, below) if stat is not None]
+            cpu.append(sum(stat[1] for stat in stats))
+            rss.append(sum(stat[2] for stat in stats))
         last, self.last = self.last, (now, cpu, frozenset(self.shims))
         if last is None or now <= last[0]:
             return [Reading(None, m, self.memory) for m in rss]
@@ -174,12 +195,12 @@ class ProcessSource:
         pass
 
 
-def _descendants(children: dict[int, list[int]], root: int) -> list[int]:
-    out, todo = [], list(children.get(root, []))
+def _descendants(children: Callable[[int], list[int]], root: int) -> list[int]:
+    out, todo = [], list(children(root))
     while todo:
         pid = todo.pop()
         out.append(pid)
-        todo.extend(children.get(pid, []))
+        todo.extend(children(pid))
     return out
 
 

@@ -52,6 +52,17 @@ def test_the_json_keeps_every_cause_of_every_group(ledger_path):
     assert [r["idle_gpu_hours"] for r in rows] == [0.0, 0.75]
 
 
+
+def test_idle_time_is_at_most_the_gpu_time_slurm_counted(ledger_path):
+    """A sampler's clock counts the fraction of a second that Slurm's elapsed time (whole seconds) leaves out: a GPU
+    idle its whole run reads 3600.4 s idle of a 3600 s run, and is counted idle 100 % of it, not more."""
+    with Ledger(ledger_path) as ledger:
+        ledger.db.execute("UPDATE gpu_use SET idle_s = 3600.4")
+    result = invoke("cost", "--no-refresh", "--causes", "--json", env={"HPCTRAIN_LEDGER": str(ledger_path)})
+    rows = json.loads(result.stdout)
+    assert [(r["idle_gpu_hours"], r["gpu_hours"]) for r in rows] == [(0.0, 1.0), (1.0, 1.0)]
+
+
 @pytest.fixture
 def many_jobs(tmp_path):
     """30 jobs, job k (from 1) a run of k hours on one GPU."""
