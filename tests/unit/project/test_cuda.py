@@ -219,3 +219,42 @@ def test_nvml_reads_a_matmul_loop_busy_and_a_sleeping_gpu_idle_as_nvidia_smi_doe
         assert all(mine is not None and mine <= 5 and abs(mine - smi) <= 10 for mine, smi in readings), readings
     finally:
         source.close()
+
+
+def test_a_session_whose_kernel_spins_on_the_cpu_with_its_gpu_untouched_is_ended_as_idle(tmp_path):
+    """Issue 61: a kernel busy on the CPU alone, its GPU held and untouched (a tensor on it, nothing computed). NVML
+    reads the GPU idle, so the node's sampler ends the session after its idle_minutes, once, cause idle."""
+    import time
+
+    from hpctrain.config.policies import IdlePolicy
+    from hpctrain.contract import JOB_DIR_ENV, JobEnvironment
+    from hpctrain.interactive.spec import session_spec
+    from hpctrain.ledger.journal import Journal
+    from hpctrain.runtime.idle_cancel import IdleCancel
+    from hpctrain.runtime.utilization import NodeSampler, NvmlSource, idle_end
+
+    (tmp_path / "job").mkdir()
+    env = JobEnvironment({JOB_DIR_ENV: str(tmp_path / "job"), "SLURM_JOB_ID": "77", "SLURMD_NODENAME": "n1",
+                          "SLURM_RESTART_COUNT": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_PROCID": "0"})
+    journal, cancelled = Journal(tmp_path / "journal"), []
+    end = idle_end(IdlePolicy().resolved(), session_spec(idle_minutes=0.1).interactive, "nvml")
+    assert end == (6.0, "the session's idle_minutes = 0.1")
+    kernel = subprocess.Popen([sys.executable, "-c", "import time, torch; torch.zeros(1, device='cuda'); "
+                               "print('ready', flush=True); end = time.time() + 60\nwhile time.time() < end: pass"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert kernel.stdout is not None and kernel.stdout.readline().strip() == "ready"
+        sampler = NodeSampler(NvmlSource(["0"]), lambda record: None, sample_s=0.5, below_percent=5,
+                              after_minutes=0, alert_minutes=1, idle_cancel=IdleCancel(env, *end, journal,
+                                                                                       cancelled.append))
+        sampler.start()
+        deadline = time.time() + 30
+        while not sampler.cancelled and time.time() < deadline:
+            time.sleep(0.5)
+        sampler.stop()
+        assert kernel.poll() is None  # the kernel was busy all along, on the CPU
+    finally:
+        kernel.kill()
+        kernel.wait()
+    (decided,) = [rec for _, rec in journal.records(kinds=("idle_cancel",))]
+    assert decided["cause"] == "idle" and cancelled == ["77"], decided
