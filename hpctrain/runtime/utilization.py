@@ -162,19 +162,15 @@ class ProcessSource:
         self.devices = list(gpu_ids)
         self.step_pid = os.getppid() if step_pid is None else step_pid
         self.shims: dict[int, int] = {}  # local rank -> its shim's pid
-        self.others: set[int] = set()  # children of the step that are no rank's shim
         self.last: tuple[float, list[float], frozenset[int]] | None = None  # time, CPU and shims of a read
         self.memory = float(os.sysconf("SC_PHYS_PAGES") * PAGE)
 
     def read(self) -> list[Reading]:
         now = time.monotonic()
         children = _children if CHILDREN_LISTS else _scanned_children()
+        # A child read between its fork and exec has its parent's environment, no SLURM_LOCALID: asked again each time.
         for pid in children(self.step_pid):
-            if pid in self.others or pid in self.shims.values():
-                continue
-            if (rank := _local_rank(pid)) is None:
-                self.others.add(pid)
-            else:
+            if pid not in self.shims.values() and (rank := _local_rank(pid)) is not None:
                 self.shims[rank] = pid
         cpu, rss = [], []
         for rank in range(len(self.devices)):
