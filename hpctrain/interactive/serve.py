@@ -2,11 +2,11 @@
 
 Kernels idle for the spec's ``idle_minutes`` are culled (connected or not, never a busy one), and the server stops
 once none is left and nothing happened for as long (Jupyter's ``shutdown_no_activity``, asked every CHECK_S seconds
-instead of its own once a minute): the allocation ends and its GPUs are free. (GPUs that NVML reads idle for as
-long end the session too, whatever its kernels do: the node's sampler sees to it, hpctrain.runtime.utilization.) The server listens on the node's
-address with a fresh token; both go to the job directory's session file, readable by the user alone (never into
-Slurm, the script or the ledger). A stop notice (preemption, the time limit) is shown in every kernel: kernels run
-with the `hpctrain.interactive.notice` extension, and the server passes the notice on to each of them.
+instead of its own once a minute): the allocation ends and its GPUs are free. GPUs that NVML reads idle for as long
+end the session too, whatever its kernels do (the node's sampler, hpctrain.runtime.utilization). The server listens
+on the node's address with a fresh token; both go to the job directory's session file, readable by the user alone
+(never into Slurm, the script or the ledger). A stop notice (preemption, the time limit) is shown in every kernel:
+kernels run with the `hpctrain.interactive.notice` extension, and the server passes the notice on to each of them.
 """
 
 from __future__ import annotations
