@@ -126,13 +126,16 @@ def test_preempting_one_array_task_requeues_only_that_task(dev_cluster, isolated
         assert json.loads((tmp_path / f"state-{t}").read_text()) == {"step": steps, "total": steps * (steps + 1) // 2}
 
 
-def _catches_usr2(state: Path) -> bool:
-    """Whether the guarded loop writing ``state`` runs and has its USR2 handler (the guard's) in place (srun, whose
-    command line names ``state`` too, does not count)."""
+def _catches_usr2(state: Path, slurm_job_id: str) -> bool:
+    """Whether the guarded loop of job ``slurm_job_id`` writing ``state`` runs and has its USR2 handler (the guard's)
+    in place (srun, whose command line names ``state`` too, does not count). The job's id, not only ``state``: the
+    host's and each lane's run of this test see one another's processes, at the same ``state`` path in their trees."""
     for status in Path("/proc").glob("[0-9]*/status"):
         try:
             argv = (status.parent / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            if str(state) in argv and any(a.endswith("guarded_loop.py") for a in argv[:2]):
+            environ = (status.parent / "environ").read_bytes().split(b"\0")
+            if str(state) in argv and any(a.endswith("guarded_loop.py") for a in argv[:2]) \
+                    and f"SLURM_JOB_ID={slurm_job_id}".encode() in environ:
                 caught = next(ln for ln in status.read_text().splitlines() if ln.startswith("SigCgt:"))
                 if int(caught.split()[1], 16) >> (signal.SIGUSR2 - 1) & 1:
                     return True
@@ -152,8 +155,8 @@ def test_a_stop_signal_sent_to_the_batch_shell_alone_reaches_srun_tasks_as_the_n
                               "resources": SMALL})
         journal = Journal(Path(job["job_dir"]) / "journal")
         wait_until(lambda: list(journal.records(kinds=["attempt_start"])), 60, 0.5, "the job to start")
-        wait_until(lambda: _catches_usr2(state), 60, 0.2, "the loop to handle the notice")  # not a sleep: under
-        # CI's load the loop took more than 3 s to start, and a USR2 before its guard killed it (24.11, once)
+        # Not a sleep: under CI's load the loop took more than 3 s to start, and a USR2 before its guard killed it.
+        wait_until(lambda: _catches_usr2(state, job["slurm_job_id"]), 60, 0.2, "the loop to handle the notice")
         SlurmClient.for_site(load_site("dev")).scancel([job["slurm_job_id"]], signal="TERM", batch_only=True)
         saved = wait_until(lambda: state.exists() and json.loads(state.read_text()), 20, 0.2, "the state saved on TERM")
         assert 0 < saved["step"] < 150
