@@ -17,7 +17,7 @@ import pytest
 
 from hpctrain.files import exclusive_lock
 
-from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, slurm_shims, worker_cluster
+from helpers.cluster import DEV_CLUSTER, SHIMMED, SlurmLog, short_share_cluster, slurm_shims, worker_cluster
 from helpers.paths import ASSETS, REPO, run_folder
 from helpers.wheels import (LOGIN_PYTHONS, PICK_PYTHON, PYTHONS, TORCH_EXTRAS, Resolution, claimed, interpreter,
                             metadata, venv_with)
@@ -36,11 +36,17 @@ for _name in ("COLUMNS", "LINES"):
 
 # Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
 DURATIONS = ASSETS / "durations.json"
+# A cluster test recorded as taking less is a short one (`--cluster-share`): 76 of 110, 570 of 4,140 s.
+SHORT_TEST_S = 30.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--record-durations", action="store_true",
                      help=f"merge this run's test durations into {DURATIONS.relative_to(REPO)}")
+    parser.addoption("--cluster-share", choices=("long", "short"),
+                     help=f"run only the cluster tests recorded as taking {SHORT_TEST_S:.0f} s or more (long; with "
+                          "the ones not recorded) or less (short, against a cluster of its own), so that scripts/test "
+                          "runs the short ones in a session of their own beside the long ones")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -48,9 +54,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     test not recorded first of all: the workers then end together, not one of them alone with a long test at the
     end. The workers' order is the one the controller schedules by (xdist leaves ``numprocesses`` unset on them).
     The tests without the cluster keep their files' order: ordered by duration, the ones that mostly wait (hangs,
-    idle timeouts) came last together, the CPU idle, and the run took 395 s instead of 315."""
+    idle timeouts) came last together, the CPU idle, and the run took 395 s instead of 315.
+
+    With ``--cluster-share``, only that share of the cluster tests. The short ones mostly wait on Slurm: after the
+    long ones on the same two workers, they were CI's last 7 minutes at half its CPU."""
+    known = json.loads(DURATIONS.read_text())
+    if share := config.getoption("cluster_share"):
+        short = share == "short"
+        chosen = {id(item) for item in items if item.get_closest_marker("slurm")
+                  and (known.get(item.nodeid, math.inf) < SHORT_TEST_S) == short}
+        config.hook.pytest_deselected(items=[item for item in items if id(item) not in chosen])
+        items[:] = [item for item in items if id(item) in chosen]
     if "PYTEST_XDIST_WORKER" in os.environ:
-        known = json.loads(DURATIONS.read_text())
         items.sort(key=lambda item: -known.get(item.nodeid, math.inf) if item.get_closest_marker("slurm") else 0)
 
 
@@ -117,9 +132,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def dev_cluster() -> dict[str, str]:
+def dev_cluster(pytestconfig: pytest.Config) -> dict[str, str]:
     """The dev cluster, started if it is not running (and then stopped at the end of the session). Under
-    pytest-xdist, each worker has a cluster of its own (helpers.cluster.worker_cluster)."""
+    pytest-xdist, each worker has a cluster of its own (helpers.cluster.worker_cluster), and so has the session of the
+    short cluster tests (short_share_cluster)."""
+    if pytestconfig.getoption("cluster_share") == "short":
+        os.environ.update(short_share_cluster(dict(os.environ)))
     os.environ.update(worker_cluster(os.environ.get("PYTEST_XDIST_WORKER"), dict(os.environ)))
     started = subprocess.run([DEV_CLUSTER, "status"], capture_output=True).returncode != 0
     if started:

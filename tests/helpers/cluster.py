@@ -71,6 +71,17 @@ def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str
     return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
 
 
+SHORT_SHARE_PORT_OFFSET = 500  # above the workers' clusters, below the next lane's (scripts/slurm-lane: 1,000 apart)
+
+
+def short_share_cluster(environ: dict[str, str]) -> dict[str, str]:
+    """The dev cluster settings of the session that runs the short cluster tests (`--cluster-share short`) beside
+    the long ones: a cluster of its own, its root and port base derived from the configured ones."""
+    root = environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
+    return {"HPCTRAIN_DEV_ROOT": f"{root}-short",
+            "HPCTRAIN_DEV_PORT_BASE": str(dev_port_base(environ) + SHORT_SHARE_PORT_OFFSET)}
+
+
 def site_with_cache(path: Path, cache_dir: str, extra: str = "") -> str:
     """The dev site at ``path`` with a `[cache]` in ``cache_dir`` (expanded on each node: a folder per node, as the
     dev cluster's nodes share one host) and ``extra`` settings of it; its path, for `load_site` and `--site`."""
