@@ -36,8 +36,8 @@ for _name in ("COLUMNS", "LINES"):
 
 # Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
 DURATIONS = ASSETS / "durations.json"
-# A cluster test recorded as taking less is a short one (`--cluster-share`): 76 of 110, 570 of 4,140 s.
-SHORT_TEST_S = 30.0
+# A cluster test recorded as taking less is a short one (`--cluster-share`): 84 of 110, 830 of 4,140 s.
+SHORT_TEST_S = 45.0
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -71,7 +71,9 @@ def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str
     return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
 
 
-SHORT_SHARE_PORT_OFFSET = 500  # above the workers' clusters, below the next lane's (scripts/slurm-lane: 1,000 apart)
+# Every cluster takes ports base .. base + 203: the short share's sits above its workers' (+30 each) and
+# test_dev_cluster's second cluster (+500), below the next lane's (scripts/slurm-lane: 1,000 apart).
+SHORT_SHARE_PORT_OFFSET = 750
 
 
 def short_share_cluster(environ: dict[str, str]) -> dict[str, str]:
