@@ -13,7 +13,7 @@ from hpctrain.ledger import Ledger
 from hpctrain.slurm.states import TERMINAL
 
 from helpers.cli import run_cli
-from helpers.cluster import DEV_CLUSTER, RACER, dev_port_base
+from helpers.cluster import DEV_CLUSTER, RACER, SECOND_CLUSTER_PORT_OFFSET, dev_port_base
 from helpers.lanes import lanes
 from helpers.paths import REPO
 from helpers.waiting import wait_until
@@ -117,9 +117,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
     # munged runs as the munge user: its root must be reachable by others (pytest's tmp is 0700).
     root = Path(tempfile.mkdtemp(prefix="hpctrain-c2-", dir="/var/tmp"))
     root.chmod(0o755)
-    # Ports of its own: this cluster's base + 500 (the host's 16800, each lane's 17800, 19800 or 20800 while they
-    # run side by side; every cluster takes base .. base + 203).
-    base = dev_port_base() + 500
+    base = dev_port_base() + SECOND_CLUSTER_PORT_OFFSET  # ports of its own (helpers.cluster)
     env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": str(base)}
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()

@@ -21,10 +21,14 @@ if TYPE_CHECKING:
     from hpctrain.ledger import Ledger
 
 DEV_CLUSTER = REPO / "scripts" / "dev-cluster"
-# Port bases of the clusters of pytest-xdist workers: gwK's is the configured base + K x WORKER_PORT_STEP. A
-# cluster uses base +6 .. +203 sparsely (see scripts/dev-cluster) and tests/cluster/test_dev_cluster.py a second
-# one at base +500: 30 apart, up to 9 workers' ports stay clear of each other and of those second clusters.
+# Port bases of the dev clusters beside the configured one (the host's 16800, each lane's 17800, 19800 or 20800,
+# 1,000 or more apart). A cluster uses base +6 .. +203 sparsely (see scripts/dev-cluster): pytest-xdist worker gwK's
+# is at the configured base + K x WORKER_PORT_STEP (30 apart, up to 9 workers stay clear of each other), the second
+# cluster of tests/cluster/test_dev_cluster.py at +500, the short share's (`--cluster-share short`) at +750, and its
+# second worker's 30 above that, below the next lane's.
 WORKER_PORT_STEP = 30
+SECOND_CLUSTER_PORT_OFFSET = 500
+SHORT_SHARE_PORT_OFFSET = 750
 # A job spec taking every GPU of the dev cluster's three nodes in QOS high: whatever runs in QOS low is preempted.
 HIGH = {"name": "urgent", "command": ["sleep", "2"], "launcher": "none",
         "resources": {"nodes": 3, "gpus_per_node": 4, "tasks_per_node": 1, "mem": "1G", "time": "5",
@@ -54,6 +58,11 @@ def slurm_setting(key: str, value: str) -> Iterator[None]:
         apply(before, line.search(before)[0].split("=", 1)[1].split()[0])
 
 
+def dev_root(environ: dict[str, str]) -> str:
+    """The configured dev cluster's root (scripts/dev-cluster's default unless HPCTRAIN_DEV_ROOT)."""
+    return environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
+
+
 def dev_port_base(environ: dict[str, str] | None = None) -> int:
     """The configured dev cluster's port base (scripts/dev-cluster's default unless HPCTRAIN_DEV_PORT_BASE)."""
     return int((os.environ if environ is None else environ).get("HPCTRAIN_DEV_PORT_BASE", "16800"))
@@ -66,21 +75,14 @@ def worker_cluster(worker: str | None, environ: dict[str, str]) -> dict[str, str
     if not worker or worker == "gw0":
         return {}
     k = int(worker.removeprefix("gw"))
-    root = environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
     base = dev_port_base(environ) + k * WORKER_PORT_STEP
-    return {"HPCTRAIN_DEV_ROOT": f"{root}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
-
-
-# Every cluster takes ports base .. base + 203: the short share's sits above its workers' (+30 each) and
-# test_dev_cluster's second cluster (+500), below the next lane's (scripts/slurm-lane: 1,000 apart).
-SHORT_SHARE_PORT_OFFSET = 750
+    return {"HPCTRAIN_DEV_ROOT": f"{dev_root(environ)}-{worker}", "HPCTRAIN_DEV_PORT_BASE": str(base)}
 
 
 def short_share_cluster(environ: dict[str, str]) -> dict[str, str]:
     """The dev cluster settings of the session that runs the short cluster tests (`--cluster-share short`) beside
     the long ones: a cluster of its own, its root and port base derived from the configured ones."""
-    root = environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")
-    return {"HPCTRAIN_DEV_ROOT": f"{root}-short",
+    return {"HPCTRAIN_DEV_ROOT": f"{dev_root(environ)}-short",
             "HPCTRAIN_DEV_PORT_BASE": str(dev_port_base(environ) + SHORT_SHARE_PORT_OFFSET)}
 
 
