@@ -36,7 +36,7 @@ for _name in ("COLUMNS", "LINES"):
 
 # Each test's seconds (setup, call and teardown) in a run of the whole suite: pytest-xdist runs the longest first.
 DURATIONS = ASSETS / "durations.json"
-# A cluster test recorded as taking less is a short one (`--cluster-share`): 84 of 110, 830 of 4,140 s.
+# A cluster test recorded as taking less is a short one (`--cluster-share`): 99 of 137, 1,290 of 5,620 s.
 SHORT_TEST_S = 45.0
 
 
