@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hpctrain.train.deepspeed_loader import deepspeed  # isort: skip (first: see the module)
 
@@ -25,6 +26,7 @@ from hpctrain.parallel.groups import ProcessGroups, new_groups
 from hpctrain.parallel.topology import Layout
 from hpctrain.train.ds_config import ds_config
 from hpctrain.train.model import TransformerBlock, gpt_layers, lm_loss
+from hpctrain.train.optimizer import AdamW
 from hpctrain.train.synthetic import Batch
 
 
@@ -73,9 +75,18 @@ def build_engine(spec: JobSpec, layout: Layout | None = None) -> PipelineEngine:
     groups = new_groups(layout)
     module = pipeline_module(spec.model or Model(), spec.seed, groups)
     _count_replicated_once(module, groups.coord.tp)
-    engine, *_ = deepspeed.initialize(model=module, model_parameters=module.parameters(), config=config)
+    adamw = optimizer(module, config)  # takes the optimizer's section out of the config
+    engine, *_ = deepspeed.initialize(model=module, optimizer=adamw, config=config)
     _check_grid(engine, layout)
     return engine
+
+
+def optimizer(module: PipelineModule, config: dict[str, Any]) -> AdamW:
+    """The AdamW DeepSpeed would make of ``config``'s optimizer section (taken out of it), as ours: torch's, without
+    its import of torch._dynamo (hpctrain.train.optimizer). ZeRO checks an optimizer's exact type: ours is allowed."""
+    params = {k: v for k, v in config.pop("optimizer")["params"].items() if k != "torch_adam"}
+    config["zero_allow_untested_optimizer"] = True
+    return AdamW(module.parameters(), **params)
 
 
 def _count_replicated_once(module: PipelineModule, tp_rank: int) -> None:

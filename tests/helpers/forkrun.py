@@ -49,8 +49,6 @@ def rank_main(rank: int, nproc: int, port_pipe: int, run_id: str, module: str, a
 def main(argv: list[str]) -> int:
     nproc, flag, module, *args = argv
     assert flag == "-m", "usage: python -m helpers.forkrun NPROC -m MODULE [ARG...]"
-    import torch._dynamo  # noqa: F401  (torch.optim's first optimizer imports it: once here, not in every rank)
-
     # What `python -m hpctrain.train` imports: torch, DeepSpeed, tensorstore, webdataset, the trainer's packages
     import hpctrain.runtime.requeue  # noqa: F401
     import hpctrain.slurm  # noqa: F401

@@ -292,9 +292,9 @@ def _worker(scenario: dict[str, Any]) -> dict[str, Any]:
     after_resume = local_state(fresh)
     same_state = all(after[key].equal(after_resume[key]) for key in after)
     all_same = [None] * dist.get_world_size()
-    dist.all_gather_object(all_same, same_state)
-    return {"first": first, "continued": continued, "resumed": resumed, "same_state": all(all_same),
-            "keys": sorted(captured)}
+    dist.all_gather_object(all_same, (same_state, "torch._dynamo" in sys.modules))
+    return {"first": first, "continued": continued, "resumed": resumed, "same_state": all(s for s, _ in all_same),
+            "keys": sorted(captured), "dynamo": any(d for _, d in all_same)}
 
 
 def _proc(pid: str, name: str) -> bytes:

@@ -52,6 +52,9 @@ def test_restoring_local_state_continues_training_bitwise(tmp_path, layout, extr
     result = run_scenario(tmp_path, spec.parallel.world_size, spec=spec_json(spec), mode="restore", k=2, n=3, data=data)
     assert result["resumed"] == result["continued"]  # floats from JSON: equal means bitwise equal
     assert result["same_state"], "weights or optimizer state differ after the same steps"
+    # hpctrain.train.optimizer: no rank imports torch._dynamo, but where DeepSpeed's ZeRO or bf16 optimizer looks
+    # for its Muon optimizer, which compiles a function as it is imported
+    assert result["dynamo"] == bool(extra), "torch._dynamo imported (or not) by a rank"
 
 
 def assert_close_to_scale(got, want, fraction: float):
