@@ -5,8 +5,8 @@ torch 2.13 wraps ``Optimizer.step`` in graph breaks and ``add_param_group``, ``z
 at every rank's start (a quarter of the start's CPU; again at each in-place restart) for a compiler this trainer never
 runs. ``AdamW`` calls the functions torch wraps, ``step`` in the grad mode torch's wrapper sets. (With ZeRO or bf16,
 DeepSpeed's optimizer imports it anyway: it looks for its Muon optimizer, which compiles a function at import.)
-tests/unit/train/test_train_optimizer.py checks that a rank then trains, saves and resumes without ``torch._dynamo``,
-bit for bit as torch's own AdamW.
+tests/unit/train/test_train_optimizer.py checks it against torch's own AdamW bit for bit, without ``torch._dynamo``;
+test_train_parallel's restore scenario, that a rank trains, saves and resumes without it.
 """
 
 from __future__ import annotations
