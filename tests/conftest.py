@@ -219,11 +219,12 @@ def no_slurm(tmp_path: Path) -> SlurmLog:
 def wheel(tmp_path_factory) -> Path:
     """Built from a copy of the source: setuptools writes build/ and *.egg-info into the tree it builds, and the
     Slurm lanes' runs of this test (scripts/test) build from the same repository at the same time. The tools' caches
-    stay out: other test processes write them meanwhile (hypothesis's .hypothesis/tmp came and went mid-copy)."""
+    and the run's shared folder (scripts/test's .test-run.*) stay out: other test processes write them meanwhile
+    (hypothesis's .hypothesis/tmp, then a checkpoint's trash folder, came and went mid-copy)."""
     out, source = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source") / "hpctrain"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", ".venv", "build", "dist", "*.egg-info", "results",
-        "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache"))
+        "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", ".test-run.*"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(source)],
                    check=True, capture_output=True)
     (built,) = out.glob("hpctrain-*.whl")
