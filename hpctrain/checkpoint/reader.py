@@ -66,8 +66,9 @@ def _naming(m: Manifest, entry: TensorEntry) -> Iterator[None]:
 def check_files(m: Manifest, entry: TensorEntry, box: Box | None = None) -> None:
     """Cheap check that the chunk files under ``box`` (default: all) exist with the right size."""
     indices = entry.chunks if box is None else entry.meta.chunks_in(box)
+    array_dir = _array_dir(m, entry)
     for index in indices:
-        path = _array_dir(m, entry) / chunk_key(index)
+        path = array_dir / chunk_key(index)
         try:
             size = path.stat().st_size
         except FileNotFoundError:

@@ -200,7 +200,10 @@ def _fsync_tree(root: Path, files: list[Path]) -> None:
     """fsync every directory between ``root`` and ``files``, once each: the files are fsynced, and tensorstore
     fsyncs the parent directories of its own, but not the directories it created above them."""
     dirs = {root}
-    for f in files:
-        dirs.update(d for d in f.parents if d.is_relative_to(root))
+    for f in files:  # each under root: climb to a directory already listed (a set lookup, not a path comparison)
+        d = f.parent
+        while d not in dirs:
+            dirs.add(d)
+            d = d.parent
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(fsync_dir, (d for d in dirs if d.is_dir())))
