@@ -250,3 +250,20 @@ def test_a_fragment_committed_the_moment_it_appears_is_not_a_failure(tmp_path, m
     monkeypatch.setattr(hpctrain.files.os, "replace", replace_then_commit)
     write_fragment(tmp, 1, {"tensors": {}}, mode=0o600)
     assert json.loads((tmp_path / "step_00000005" / "rank-1.json").read_text())["rank"] == 1
+
+
+def test_a_save_fsyncs_every_folder_from_its_own_down_to_each_chunk_and_none_above(tmp_path, monkeypatch):
+    """A chunk file's writer fsyncs it, and tensorstore the folders of its own files, not the ones it made above
+    them: the writer fsyncs each folder between the checkpoint's and a chunk file once, and no folder outside it."""
+    import hpctrain.checkpoint.writer as writer
+
+    synced = []
+    monkeypatch.setattr(writer, "fsync_dir", synced.append)
+    with Checkpointer(tmp_path / "ck", journal=None) as ck:
+        ck.save(1, {"a": np.ones((4, 4), np.float32), "nested": {"b": np.zeros(3)}})
+    final = tmp_path / "ck" / "step_00000001"
+    chunks = [p.relative_to(final) for p in (final / "tensors").rglob("*") if p.is_file() and p.name != "zarr.json"]
+    assert len(chunks) == 2
+    root = min(synced, key=lambda d: len(d.parts))  # the checkpoint's folder, as it was named while written
+    assert len(synced) == len(set(synced)) and all(d.is_relative_to(root) for d in synced)
+    assert {d.relative_to(root) for d in synced} == {parent for c in chunks for parent in c.parents}
