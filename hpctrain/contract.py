@@ -89,6 +89,12 @@ class JobPaths:
         return self.job_dir / "spec.json"
 
     @property
+    def policy_file(self) -> Path:
+        """The spec's run policy, resolved at submit (hpctrain.runtime.attempts.RunPolicy): the batch script's
+        bookkeeping reads it without the spec's models."""
+        return self.job_dir / "policy.json"
+
+    @property
     def params_file(self) -> Path:
         return self.job_dir / "params.jsonl"
 

@@ -25,6 +25,7 @@ from hpctrain.jobs.unsent import submitting
 from hpctrain.ledger import Ledger
 from hpctrain.runtime import chunks as chunk_table
 from hpctrain.runtime import secret_file
+from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm.client import SlurmClient
 from hpctrain.submit.arrays import ArrayChunk, plan_chunks
 from hpctrain.submit.limits import max_array_size
@@ -216,7 +217,9 @@ class Submitter:
         checkpoints every "auto" steps (either tier) the interruptions of jobs like it (same partition, QOS and GPUs)
         lately."""
         files.journal_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(files.spec_file, spec.redacted())
+        recorded = spec.redacted()
+        write_json_atomic(files.spec_file, recorded)
+        write_json_atomic(files.policy_file, RunPolicy.of(recorded).to_json())
         c = spec.checkpoint
         if "auto" in (c.every_steps, c.every_minutes, c.memory_every_steps):
             gpus = spec.resources.nodes * spec.resources.gpus_per_node

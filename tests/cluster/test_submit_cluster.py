@@ -12,11 +12,13 @@ import pytest
 
 from hpctrain.config import load_site
 from hpctrain.config.job import JobSpec
+from hpctrain.contract import JobPaths
 from hpctrain.jobs.logs import LABEL
 from hpctrain.jobs.poll import Poller, job_summaries
 from hpctrain.launch.rendezvous import expand_hostlist
 from hpctrain.ledger import Ledger
 from hpctrain.ledger.table import Table
+from hpctrain.runtime.attempts import RunPolicy
 from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
@@ -77,8 +79,13 @@ def test_specs_run_and_secrets_stay_out(dev_cluster, isolated_ledger, slurm_call
     assert all(ln.endswith(f"of 4 {master}") for ln in ranks), (ranks, dist_nodes)
     lines = sorted(outputs(dirs["arr"]).splitlines())
     assert len(lines) == 6 and lines[0] == 'task 0 param 0 {"layers": 2, "lr": 0.1}'
+    # Submit resolved each job's run policy beside its spec: what the batch script's `hpctrain attempt` follows.
+    for d in dirs.values():
+        files = JobPaths(Path(d))
+        assert RunPolicy.from_json(json.loads(files.policy_file.read_text())) == \
+            RunPolicy.of(json.loads(files.spec_file.read_text()))
     # The secret reached the job but no file hpctrain wrote, nor the ledger.
-    written = [Path(d) / f for d in dirs.values() for f in os.listdir(d) if f.endswith((".sh", ".jsonl"))]
+    written = [Path(d) / f for d in dirs.values() for f in os.listdir(d) if f.endswith((".sh", ".json", ".jsonl"))]
     assert written and not any(b"tok-5f0e1d2c" in p.read_bytes() for p in written)
     assert not any(b"tok-5f0e1d2c" in p.read_bytes() for p in isolated_ledger.parent.glob("ledger.db*"))
 

@@ -15,6 +15,7 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.ledger.table import Table
 from hpctrain.runtime.attempts import (
     Outcome,
+    RunPolicy,
     decide,
     fill_end_steps,
     journal_outcomes,
@@ -124,6 +125,37 @@ def test_batch_script_bookkeeping_counts_runs_and_refuses_past_the_cap(job, tmp_
         [(0, "error", 0, 10), (1, "error", 10, 10), (2, "error", 10, 10)]
     # Another task of the same job has its own history.
     assert journal_outcomes(journal, 0) == {}
+
+
+@pytest.mark.parametrize("spec", [
+    {},
+    {"requeue": False, "retry": {"on_error": True, "in_place": 3, "max_stalled_attempts": 5, "exclude_node_after": 1},
+     "checkpoint": {"dir": "/scratch/ck", "memory_every_steps": 3},
+     "resources": {"nodes": 2, "gpus_per_node": 4, "spare_nodes": 1, "tasks_per_node": 4}},
+    {"resources": {"nodes": [4, 2], "gpus_per_node": 2}, "checkpoint": {"every_steps": 10}},
+])
+def test_the_policy_submit_resolves_reads_back_as_the_spec_gives_it(spec):
+    policy = RunPolicy.of(spec)
+    assert RunPolicy.from_json(json.loads(json.dumps(policy.to_json()))) == policy
+
+
+def test_a_jobs_resolved_policy_is_what_attempt_follows_and_it_imports_no_spec_models(job, tmp_path):
+    """Submit writes policy.json beside spec.json: `attempt` reads it (twice a run, once between SIGTERM and SIGKILL)
+    without pydantic. A job dir without one (submitted by an earlier hpctrain) is read from its spec.json, alike."""
+    journal = Journal(tmp_path / "journal")
+    spec = json.loads((tmp_path / "spec.json").read_text())
+    (tmp_path / "policy.json").write_text(json.dumps({**RunPolicy.of(spec).to_json(), "max_stalled": 1}))
+    started = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpctrain", "attempt", "start"],
+                             capture_output=True, text=True)
+    imported = {ln.rsplit("|", 1)[-1].strip() for ln in started.stderr.splitlines() if ln.startswith("import time:")}
+    assert started.stdout.strip() == "0" and "hpctrain.runtime.attempts" in imported and "pydantic" not in imported
+    end = attempt("end", "--exit-code", "1")
+    assert "(error, exit 1): requeue cap: 1 consecutive" in end.stderr  # the policy file's cap, not the spec's 2
+    (tmp_path / "policy.json").unlink()
+    assert attempt("start", attempt_no="1").stdout.strip() == "1"
+    commit(job, 10)
+    assert "error; requeued (0 of 2" in attempt("end", "--exit-code", "1", attempt_no="1").stderr
+    assert [r["requeued"] for _, r in journal.records(kinds=["attempt_end"])] == [False, True]
 
 
 def test_a_run_slurm_requeued_by_itself_is_refused_past_the_cap(job, tmp_path):
