@@ -113,10 +113,12 @@ def end(exit_code: int, signal_name: str | None) -> None:
         _release_chunks(env)
         click.echo(f'hpctrain: run {number} ended: its GPUs stayed idle ([idle] action = "cancel")', err=True)
         return
-    if this.cause not in (None, "completed"):
+    if this.cause not in (None, "completed") and not this.requeue_failed:
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
     exclude: list[str] = []
-    if this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
+    if this.requeue_failed:  # the trainer stopped on a notice and checkpointed, but could not requeue: this shell does
+        requeued_by_slurm = env.in_slurm and _slurm_now(env.restart_count)[1]
+    elif this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
         requeued_by_slurm = False
     else:
         this.cause, requeued_by_slurm = _cause(exit_code, signal_name, env.restart_count)
@@ -129,6 +131,8 @@ def end(exit_code: int, signal_name: str | None) -> None:
         why = f"{this.cause}; requeued by Slurm"
     if go and exclude:
         why += f", without {','.join(exclude)}"
+    if go and this.requeue_failed and not requeued_by_slurm:
+        why += " by the batch script (the trainer's own requeue failed)"
     journal.write(
         "attempt_end",
         attempt=number,
@@ -281,13 +285,20 @@ def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str,
     own (scancel signals every process of the job, in no set order) ended by a cancel if the job is ending."""
     if not signal_name and exit_code not in KILLED_BY_STOP:
         return ("completed" if exit_code == 0 else "error"), False
-    from hpctrain.runtime import job_now
     from hpctrain.runtime.guard import stop_cause, timeout_margin_s
-    from hpctrain.slurm import SlurmClient
 
-    now = job_now(SlurmClient())
-    requeued = now is not None and now.restarts is not None and now.restarts > restarts
+    now, requeued = _slurm_now(restarts)
     cause = stop_cause(now, restarts, timeout_margin_s())
     if not signal_name:
         return ("cancelled" if cause == "cancelled" else "error"), False
     return cause, requeued
+
+
+def _slurm_now(restarts: int) -> tuple[Any, bool]:
+    """The job as Slurm sees it now (`hpctrain.runtime.job_now`; None when unknown), and whether Slurm has requeued
+    it since this run, its ``restarts``-th, started."""
+    from hpctrain.runtime import job_now
+    from hpctrain.slurm import SlurmClient
+
+    now = job_now(SlurmClient())
+    return now, now is not None and now.restarts is not None and now.restarts > restarts

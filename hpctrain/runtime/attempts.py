@@ -27,11 +27,13 @@ OWN = {"error", "oom"}
 
 @dataclass
 class Outcome:
-    """One run: why it ended (None while unknown) and the newest committed checkpoint step before and after."""
+    """One run: why it ended (None while unknown), the newest committed checkpoint step before and after, and whether
+    the trainer's own requeue on a notice failed (the batch script's `attempt end` then decides and requeues)."""
 
     cause: str | None
     step_start: int | None = None
     step_end: int | None = None
+    requeue_failed: bool = False
 
     @property
     def stalled(self) -> bool:
@@ -172,11 +174,12 @@ class RunPolicy:
 
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
-    """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue,
-    finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote nothing is
+    """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue and
+    requeue_failed, finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote nothing is
     missing."""
     runs: dict[int, Outcome] = {}
-    for _, rec in journal.records(kinds=("attempt_start", "attempt_end", "requeue", "finished", "idle_cancel")):
+    kinds = ("attempt_start", "attempt_end", "requeue", "requeue_failed", "finished", "idle_cancel")
+    for _, rec in journal.records(kinds=kinds):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
             continue
         run = runs.setdefault(rec["attempt"], Outcome(None))
@@ -188,6 +191,8 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.cause = "completed"
         elif rec["kind"] == "idle_cancel":  # ended for its idle GPUs, whatever the batch script then saw
             run.cause = "idle"
+        elif rec["kind"] == "requeue_failed":
+            run.requeue_failed = True
         elif run.cause is None:  # the trainer's checkpoint-and-requeue
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None

@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -36,6 +38,23 @@ from hpctrain.parallel.collective import all_reduce_int
 from hpctrain.runtime.watchdog import RankWatchdog, job_hang_timeouts
 
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stop_signals_ignored() -> Iterator[None]:
+    """Ignore the stop signals in this process and in every command it starts meanwhile (an ignored signal stays
+    ignored across exec), as the batch script's bookkeeping does: Slurm signals every process of a job step, and a
+    later copy of the notice (srun's pass of the batch shell's, the step's SIGTERM) would kill a requeue's scontrol
+    half-way. Only the main thread can change handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def notice_file(env: Mapping[str, str] = os.environ) -> Path | None:

@@ -20,7 +20,7 @@ from hpctrain.contract import ATTEMPT_BASE_ENV, JobEnvironment
 from hpctrain.errors import HpctrainError, SlurmError
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import secret_file
-from hpctrain.runtime.guard import JobNow, PreemptionGuard
+from hpctrain.runtime.guard import JobNow, PreemptionGuard, stop_signals_ignored
 from hpctrain.slurm.client import SlurmClient
 
 
@@ -144,17 +144,24 @@ def requeues(guard: PreemptionGuard) -> bool:
 def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -> None:
     """Rank 0, once its checkpoint is saved after a stop notice: journal the stop and requeue the job at
     once, as `requeues` says. Slurm's requeue delay starts now, not after the job step and the batch
-    script's bookkeeping have ended (`hpctrain attempt end` then sees the run requeued)."""
-    if not requeues(guard):
-        return  # the batch script records how the run ended
-    journal = Journal.from_env()
-    # Recorded before requeueing: the requeue ends this process.
-    if journal is not None:
-        journal.write(
-            "requeue", message=message, cause=guard.cause(), signal=guard.signal, signal_at=guard.received_at, **record
-        )
-    try:
-        self_requeue(SlurmClient())
-    except HpctrainError as exc:  # e.g. Slurm already requeued a preempted job itself
+    script's bookkeeping have ended (`hpctrain attempt end` then sees the run requeued, or requeues it itself when
+    this failed). The Slurm commands run with the stop signals ignored (`stop_signals_ignored`)."""
+    with stop_signals_ignored():
+        if not requeues(guard):
+            return  # the batch script records how the run ended
+        journal = Journal.from_env()
+        # Recorded before requeueing: the requeue ends this process.
         if journal is not None:
-            journal.write("requeue_failed", message=str(exc), step=record.get("step"))
+            journal.write(
+                "requeue",
+                message=message,
+                cause=guard.cause(),
+                signal=guard.signal,
+                signal_at=guard.received_at,
+                **record,
+            )
+        try:
+            self_requeue(SlurmClient())
+        except HpctrainError as exc:  # e.g. Slurm not answering: the batch script's `attempt end` tries again
+            if journal is not None:
+                journal.write("requeue_failed", message=str(exc), step=record.get("step"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import time
@@ -120,6 +121,9 @@ class SlurmClient:
             answer.seek(0)
             stdout = answer.read().decode(errors="replace")
         said = (proc.stderr or stdout).splitlines()
+        if proc.returncode < 0 and not said:  # a signal ended it before it could say anything
+            by = next((s.name for s in signal.Signals if s == -proc.returncode), f"signal {-proc.returncode}")
+            raise SlurmError(f"{command} {' '.join(args[:3])}: killed by {by}")
         if proc.returncode != 0 and not (harmless and said and all(harmless.match(ln) for ln in said)):
             raise SlurmError(f"{command} {' '.join(args[:3])}: {complaint(proc.stderr or stdout)}")
         return proc.stderr if answer_on_stderr else stdout

@@ -2,6 +2,8 @@
 and how attempts reach the ledger. The cluster tests run the same code inside real jobs."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -23,6 +25,8 @@ from hpctrain.runtime.attempts import (
     rerun_of_completed,
     stalled_streak,
 )
+from hpctrain.errors import SlurmError
+from hpctrain.slurm import SlurmClient
 from hpctrain.slurm.parse import parse_parsable_with_header
 from hpctrain.slurm.sacct import histories
 
@@ -454,3 +458,81 @@ def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_pa
         assert len(results) == len(ids) and path.read_text() == f"job {winner}\n"
         assert claim(path, winner) and not claim(path, 999)
         assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no claim left behind
+
+
+@pytest.fixture
+def scontrol(tmp_path, monkeypatch):
+    """An `scontrol` first on PATH that logs its arguments and answers as 22.05 does for job 77 (run 0, or
+    ``restarts`` when Slurm has requeued it); with ``kill_itself`` it first sends itself that signal, as Slurm
+    signalling every process of a job step does. Returns a setter and the log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "scontrol.log"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+
+    def answer(restarts: int = 0, kill_itself: str = "") -> None:
+        (bin_dir / "scontrol").write_text(f"""#!/bin/bash
+echo "$*" >> {log}
+{f"kill -s {kill_itself} $$" if kill_itself else ""}
+case "$1 $2 $3" in
+  "show config "*) echo "SLURM_VERSION           = 22.05.8" ;;
+  "-o show job") echo "JobId=77 JobState=RUNNING Restarts={restarts} StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED" ;;
+esac
+""")
+        (bin_dir / "scontrol").chmod(0o755)
+
+    return answer, log
+
+
+def requeues_asked(log) -> list[str]:
+    return [line for line in log.read_text().splitlines() if line.startswith("requeue ")] if log.exists() else []
+
+
+@pytest.mark.parametrize("kill_itself", ["USR2", "TERM"])
+def test_a_later_copy_of_the_notice_does_not_kill_the_trainers_requeue(job, tmp_path, monkeypatch, scontrol,
+                                                                       kill_itself):
+    """Slurm signals every process of the step: a notice passed on again must not end the requeue's scontrol."""
+    from hpctrain.runtime.guard import PreemptionGuard
+    from hpctrain.runtime.requeue import requeue_after_stop
+
+    answer, log = scontrol
+    answer(kill_itself=kill_itself)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    guard = PreemptionGuard(watch=False)
+    try:
+        guard.signal = signal.SIGUSR2
+        requeue_after_stop(guard, "preemption at step 30", step=30, checkpointed=True)
+        assert all(signal.getsignal(s) == guard._handle for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP))
+    finally:
+        guard.uninstall()
+    assert [r["kind"] for _, r in Journal(tmp_path / "journal").records()] == ["requeue"]
+    assert len(requeues_asked(log)) == 1
+
+
+def test_a_slurm_command_killed_by_a_signal_says_so(scontrol):
+    answer, _ = scontrol
+    answer(kill_itself="USR2")
+    with pytest.raises(SlurmError, match="^scontrol show config: killed by SIGUSR2$"):
+        SlurmClient().version()
+
+
+@pytest.mark.parametrize("restarts, requeued_here", [(0, True), (1, False)])
+def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(job, tmp_path, monkeypatch, scontrol,
+                                                                               restarts, requeued_here):
+    """The trainer checkpointed on the notice but its requeue failed: `attempt end` decides and requeues, unless
+    Slurm has requeued the job meanwhile."""
+    answer, log = scontrol
+    journal = Journal(tmp_path / "journal")
+    attempt("start")
+    commit(job, 30)
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    journal.write("requeue", cause="preemption", step=30, checkpointed=True, message="preemption at step 30")
+    journal.write("requeue_failed", step=30, message="scontrol show config: killed by SIGUSR2")
+    answer(restarts=restarts)
+    end = attempt("end", "--exit-code", "0", attempt_no="0")
+    assert end.returncode == 0, end.stderr
+    ends = [r for _, r in journal.records(kinds=["attempt_end"])]
+    assert [(e["cause"], e["step_end"], e["requeued"]) for e in ends] == [("preemption", 30, True)]
+    assert ends[0]["message"].endswith(
+        "by the batch script (the trainer's own requeue failed)" if requeued_here else "requeued by Slurm")
+    assert len(requeues_asked(log)) == requeued_here
