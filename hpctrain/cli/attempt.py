@@ -117,7 +117,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
         return  # the trainer checkpointed and requeued this run itself; Slurm is ending it
     exclude: list[str] = []
     if this.requeue_failed:  # the trainer stopped on a notice and checkpointed, but could not requeue: this shell does
-        requeued_by_slurm = env.in_slurm and _slurm_now(env.restart_count)[1]
+        this.cause, requeued_by_slurm = _cause_after_failed_requeue(this.cause, env)
     elif this.cause == "completed" and exit_code == 0:  # the trainer ran its last step: a notice came too late
         requeued_by_slurm = False
     else:
@@ -292,6 +292,17 @@ def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str,
     if not signal_name:
         return ("cancelled" if cause == "cancelled" else "error"), False
     return cause, requeued
+
+
+def _cause_after_failed_requeue(cause: str | None, env: Any) -> tuple[str | None, bool]:
+    """A run whose trainer could not requeue it after a notice: its cause (the trainer's, unless the job is being
+    cancelled now: the requeue may have failed for that) and whether Slurm has requeued it since."""
+    if not env.in_slurm:
+        return cause, False
+    from hpctrain.runtime.guard import stop_cause, timeout_margin_s
+
+    now, requeued = _slurm_now(env.restart_count)
+    return ("cancelled" if stop_cause(now, env.restart_count, timeout_margin_s()) == "cancelled" else cause), requeued
 
 
 def _slurm_now(restarts: int) -> tuple[Any, bool]:

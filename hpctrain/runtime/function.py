@@ -44,8 +44,12 @@ class CallGuard(PreemptionGuard):
     WATCHES_START_UP = False
 
     def __init__(self, rank: int):
+        from hpctrain.runtime.guard import timeout_margin_s
+        from hpctrain.runtime.requeue import rank0_probe
+
         self.rank, self.asked, self.running = rank, False, False
-        super().__init__()
+        # Rank 0 tells a time limit and a cancel from a preemption by the job's state: a cancelled call is not requeued
+        super().__init__(job_now=rank0_probe(rank), timeout_margin_s=timeout_margin_s())
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         first = self.signal is None

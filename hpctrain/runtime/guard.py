@@ -112,6 +112,7 @@ class PreemptionGuard:
         self.signal: int | None = None
         self.received_at: float | None = None
         self.stopped = False  # the last `should_stop()`'s answer
+        self._cause: str | None = None
         self.notice_file = notice_file()
         self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
         self._read_notice()
@@ -152,8 +153,15 @@ class PreemptionGuard:
         return self.stopped
 
     def cause(self) -> str:
-        """'timeout', 'cancelled' or 'preemption' (see `stop_cause`)."""
-        return stop_cause(self.job_now(), JobEnvironment().restart_count, self.timeout_margin_s)
+        """'timeout', 'cancelled' or 'preemption' (see `stop_cause`), decided once a notice has come: rank 0 then
+        asks Slurm (once, its command shielded from a later copy of the notice: `stop_signals_ignored`)."""
+        if self._cause is not None:
+            return self._cause
+        with stop_signals_ignored():
+            cause = stop_cause(self.job_now(), JobEnvironment().restart_count, self.timeout_margin_s)
+        if self.signal is not None:
+            self._cause = cause
+        return cause
 
     def reinstall(self) -> None:
         """Take the stop signals back from a framework that installed handlers of its own over this guard's."""

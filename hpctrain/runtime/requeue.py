@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +48,11 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         )
     except (KeyError, ValueError, SlurmError):
         return None
+
+
+def rank0_probe(rank: int) -> Callable[[], JobNow | None]:
+    """A guard's ``job_now`` (hpctrain.runtime.guard.PreemptionGuard) on ``rank``: rank 0 asks Slurm, no other does."""
+    return (lambda: job_now(SlurmClient())) if rank == 0 else (lambda: None)
 
 
 def _secret_names(job: JobEnvironment) -> list[str]:

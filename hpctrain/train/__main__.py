@@ -92,12 +92,11 @@ def gpu_metrics() -> dict[str, float]:
 def preemption_guard(rank: int) -> Any:
     """Installed before the data loader forks its workers, so they inherit the handlers instead of dying;
     on ``rank`` 0 it asks Slurm for the job's state when a stop comes."""
-    from hpctrain.runtime import PreemptionGuard, job_now
+    from hpctrain.runtime import PreemptionGuard
     from hpctrain.runtime.guard import timeout_margin_s
-    from hpctrain.slurm import SlurmClient
+    from hpctrain.runtime.requeue import rank0_probe
 
-    probe = (lambda: job_now(SlurmClient())) if rank == 0 else (lambda: None)
-    return PreemptionGuard(job_now=probe, timeout_margin_s=timeout_margin_s(), watch=False)
+    return PreemptionGuard(job_now=rank0_probe(rank), timeout_margin_s=timeout_margin_s(), watch=False)
 
 
 def main(argv: list[str] | None = None) -> int:

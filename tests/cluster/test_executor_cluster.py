@@ -65,6 +65,31 @@ def test_waiting_on_many_jobs_is_one_sacct_per_poll(dev_cluster, isolated_ledger
 
 
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
+    "host's Slurm only (CI time): a cancel is told from a preemption by the job's state, the same on every release "
+    "(test_runtime's stop_cause)"))
+def test_a_cancelled_call_stops_and_is_not_requeued(dev_cluster, isolated_ledger, tmp_path):
+    """`cancel` of a guarded call: rank 0 tells the cancel from a preemption by the job's state (Slurm's SIGTERM
+    looks the same), so the call stops at its step without requeueing and the job ends CANCELLED, run once."""
+    progress = tmp_path / "progress"
+    ex = Executor(site="dev")
+    ex.update_parameters(timeout_min=15, mem_gb=1, account="teama", name="cancelled-loop")
+    job = ex.submit(Loop(100_000, progress))
+    wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= 5, 120, 0.2, "the call to run")
+    assert run_cli("cancel", str(job.ledger_id)).returncode == 0
+
+    def ended() -> dict | None:
+        listed = {r["id"]: r for r in json.loads(run_cli("status", "--all", "--json").stdout)}
+        return listed[job.ledger_id] if listed[job.ledger_id]["state"] == "CANCELLED" else None
+
+    assert wait_until(ended, 120, 1.0, "the call's job to end cancelled")["restarts"] == 0
+    with Ledger(isolated_ledger) as ledger:
+        journal = Journal(Path(ledger.jobs.get(job.ledger_id)["job_dir"]) / "journal")
+        runs = [(a["attempt"], a["cause"]) for a in ledger.attempts.of_job(job.ledger_id)]
+    assert [r["kind"] for _, r in journal.records(kinds=["requeue", "requeue_failed"])] == []
+    assert runs == [(0, "cancelled")], runs
+
+
+@pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "host's Slurm only (CI time): the lanes test the requeue from inside a run, which calls share, with the "
     "reference trainer (test_requeue_cluster)"))
 def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolated_ledger, tmp_path):

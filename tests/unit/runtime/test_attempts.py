@@ -463,20 +463,20 @@ def test_of_runners_claiming_a_race_at_once_exactly_one_wins_and_keeps_it(tmp_pa
 @pytest.fixture
 def scontrol(tmp_path, monkeypatch):
     """An `scontrol` first on PATH that logs its arguments and answers as 22.05 does for job 77 (run 0, or
-    ``restarts`` when Slurm has requeued it); with ``kill_itself`` it first sends itself that signal, as Slurm
+    ``restarts`` when Slurm has requeued it; in ``state``); with ``kill_itself`` it first sends itself that signal, as Slurm
     signalling every process of a job step does. Returns a setter and the log."""
     bin_dir, log = tmp_path / "bin", tmp_path / "scontrol.log"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_CONF", raising=False)
 
-    def answer(restarts: int = 0, kill_itself: str = "") -> None:
+    def answer(restarts: int = 0, kill_itself: str = "", state: str = "RUNNING") -> None:
         (bin_dir / "scontrol").write_text(f"""#!/bin/bash
 echo "$*" >> {log}
 {f"kill -s {kill_itself} $$" if kill_itself else ""}
 case "$1 $2 $3" in
   "show config "*) echo "SLURM_VERSION           = 22.05.8" ;;
-  "-o show job") echo "JobId=77 JobState=RUNNING Restarts={restarts} StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED" ;;
+  "-o show job") echo "JobId=77 JobState={state} Restarts={restarts} StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED" ;;
 esac
 """)
         (bin_dir / "scontrol").chmod(0o755)
@@ -516,11 +516,15 @@ def test_a_slurm_command_killed_by_a_signal_says_so(scontrol):
         SlurmClient().version()
 
 
-@pytest.mark.parametrize("restarts, requeued_here", [(0, True), (1, False)])
+@pytest.mark.parametrize("state, restarts, cause, requeued", [
+    ("RUNNING", 0, "preemption", "by the batch script (the trainer's own requeue failed)"),
+    ("RUNNING", 1, "preemption", "requeued by Slurm"),  # meanwhile
+    ("COMPLETING", 0, "cancelled", None),  # the requeue failed for the cancel: not run again
+])
 def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(job, tmp_path, monkeypatch, scontrol,
-                                                                               restarts, requeued_here):
+                                                                               state, restarts, cause, requeued):
     """The trainer checkpointed on the notice but its requeue failed: `attempt end` decides and requeues, unless
-    Slurm has requeued the job meanwhile."""
+    Slurm has requeued the job meanwhile or it is being cancelled."""
     answer, log = scontrol
     journal = Journal(tmp_path / "journal")
     attempt("start")
@@ -528,11 +532,10 @@ def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(j
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     journal.write("requeue", cause="preemption", step=30, checkpointed=True, message="preemption at step 30")
     journal.write("requeue_failed", step=30, message="scontrol show config: killed by SIGUSR2")
-    answer(restarts=restarts)
+    answer(restarts=restarts, state=state)
     end = attempt("end", "--exit-code", "0", attempt_no="0")
     assert end.returncode == 0, end.stderr
-    ends = [r for _, r in journal.records(kinds=["attempt_end"])]
-    assert [(e["cause"], e["step_end"], e["requeued"]) for e in ends] == [("preemption", 30, True)]
-    assert ends[0]["message"].endswith(
-        "by the batch script (the trainer's own requeue failed)" if requeued_here else "requeued by Slurm")
-    assert len(requeues_asked(log)) == requeued_here
+    [ends] = [r for _, r in journal.records(kinds=["attempt_end"])]
+    assert (ends["cause"], ends["step_end"], ends["requeued"]) == (cause, 30, requeued is not None)
+    assert ends["message"].endswith(requeued or "cancelled")
+    assert len(requeues_asked(log)) == (requeued is not None and "batch script" in requeued)

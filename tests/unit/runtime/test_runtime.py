@@ -13,15 +13,22 @@ from hpctrain.runtime.guard import stop_cause
 
 def test_signals_set_the_stop_flag_and_cause_follows_the_job_state(monkeypatch):
     monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
-    for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP):
-        guard = PreemptionGuard(job_now=lambda: JobNow("RUNNING", 2, time.time() + 3600), timeout_margin_s=120)
+    for sig, left, cause in ((signal.SIGUSR2, 3600, "preemption"), (signal.SIGTERM, 60, "timeout"),
+                             (signal.SIGHUP, 3600, "preemption")):
+        asked = []
+
+        def probe(left=left):
+            asked.append(signal.getsignal(signal.SIGTERM))
+            return JobNow("RUNNING", 2, time.time() + left)
+
+        guard = PreemptionGuard(job_now=probe, timeout_margin_s=120)
         try:
             assert not guard.should_stop()
             os.kill(os.getpid(), sig)
             assert guard.should_stop() and guard.signal == sig
-            assert guard.cause() == "preemption"
-            guard.job_now = lambda: JobNow("RUNNING", 2, time.time() + 60)
-            assert guard.cause() == "timeout"
+            assert guard.cause() == cause and guard.cause() == cause
+            # Decided once, Slurm asked with the stop signals ignored: its command, started meanwhile, ignores them too.
+            assert asked == [signal.SIG_IGN] and signal.getsignal(signal.SIGTERM) == guard._handle
         finally:
             guard.uninstall()
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
