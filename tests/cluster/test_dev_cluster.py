@@ -121,19 +121,20 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
     env = {"HPCTRAIN_DEV_ROOT": str(root), "HPCTRAIN_DEV_PORT_BASE": str(base)}
     conf = {"SLURM_CONF": str(root / "etc" / "slurm.conf")}
     first = daemon_pids()
-    first_job = sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 171").strip()
+    # Jobs that outlast the test at any load (it took 185 s once, past a 171 s sleep): it ends each itself.
+    first_job = sh("sbatch", "--parsable", "-t", "30", "-o", "/dev/null", "--wrap", "sleep 1771").strip()
     held: list[str] = []  # a node's GPUs on the first cluster
     try:
         sh(str(DEV_CLUSTER), "up", env=env)
         second = daemon_pids(env)
         assert len(second) == 7 and not set(second.values()) & set(first.values())
         # A job still running when its cluster goes down goes with it, slurmstepd included.
-        sh("sbatch", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 172", env=conf)
-        wait_until(lambda: running("sleep 171") and running("sleep 172"), 120, 0.5, "a job on each cluster")
+        sh("sbatch", "-t", "30", "-o", "/dev/null", "--wrap", "sleep 1772", env=conf)
+        wait_until(lambda: running("sleep 1771") and running("sleep 1772"), 120, 0.5, "a job on each cluster")
         both, spec, narrow = f"dev,{second_site(tmp_path, root)}", tmp_path / "wide.toml", tmp_path / "narrow.toml"
         spec.write_text(WIDE)
-        held.append(sh("sbatch", "--parsable", "-t", "5", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 173"))
-        wait_until(lambda: running("sleep 173"), 60, 0.5, "a node's GPUs held on the first")
+        held.append(sh("sbatch", "--parsable", "-t", "30", "-o", "/dev/null", "--gres=gpu:4", "--wrap", "sleep 1773"))
+        wait_until(lambda: running("sleep 1773"), 60, 0.5, "a node's GPUs held on the first")
         ranked = json.loads(run_cli("where", str(spec), "--site", both, "--json").stdout)["candidates"]
         assert (ranked[0]["site"], ranked[0]["partition"]) == ("c2", "gpu") and ranked[0]["start"] <= time.time()
         assert {c["site"] for c in ranked} == {"dev", "c2"}
@@ -186,7 +187,7 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         refused = run_cli("cancel", str(job))
         assert refused.returncode != 0 and refused.stderr.startswith(
             f"hpctrain: error: job {job} runs on site 'c2', not 'dev': give --site its config"), refused.stderr
-        assert len(refused.stderr.splitlines()) == 1 and running("sleep 171")
+        assert len(refused.stderr.splitlines()) == 1 and running("sleep 1771")
         assert run_cli("cancel", "--site", both.split(",")[1], str(job)).returncode == 0
         wait_until(lambda: sh("sacct", "-X", "-n", "-P", "-o", "State", "-j", slurm_id, env=conf).startswith(
             "CANCELLED"), 60, 1.0, "the second cluster's job to be cancelled")
@@ -204,8 +205,8 @@ def test_second_cluster_down_then_up_leaves_the_first_alone(dev_cluster, isolate
         for pid in second.values():
             assert not os.path.exists(f"/proc/{pid}")
         assert daemon_pids() == first
-        wait_until(lambda: not running("sleep 172"), 30, 0.2, "the second cluster's job to be gone")
-        assert running("sleep 171")
+        wait_until(lambda: not running("sleep 1772"), 30, 0.2, "the second cluster's job to be gone")
+        assert running("sleep 1771")
         out = sh(str(DEV_CLUSTER), "up", env=env)
         assert "up in" in out
         assert sh("sinfo", "-h", "-N", "-p", "gpu", "-o", "%N", env=conf).split() == ["n1", "n2", "n3"]

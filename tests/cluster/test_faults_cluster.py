@@ -51,7 +51,7 @@ def write_spec(tmp_path: Path, name: str, command: str) -> Path:
 
 
 def test_with_accounting_down_states_come_from_squeue_with_a_warning(dev_cluster, isolated_ledger, tmp_path):
-    assert run_cli("submit", str(write_spec(tmp_path, "longish", "sleep 60"))).returncode == 0
+    assert run_cli("submit", str(write_spec(tmp_path, "longish", "sleep 600"))).returncode == 0
     wait_until(lambda: json.loads(run_cli("status", "--json").stdout)[0]["state"] == "RUNNING", 60, 1, "the job to run")
     with stopped("slurmdbd"):
         status = run_cli("status", "--json")
