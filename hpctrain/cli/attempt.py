@@ -132,7 +132,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
     if go and exclude:
         why += f", without {','.join(exclude)}"
     if go and this.requeue_failed and not requeued_by_slurm:
-        why += " by the batch script (the trainer's own requeue failed)"
+        why += " (the trainer's own requeue failed: asked again by the batch script)"
     journal.write(
         "attempt_end",
         attempt=number,

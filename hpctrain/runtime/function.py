@@ -131,7 +131,8 @@ def run(job: JobEnvironment) -> int:
             return 1
         if env.global_rank != 0:
             return 0
-        message = f"{guard.cause()}: call stopped on the notice; {_checkpoint(delayed, path)}"
+        saved = _checkpoint(delayed, path)  # first: the cause is decided after it, a cancel may come meanwhile
+        message = f"{guard.cause()}: call stopped on the notice; {saved}"
         print(f"hpctrain: {message}", file=sys.stderr, flush=True)
         from hpctrain.runtime.requeue import requeue_after_stop  # pydantic: only when requeueing
 

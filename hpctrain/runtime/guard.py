@@ -153,13 +153,14 @@ class PreemptionGuard:
         return self.stopped
 
     def cause(self) -> str:
-        """'timeout', 'cancelled' or 'preemption' (see `stop_cause`), decided once a notice has come: rank 0 then
-        asks Slurm (once, its command shielded from a later copy of the notice: `stop_signals_ignored`)."""
+        """'timeout', 'cancelled' or 'preemption' (see `stop_cause`), decided once a notice has come and Slurm has
+        answered (rank 0 asks, its command shielded from a later copy of the notice: `stop_signals_ignored`)."""
         if self._cause is not None:
             return self._cause
         with stop_signals_ignored():
-            cause = stop_cause(self.job_now(), JobEnvironment().restart_count, self.timeout_margin_s)
-        if self.signal is not None:
+            now = self.job_now()
+        cause = stop_cause(now, JobEnvironment().restart_count, self.timeout_margin_s)
+        if self.signal is not None and now is not None:
             self._cause = cause
         return cause
 

@@ -167,6 +167,7 @@ def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -
             )
         try:
             self_requeue(SlurmClient())
-        except HpctrainError as exc:  # e.g. Slurm not answering: the batch script's `attempt end` tries again
+        # e.g. Slurm not answering, the job's script unreadable: the batch script's `attempt end` tries again
+        except (HpctrainError, OSError, ValueError) as exc:
             if journal is not None:
                 journal.write("requeue_failed", message=str(exc), step=record.get("step"))

@@ -517,7 +517,7 @@ def test_a_slurm_command_killed_by_a_signal_says_so(scontrol):
 
 
 @pytest.mark.parametrize("state, restarts, cause, requeued", [
-    ("RUNNING", 0, "preemption", "by the batch script (the trainer's own requeue failed)"),
+    ("RUNNING", 0, "preemption", "(the trainer's own requeue failed: asked again by the batch script)"),
     ("RUNNING", 1, "preemption", "requeued by Slurm"),  # meanwhile
     ("COMPLETING", 0, "cancelled", None),  # the requeue failed for the cancel: not run again
 ])

@@ -34,6 +34,18 @@ def test_signals_set_the_stop_flag_and_cause_follows_the_job_state(monkeypatch):
     assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
 
 
+def test_the_cause_is_asked_again_while_slurm_does_not_answer(monkeypatch):
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    answers = [None, JobNow("COMPLETING", 0, time.time() + 3600)]  # no answer (preemption), then a cancel
+    guard = PreemptionGuard(job_now=lambda: answers.pop(0), timeout_margin_s=120)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert guard.should_stop()
+        assert [guard.cause(), guard.cause(), guard.cause()] == ["preemption", "cancelled", "cancelled"]
+    finally:
+        guard.uninstall()
+
+
 def test_a_stop_the_batch_shell_wrote_down_is_taken_by_rank_0_at_start_or_at_a_step(tmp_path, monkeypatch):
     notice = tmp_path / "notice-77.0"
     monkeypatch.setenv("HPCTRAIN_NOTICE_FILE", str(notice))
