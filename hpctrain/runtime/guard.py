@@ -73,13 +73,14 @@ LIMIT_REACHED_S = 10.0  # a job ending this near its computed end (StartTime + T
 
 @dataclass
 class JobNow:
-    """This job as Slurm sees it now: its state, requeue count, when its time limit ends (epoch s), and
-    whether it is being preempted (its PreemptTime is set)."""
+    """This job as Slurm sees it now: its state, requeue count, when its time limit ends (epoch s), whether it is
+    being preempted (its PreemptTime is set), and its QOS."""
 
     state: str | None = None
     restarts: int | None = None
     end_time: float | None = None
     preempted: bool = False
+    qos: str | None = None
 
 
 def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: float) -> str:

@@ -45,9 +45,26 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
             int(job.get("Restarts", 0)),
             end,
             preempted=job.get("PreemptTime", "None") not in ("None", "Unknown", ""),
+            qos=job.get("QOS"),
         )
     except (KeyError, ValueError, SlurmError):
         return None
+
+
+def requeues_on_preemption(client: SlurmClient, qos: str | None) -> bool:
+    """Whether a job preempted in ``qos`` is requeued by Slurm (its QOS's PreemptMode, or the cluster's where the QOS
+    defers to it, is REQUEUE); under CANCEL it ends PREEMPTED. Unknown: False, so that hpctrain requeues it (a third
+    run on 24.11 at worst, never a lost job)."""
+    mode = "cluster"
+    if qos:
+        try:
+            rows = client.sacctmgr("qos", f"name={qos}", fields="name,preemptmode")
+        except SlurmError:
+            return False
+        mode = next((r["preemptmode"] for r in rows if r["name"] == qos), "")
+    if mode.lower() == "cluster":
+        mode = client.features().preempt_mode
+    return "requeue" in mode.lower()
 
 
 def rank0_probe(rank: int) -> Callable[[], JobNow | None]:
@@ -122,7 +139,12 @@ def self_requeue(client: SlurmClient, env: Mapping[str, str] = os.environ, exclu
     job_env = JobEnvironment(env)
     target = job_env.requeue_target
     version = client.version()
-    if version.requeues_preempted_exit and (now := job_now(client, env)) is not None and now.preempted:
+    if (
+        version.requeues_preempted_exit
+        and (now := job_now(client, env)) is not None
+        and now.preempted
+        and requeues_on_preemption(client, now.qos)
+    ):
         return f"left to Slurm {version}, which requeues the preempted {target} when it ends"
     base = job_env.run_number + 1
     done = run_again(

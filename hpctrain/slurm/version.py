@@ -53,7 +53,8 @@ class SlurmVersion:
 
     @property
     def requeues_preempted_exit(self) -> bool:
-        """Whether Slurm requeues a preempted job that ends by itself during its grace time."""
+        """Whether Slurm requeues a preempted job that ends by itself during its grace time (where the job's QOS, or
+        the cluster, preempts with REQUEUE: hpctrain.runtime.requeue.requeues_on_preemption)."""
         return self.at_least(24, 11)
 
     @property
@@ -82,6 +83,7 @@ class SlurmFeatures:
     version: SlurmVersion
     requeue_delay_s: int
     requeue_delay_from: str
+    preempt_mode: str = ""  # the cluster's PreemptMode (a QOS whose own is "cluster" follows it)
 
     @classmethod
     def from_config(cls, conf: dict[str, str]) -> SlurmFeatures:
@@ -93,7 +95,7 @@ class SlurmFeatures:
             and (own := _option(conf.get("SchedulerParameters", ""), "requeue_delay")) is not None
         ):
             delay, source = own, "SchedulerParameters requeue_delay"
-        return cls(version, delay, source)
+        return cls(version, delay, source, conf.get("PreemptMode", ""))
 
     def notes(self) -> list[str]:
         """One phrase per version-dependent behaviour, for `doctor`."""

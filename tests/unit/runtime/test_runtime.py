@@ -5,10 +5,14 @@ import os
 import signal
 import time
 
+import pytest
+
 from hpctrain.contract import JobEnvironment
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import JobNow, PreemptionGuard
 from hpctrain.runtime.guard import stop_cause
+from hpctrain.runtime.requeue import self_requeue
+from hpctrain.slurm import SlurmClient
 
 
 def test_signals_set_the_stop_flag_and_cause_follows_the_job_state(monkeypatch):
@@ -125,3 +129,33 @@ def test_a_loop_reads_its_hyperparameters_with_its_trials_parameters_applied(tmp
     assert JobEnvironment(env).hyperparameters == {"lr": 0.01, "steps": 60}  # a dotted key sets another field
     assert JobEnvironment({"HPCTRAIN_SPEC": str(spec)}).hyperparameters == {"lr": 0.1, "steps": 60}
     assert JobEnvironment({}).hyperparameters == {}
+
+
+@pytest.mark.parametrize("qos_mode, cluster_mode, left_to_slurm", [
+    ("requeue", "OFF", True),
+    ("cancel", "REQUEUE", False),  # measured on 24.11: such a job ends PREEMPTED, never requeued
+    ("cluster", "REQUEUE", True),  # the QOS defers to the cluster's mode
+    ("cluster", "CANCEL", False),
+    (None, "REQUEUE", False),  # sacctmgr does not answer: hpctrain requeues (a third run at worst, no lost job)
+])
+def test_from_24_11_a_preempted_job_is_left_to_slurm_only_where_slurm_requeues_it(tmp_path, monkeypatch, qos_mode,
+                                                                                 cluster_mode, left_to_slurm):
+    """Slurm's commands as stubs (the cluster tests preempt in the dev cluster's requeue-mode QOS)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    stubs = {
+        "scontrol": f"""echo "$*" >> {log}
+case "$1 $2 $3" in
+  "show config "*) printf 'SLURM_VERSION = 24.11.5\\nPreemptMode = {cluster_mode}\\n' ;;
+  "-o show job") echo "JobId=77 JobState=RUNNING Restarts=0 StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED PreemptTime=2026-12-06T07:05:00 QOS=lowc" ;;
+esac""",
+        "sacctmgr": 'echo "sacctmgr: error: slurmdbd: no answer" >&2; exit 1' if qos_mode is None else f'echo "lowc|{qos_mode}"',
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.delenv("HPCTRAIN_JOURNAL_DIR", raising=False)
+    how = self_requeue(SlurmClient(bin_dir=bin_dir), env={"SLURM_JOB_ID": "77"})
+    assert how.startswith("left to Slurm 24.11") == left_to_slurm, how
+    assert ("requeue 77" in log.read_text().splitlines()) == (not left_to_slurm)
