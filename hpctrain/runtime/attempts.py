@@ -175,8 +175,8 @@ class RunPolicy:
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
     """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue and
-    requeue_failed, finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote nothing is
-    missing."""
+    requeue_failed, finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote
+    nothing is missing."""
     runs: dict[int, Outcome] = {}
     kinds = ("attempt_start", "attempt_end", "requeue", "requeue_failed", "finished", "idle_cancel")
     for _, rec in journal.records(kinds=kinds):

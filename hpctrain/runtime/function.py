@@ -134,7 +134,7 @@ def run(job: JobEnvironment) -> int:
         saved = _checkpoint(delayed, path)  # first: the cause is decided after it, a cancel may come meanwhile
         message = f"{guard.cause()}: call stopped on the notice; {saved}"
         print(f"hpctrain: {message}", file=sys.stderr, flush=True)
-        from hpctrain.runtime.requeue import requeue_after_stop  # pydantic: only when requeueing
+        from hpctrain.runtime.requeue import requeue_after_stop
 
         requeue_after_stop(guard, message)
         return 0
