@@ -74,20 +74,23 @@ LIMIT_REACHED_S = 10.0  # a job ending this near its computed end (StartTime + T
 @dataclass
 class JobNow:
     """This job as Slurm sees it now: its state, requeue count, when its time limit ends (epoch s), whether it is
-    being preempted (its PreemptTime is set), and its QOS."""
+    being preempted (its PreemptTime is set), its QOS, and whether it is ending because a preemption cancels it
+    (PreemptMode=CANCEL: ending, preempted, and Slurm will not requeue it)."""
 
     state: str | None = None
     restarts: int | None = None
     end_time: float | None = None
     preempted: bool = False
     qos: str | None = None
+    cancelled_by_preemption: bool = False
 
 
 def stop_cause(now: JobNow | None, restarts_at_start: int, timeout_margin_s: float) -> str:
     """Why the job is told to stop, from its state rather than the signal: 'timeout' near its time limit;
     'cancelled' when it is ending without Slurm having requeued it (scancel: SIGTERM with no notice
-    first; a preempted job is requeued, or still RUNNING in its grace time); else 'preemption'."""
-    if now is None:
+    first; a preempted job is requeued, or still RUNNING in its grace time), unless its preemption is what ends it
+    (PreemptMode=CANCEL); else 'preemption'."""
+    if now is None or now.cancelled_by_preemption:
         return "preemption"
     left = None if now.end_time is None else now.end_time - time.time()
     if now.state in ("COMPLETING", "CANCELLED") and now.restarts == restarts_at_start:

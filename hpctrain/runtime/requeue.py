@@ -28,7 +28,9 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
     """State, requeue count and time-limit end of this run (one `scontrol show job`); None when unknown.
 
     The end is this run's start + its time limit, not Slurm's EndTime: preemption with a GraceTime
-    moves that to the end of the grace."""
+    moves that to the end of the grace. A job ending (COMPLETING) with its PreemptTime set is asked its QOS's preempt
+    mode too (`requeues_on_preemption`): under CANCEL its preemption ends it, as a scancel would look, and Slurm does
+    not requeue it (measured on 22.05 and 24.11, docs/slurm.md)."""
     from hpctrain.config.types import parse_slurm_time  # pydantic: not on 22.05's requeue path
 
     try:
@@ -40,7 +42,7 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
             if limit in ("UNLIMITED", "Partition_Limit")
             else datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
         )
-        return JobNow(
+        now = JobNow(
             job.get("JobState"),
             int(job.get("Restarts", 0)),
             end,
@@ -49,6 +51,10 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
         )
     except (KeyError, ValueError, SlurmError):
         return None
+    now.cancelled_by_preemption = (
+        now.preempted and now.state in ("COMPLETING", "CANCELLED") and not requeues_on_preemption(client, now.qos)
+    )
+    return now
 
 
 def requeues_on_preemption(client: SlurmClient, qos: str | None) -> bool:
@@ -56,14 +62,14 @@ def requeues_on_preemption(client: SlurmClient, qos: str | None) -> bool:
     defers to it, is REQUEUE); under CANCEL it ends PREEMPTED. Unknown: False, so that hpctrain requeues it (a third
     run on 24.11 at worst, never a lost job)."""
     mode = "cluster"
-    if qos:
-        try:
+    try:
+        if qos:
             rows = client.sacctmgr("qos", f"name={qos}", fields="name,preemptmode")
-        except SlurmError:
-            return False
-        mode = next((r["preemptmode"] for r in rows if r["name"] == qos), "")
-    if mode.lower() == "cluster":
-        mode = client.features().preempt_mode
+            mode = next((r["preemptmode"] for r in rows if r["name"] == qos), "")
+        if mode.lower() == "cluster":
+            mode = client.features().preempt_mode
+    except SlurmError:
+        return False
     return "requeue" in mode.lower()
 
 

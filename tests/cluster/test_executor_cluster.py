@@ -1,11 +1,13 @@
 """hpctrain's submitit executor on the dev cluster: results and exceptions as submitit returns them, the jobs in
 the ledger, one sacct per poll however many jobs are waited on, and a checkpointable call preempted twice by QOS
-high jobs that loses no step."""
+high jobs that loses no step, the second time under PreemptMode=cancel."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from hpctrain.submit import Submitter
 from hpctrain.submit.executor import Executor, HpctrainJob
 
 from helpers.cli import run_cli
-from helpers.cluster import HIGH
+from helpers.cluster import HIGH, qos_setting, slurm_setting
 from helpers.executor import Loop, add
 from helpers.waiting import wait_until
 
@@ -89,13 +91,22 @@ def test_a_cancelled_call_stops_and_is_not_requeued(dev_cluster, isolated_ledger
     assert runs == [(0, "cancelled")], runs
 
 
+@contextmanager
+def cancel_mode() -> Iterator[None]:
+    """QOS low's preemption as PreemptMode=cancel without grace, KillWait 30 s meanwhile."""
+    with slurm_setting("KillWait", "30"), qos_setting("low", PreemptMode="cancel", GraceTime="0"):
+        yield
+
+
 @pytest.mark.skipif(bool(os.environ.get("HPCTRAIN_LANE")), reason=(
     "host's Slurm only (CI time): the lanes test the requeue from inside a run, which calls share, with the "
     "reference trainer (test_requeue_cluster)"))
 def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolated_ledger, tmp_path):
     """A guarded `Checkpointable` in the preemptible QOS, preempted by two high jobs: each notice stops it at a step
-    boundary, its checkpoint() is the next run's call, rank 0 requeues the job, and it ends with every step run exactly once and the
-    result of a run never preempted."""
+    boundary, its checkpoint() is the next run's call, rank 0 requeues the job, and it ends with every step run exactly
+    once and the result of a run never preempted. The second preemption is under PreemptMode=cancel without grace
+    (KillWait 30 s, as at most sites): the job sees a SIGTERM while COMPLETING, as after a scancel, which Slurm does
+    not requeue; its PreemptTime tells rank 0 it is a preemption."""
     steps, progress = 120, tmp_path / "progress"
     ex = Executor(site="dev")
     ex.update_parameters(timeout_min=15, mem_gb=1, account="teama", preemptible=True, gpus_per_node=2,
@@ -107,12 +118,13 @@ def test_a_checkpointable_call_preempted_twice_loses_no_step(dev_cluster, isolat
         assert row["qos"] == "low"
         journal = Journal(Path(row["job_dir"]) / "journal")
         requeues = lambda: [r for _, r in journal.records(kinds=["requeue"])]  # noqa: E731
-        for k in (1, 2):
+        for k, mode in ((1, nullcontext()), (2, cancel_mode())):
             done = len(progress.read_text().split()) if progress.exists() else 0
             wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= done + 10, 120, 0.2,
                        f"run {k} to make progress")
-            Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
-            wait_until(lambda: len(requeues()) == k, 120, 0.5, f"preemption {k} to requeue the call")
+            with mode:
+                Submitter(site, ledger).submit(JobSpec.model_validate(HIGH), "<high>")
+                wait_until(lambda: len(requeues()) == k, 120, 0.5, f"preemption {k} to requeue the call")
         result = job.result()
     ran = [int(x) for x in progress.read_text().split()]
     assert ran == list(range(1, steps + 1))  # no step lost, none run twice

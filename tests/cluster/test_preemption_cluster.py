@@ -29,7 +29,15 @@ from hpctrain.slurm.states import TERMINAL
 from hpctrain.submit import Submitter
 
 from helpers.cli import run_cli
-from helpers.cluster import HIGH, run_ends, sacct_gpu_hours, sacct_said, site_with_cache, slurm_setting
+from helpers.cluster import (
+    HIGH,
+    qos_setting,
+    run_ends,
+    sacct_gpu_hours,
+    sacct_said,
+    site_with_cache,
+    slurm_setting,
+)
 from helpers.lanes import on_release
 from helpers.paths import suite_folder
 from helpers.report import mark_steps, pixels, plot_images, screenshot
@@ -104,14 +112,9 @@ def low_qos_grace(request, dev_cluster):
     (notice and SIGTERM together, SIGKILL after KillWait, Slurm requeues the job itself). Without grace the stop's
     checkpoint has KillWait: Slurm's default 30 s here, as at most sites (the dev cluster's 10 s was outlasted at
     CI's load of 19 on 2 cores, where the save took over 10 s; 1.3-3.5 s at a load of 5)."""
-    def set_grace(seconds: int) -> None:
-        subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={seconds}"],
-                       check=True, capture_output=True)
-
-    set_grace(request.param)
-    with slurm_setting("KillWait", "30") if request.param == 0 else nullcontext():
+    with (qos_setting("low", GraceTime=str(request.param)),
+          slurm_setting("KillWait", "30") if request.param == 0 else nullcontext()):
         yield request.param
-    set_grace(20)
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,34 @@ def slurm_setting(key: str, value: str) -> Iterator[None]:
         apply(before, line.search(before)[0].split("=", 1)[1].split()[0])
 
 
+@contextmanager
+def qos_setting(qos: str, **values: str) -> Iterator[None]:
+    """The running dev cluster (this worker's) with QOS ``qos`` set to ``values`` (sacctmgr's names:
+    PreemptMode=cancel, GraceTime=0) meanwhile, once slurmctld has them (its association manager's copy, which it
+    preempts by); put back after."""
+    names = ",".join(values)
+    shown = subprocess.run(["sacctmgr", "-n", "-P", "show", "qos", qos, f"format={names}"], check=True,
+                           capture_output=True, text=True).stdout.strip().split("|")
+    # Times as sacctmgr shows them (00:00:20) it reads back as something else: given back in seconds.
+    before = [str(sum(int(x) * 60**i for i, x in enumerate(reversed(v.split(":"))))) if re.fullmatch(r"\d+:\d\d:\d\d", v)
+              else v for v in shown]
+
+    def apply(settings: dict[str, str]) -> None:
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", "where", f"name={qos}", "set",
+                        *(f"{k}={v}" for k, v in settings.items())], check=True, capture_output=True)
+        if "PreemptMode" in settings:
+            want = f"PreemptMode={settings['PreemptMode'].upper()}"
+            wait_until(lambda: want in subprocess.run(["scontrol", "show", "assoc_mgr", "flags=qos", f"qos={qos}"],
+                                                      capture_output=True, text=True).stdout, 30, 0.5,
+                       f"slurmctld to read QOS {qos}'s {want}")
+
+    apply(values)
+    try:
+        yield
+    finally:
+        apply(dict(zip(values, before)))
+
+
 def dev_root(environ: dict[str, str]) -> str:
     """The configured dev cluster's root (scripts/dev-cluster's default unless HPCTRAIN_DEV_ROOT)."""
     return environ.get("HPCTRAIN_DEV_ROOT", "/var/tmp/hpctrain-dev")

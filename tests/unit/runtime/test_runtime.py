@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from hpctrain.contract import JobEnvironment
 from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import JobNow, PreemptionGuard
 from hpctrain.runtime.guard import stop_cause
-from hpctrain.runtime.requeue import self_requeue
+from hpctrain.runtime.requeue import job_now, self_requeue
 from hpctrain.slurm import SlurmClient
 
 
@@ -131,6 +132,30 @@ def test_a_loop_reads_its_hyperparameters_with_its_trials_parameters_applied(tmp
     assert JobEnvironment({}).hyperparameters == {}
 
 
+def slurm_stubs(tmp_path, monkeypatch, qos_mode: str | None, cluster_mode: str = "REQUEUE", state: str = "RUNNING",
+                preempt_time: str = "2026-12-06T07:05:00") -> tuple[SlurmClient, Path]:
+    """A client of Slurm 24.11 whose `scontrol` and `sacctmgr` are stubs: job 77 in QOS lowc of preempt mode
+    ``qos_mode`` (None: sacctmgr does not answer), the cluster's ``cluster_mode``; and the file of the calls made."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    stubs = {
+        "scontrol": f"""echo "$*" >> {log}
+case "$1 $2 $3" in
+  "show config "*) printf 'SLURM_VERSION = 24.11.5\\nPreemptMode = {cluster_mode}\\n' ;;
+  "-o show job") echo "JobId=77 JobState={state} Restarts=0 StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED \\
+PreemptTime={preempt_time} QOS=lowc" ;;
+esac""",
+        "sacctmgr": f'echo "sacctmgr $*" >> {log}\n'
+        + ('echo "sacctmgr: error: slurmdbd: no answer" >&2; exit 1' if qos_mode is None else f'echo "lowc|{qos_mode}"'),
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.delenv("HPCTRAIN_JOURNAL_DIR", raising=False)
+    return SlurmClient(bin_dir=bin_dir), log
+
+
 @pytest.mark.parametrize("qos_mode, cluster_mode, left_to_slurm", [
     ("requeue", "OFF", True),
     ("cancel", "REQUEUE", False),  # measured on 24.11: such a job ends PREEMPTED, never requeued
@@ -141,21 +166,22 @@ def test_a_loop_reads_its_hyperparameters_with_its_trials_parameters_applied(tmp
 def test_from_24_11_a_preempted_job_is_left_to_slurm_only_where_slurm_requeues_it(tmp_path, monkeypatch, qos_mode,
                                                                                  cluster_mode, left_to_slurm):
     """Slurm's commands as stubs (the cluster tests preempt in the dev cluster's requeue-mode QOS)."""
-    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
-    bin_dir.mkdir()
-    stubs = {
-        "scontrol": f"""echo "$*" >> {log}
-case "$1 $2 $3" in
-  "show config "*) printf 'SLURM_VERSION = 24.11.5\\nPreemptMode = {cluster_mode}\\n' ;;
-  "-o show job") echo "JobId=77 JobState=RUNNING Restarts=0 StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED PreemptTime=2026-12-06T07:05:00 QOS=lowc" ;;
-esac""",
-        "sacctmgr": 'echo "sacctmgr: error: slurmdbd: no answer" >&2; exit 1' if qos_mode is None else f'echo "lowc|{qos_mode}"',
-    }
-    for name, body in stubs.items():
-        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
-        (bin_dir / name).chmod(0o755)
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    monkeypatch.delenv("HPCTRAIN_JOURNAL_DIR", raising=False)
-    how = self_requeue(SlurmClient(bin_dir=bin_dir), env={"SLURM_JOB_ID": "77"})
+    client, log = slurm_stubs(tmp_path, monkeypatch, qos_mode, cluster_mode)
+    how = self_requeue(client, env={"SLURM_JOB_ID": "77"})
     assert how.startswith("left to Slurm 24.11") == left_to_slurm, how
     assert ("requeue 77" in log.read_text().splitlines()) == (not left_to_slurm)
+
+
+@pytest.mark.parametrize("qos_mode, preempt_time, cause", [
+    # PreemptMode=CANCEL without grace: SIGTERM with the job COMPLETING, Restarts unchanged, as after a scancel, but
+    # PreemptTime set (measured on 22.05.8 and 24.11.5); its own `scontrol requeue` then runs it again.
+    ("cancel", "2026-12-06T07:05:00", "preemption"),
+    (None, "2026-12-06T07:05:00", "preemption"),  # the mode unknown: a requeue is the side that loses nothing
+    ("requeue", "2026-12-06T07:05:00", "cancelled"),  # Slurm requeues its preempted jobs: a scancel in the grace
+    ("cancel", "None", "cancelled"),  # never preempted: a scancel
+])
+def test_a_job_its_preemption_cancels_stops_for_a_preemption(tmp_path, monkeypatch, qos_mode, preempt_time, cause):
+    client, log = slurm_stubs(tmp_path, monkeypatch, qos_mode, state="COMPLETING", preempt_time=preempt_time)
+    assert stop_cause(job_now(client, env={"SLURM_JOB_ID": "77"}), 0, 120) == cause
+    # The QOS's preempt mode is asked only of a job ending with its PreemptTime set.
+    assert ("sacctmgr" in log.read_text()) == (preempt_time != "None")
