@@ -133,6 +133,7 @@ def end(exit_code: int, signal_name: str | None) -> None:
         why += f", without {','.join(exclude)}"
     if go and this.requeue_failed and not requeued_by_slurm:
         why += " (the trainer's own requeue failed: asked again by the batch script)"
+    requeue_follows = go and not requeued_by_slurm and env.in_slurm
     journal.write(
         "attempt_end",
         attempt=number,
@@ -143,21 +144,23 @@ def end(exit_code: int, signal_name: str | None) -> None:
         requeued=go,
         message=why,
         **({"excluded": exclude} if exclude else {}),
+        **({"requeue_follows": True} if requeue_follows else {}),
     )
     if not go and not requeued_by_slurm:
         _forget_secrets(env)
         _release_chunks(env)
     if this.cause != "completed":  # the job's log stays the job's own when all went well
         click.echo(f"hpctrain: run {number} ended ({this.cause}, exit {exit_code}): {why}", err=True)
-    if go and not requeued_by_slurm and env.in_slurm:
+    if requeue_follows:
         from hpctrain.runtime import self_requeue
         from hpctrain.slurm import SlurmClient
 
         try:
-            self_requeue(SlurmClient(), exclude=exclude)
+            how = self_requeue(SlurmClient(), exclude=exclude)
         except HpctrainError as exc:
             journal.write("requeue_failed", message=str(exc), attempt=number)
             raise
+        journal.write("requeued", message=how, attempt=number)
 
 
 @attempt.command()

@@ -101,7 +101,10 @@ def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
 
 
 def _attempt_fields(rec: dict[str, Any]) -> AttemptFields:
-    """What a batch-script (attempt_*) or trainer (requeue, requeue_failed) record says about its run."""
+    """What a batch-script (attempt_*) or trainer (requeue, requeued, requeue_failed) record says about its run. A
+    requeue that its writer does itself after the record (the trainer's ``requeue``, an ``attempt_end`` whose
+    ``requeue_follows``) leaves the run undecided until its ``requeued`` comes: a writer killed in between leaves it to
+    reconcile."""
     kind = rec["kind"]
     if kind == "attempt_start":
         return {"step_start": rec.get("step")}
@@ -109,14 +112,16 @@ def _attempt_fields(rec: dict[str, Any]) -> AttemptFields:
         return {
             "cause": rec.get("cause"),
             "step_end": rec.get("step_end"),
-            "requeued": int(bool(rec.get("requeued"))),
+            "requeued": None if rec.get("requeue_follows") else int(bool(rec.get("requeued"))),
             "decision": rec.get("message"),
         }
     if kind == "idle_cancel":  # the GPU sampler's decision (hpctrain.runtime.idle_cancel): final
         return {"cause": "idle", "requeued": 0, "decision": rec.get("message")}
     if kind == "requeue":
-        fields: AttemptFields = {"cause": rec.get("cause"), "requeued": 1, "decision": rec.get("message")}
+        fields: AttemptFields = {"cause": rec.get("cause"), "requeued": None, "decision": rec.get("message")}
         return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
+    if kind == "requeued":
+        return {"requeued": 1}
     return {"requeued": None, "decision": f"requeue failed: {rec.get('message')}"}  # reconcile may try again
 
 
@@ -158,7 +163,7 @@ HANDLERS: dict[str, Handler] = {
     "hang": _hang,
     "evaluation": _evaluation,
     UTILIZATION: _utilization,
-    **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeue_failed", "idle_cancel"), _attempt),
+    **dict.fromkeys(("attempt_start", "attempt_end", "requeue", "requeued", "requeue_failed", "idle_cancel"), _attempt),
 }
 
 

@@ -28,7 +28,8 @@ OWN = {"error", "oom"}
 @dataclass
 class Outcome:
     """One run: why it ended (None while unknown), the newest committed checkpoint step before and after, and whether
-    the trainer's own requeue on a notice failed (the batch script's `attempt end` then decides and requeues)."""
+    the trainer's own requeue on a notice failed, or was not seen to end (the batch script's `attempt end` then
+    decides and requeues)."""
 
     cause: str | None
     step_start: int | None = None
@@ -174,11 +175,12 @@ class RunPolicy:
 
 
 def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
-    """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue and
-    requeue_failed, finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run that wrote
-    nothing is missing."""
+    """This task's runs by number, from what its batch script (attempt_start/attempt_end), trainer (requeue, then
+    requeued or requeue_failed; finished) and GPU sampler (idle_cancel: hpctrain.runtime.idle_cancel) journaled; a run
+    that wrote nothing is missing. A trainer's requeue with no word of its end (killed half-way) counts as failed."""
     runs: dict[int, Outcome] = {}
-    kinds = ("attempt_start", "attempt_end", "requeue", "requeue_failed", "finished", "idle_cancel")
+    requeued: set[int] = set()
+    kinds = ("attempt_start", "attempt_end", "requeue", "requeued", "requeue_failed", "finished", "idle_cancel")
     for _, rec in journal.records(kinds=kinds):
         if rec.get("task_index", -1) != task_index or rec.get("attempt") is None:
             continue
@@ -193,9 +195,14 @@ def journal_outcomes(journal: Journal, task_index: int) -> dict[int, Outcome]:
             run.cause = "idle"
         elif rec["kind"] == "requeue_failed":
             run.requeue_failed = True
+        elif rec["kind"] == "requeued":
+            requeued.add(rec["attempt"])
         elif run.cause is None:  # the trainer's checkpoint-and-requeue
             run.cause = rec.get("cause")
             run.step_end = rec.get("step") if rec.get("checkpointed") else None
+            run.requeue_failed = True  # until its requeued
+    for number in requeued & runs.keys():
+        runs[number].requeue_failed = False
     return dict(sorted(runs.items()))
 
 

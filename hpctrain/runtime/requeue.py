@@ -177,8 +177,10 @@ def requeues(guard: PreemptionGuard) -> bool:
 def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -> None:
     """Rank 0, once its checkpoint is saved after a stop notice: journal the stop and requeue the job at
     once, as `requeues` says. Slurm's requeue delay starts now, not after the job step and the batch
-    script's bookkeeping have ended (`hpctrain attempt end` then sees the run requeued, or requeues it itself when
-    this failed). The Slurm commands run with the stop signals ignored (`stop_signals_ignored`)."""
+    script's bookkeeping have ended. The stop is journaled before the requeue (``requeue``) and what the requeue did
+    after it (``requeued``, or ``requeue_failed``): a run with the one and neither of the others was killed half-way,
+    and `hpctrain attempt end` (or reconcile, where the batch script died with it) decides and requeues in its place,
+    as when this failed. The Slurm commands run with the stop signals ignored (`stop_signals_ignored`)."""
     with stop_signals_ignored():
         if not requeues(guard):
             return  # the batch script records how the run ended
@@ -194,8 +196,11 @@ def requeue_after_stop(guard: PreemptionGuard, message: str, **record: object) -
                 **record,
             )
         try:
-            self_requeue(SlurmClient())
+            how = self_requeue(SlurmClient())
         # e.g. Slurm not answering, the job's script unreadable: the batch script's `attempt end` tries again
         except (HpctrainError, OSError, ValueError) as exc:
             if journal is not None:
                 journal.write("requeue_failed", message=str(exc), step=record.get("step"))
+            return
+        if journal is not None:
+            journal.write("requeued", message=how, step=record.get("step"))

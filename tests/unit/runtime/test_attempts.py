@@ -227,8 +227,9 @@ def test_trainer_requeue_makes_the_batch_script_end_quiet(job, tmp_path, monkeyp
     attempt("start")
     monkeypatch.setenv("SLURM_JOB_ID", "77")  # the trainer's records carry the run number under Slurm
     journal.write("requeue", cause="timeout", step=30, checkpointed=True, message="timeout at step 30")
+    journal.write("requeued", step=30, message="scontrol requeue 77")
     assert attempt("end", "--exit-code", "0", attempt_no="0").stderr == ""
-    assert [r["kind"] for _, r in journal.records()] == ["attempt_start", "requeue"]
+    assert [r["kind"] for _, r in journal.records()] == ["attempt_start", "requeue", "requeued"]
 
 
 def test_a_notice_that_came_after_the_trainers_last_step_requeues_nothing(job, tmp_path, monkeypatch):
@@ -505,7 +506,7 @@ def test_a_later_copy_of_the_notice_does_not_kill_the_trainers_requeue(job, tmp_
         assert all(signal.getsignal(s) == guard._handle for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGHUP))
     finally:
         guard.uninstall()
-    assert [r["kind"] for _, r in Journal(tmp_path / "journal").records()] == ["requeue"]
+    assert [r["kind"] for _, r in Journal(tmp_path / "journal").records()] == ["requeue", "requeued"]
     assert len(requeues_asked(log)) == 1
 
 
@@ -516,22 +517,26 @@ def test_a_slurm_command_killed_by_a_signal_says_so(scontrol):
         SlurmClient().version()
 
 
+@pytest.mark.parametrize("killed", [False, True], ids=["failed", "killed-half-way"])
 @pytest.mark.parametrize("state, restarts, cause, requeued", [
     ("RUNNING", 0, "preemption", "(the trainer's own requeue failed: asked again by the batch script)"),
     ("RUNNING", 1, "preemption", "requeued by Slurm"),  # meanwhile
     ("COMPLETING", 0, "cancelled", None),  # the requeue failed for the cancel: not run again
 ])
 def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(job, tmp_path, monkeypatch, scontrol,
-                                                                               state, restarts, cause, requeued):
-    """The trainer checkpointed on the notice but its requeue failed: `attempt end` decides and requeues, unless
-    Slurm has requeued the job meanwhile or it is being cancelled."""
+                                                                               state, restarts, cause, requeued,
+                                                                               killed):
+    """The trainer checkpointed on the notice but its requeue failed, or it was killed before its requeue said how
+    it went (no `requeued`): `attempt end` decides and requeues, unless Slurm has requeued the job meanwhile or it is
+    being cancelled."""
     answer, log = scontrol
     journal = Journal(tmp_path / "journal")
     attempt("start")
     commit(job, 30)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     journal.write("requeue", cause="preemption", step=30, checkpointed=True, message="preemption at step 30")
-    journal.write("requeue_failed", step=30, message="scontrol show config: killed by SIGUSR2")
+    if not killed:
+        journal.write("requeue_failed", step=30, message="scontrol show config: killed by SIGUSR2")
     answer(restarts=restarts, state=state)
     end = attempt("end", "--exit-code", "0", attempt_no="0")
     assert end.returncode == 0, end.stderr
@@ -539,3 +544,30 @@ def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(j
     assert (ends["cause"], ends["step_end"], ends["requeued"]) == (cause, 30, requeued is not None)
     assert ends["message"].endswith(requeued or "cancelled")
     assert len(requeues_asked(log)) == (requeued is not None and "batch script" in requeued)
+    asked = requeues_asked(log) != []
+    assert ends.get("requeue_follows", False) == asked
+    assert [r["kind"] for _, r in journal.records(kinds=["requeued"])] == (["requeued"] if asked else [])
+
+
+@pytest.mark.parametrize("trainer_said, undecided", [
+    (["requeue", "requeued"], False),
+    (["requeue"], True),  # killed between its record and its requeue (or before saying how that went)
+])
+def test_a_requeue_is_decided_in_the_ledger_only_once_its_writer_says_it_was_made(tmp_path, trainer_said, undecided):
+    """The trainer journals the stop before requeueing (`requeue`) and how that went after (`requeued`): a run
+    with the first alone stays undecided, and once Slurm has ended the job (PREEMPTED, nobody requeued it) reconcile's
+    supervision decides it (here it can only try: the job has no batch script to submit again)."""
+    journal = Journal(tmp_path / "journal")
+    with Ledger(tmp_path / "l.db") as ledger:
+        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "7", "state": "RUNNING",
+                                      "spec_json": "{}"})
+        for kind in trainer_said:
+            journal.write(kind, job_id=1, task_index=-1, attempt=0, cause="preemption", step=30, checkpointed=True,
+                          message=f"{kind} at step 30")
+        ingest_journal(ledger, journal)
+        [run] = ledger.attempts.of_job(1)
+        assert (run["cause"], run["step_end"], run["requeued"]) == ("preemption", 30, None if undecided else 1)
+        ledger.jobs.set_state(1, "PREEMPTED")
+        decisions = supervise(ledger, None, "dev")
+    assert [(d.job_id, d.why.startswith("requeue failed, will retry")) for d in decisions] == \
+        ([(1, True)] if undecided else [])
