@@ -103,26 +103,26 @@ def _event(ledger: Ledger, rec: dict[str, Any]) -> None:
 def _attempt_fields(rec: dict[str, Any]) -> AttemptFields:
     """What a batch-script (attempt_*) or trainer (requeue, requeued, requeue_failed) record says about its run. A
     requeue that its writer does itself after the record (the trainer's ``requeue``, an ``attempt_end`` whose
-    ``requeue_follows``) leaves the run undecided until its ``requeued`` comes: a writer killed in between leaves it to
-    reconcile."""
+    ``requeue_follows``) decides nothing until its ``requeued`` comes: a writer killed in between, or whose requeue
+    failed, leaves the run undecided, to reconcile (unless a later run of it has decided it already)."""
     kind = rec["kind"]
     if kind == "attempt_start":
         return {"step_start": rec.get("step")}
     if kind == "attempt_end":
-        return {
+        fields: AttemptFields = {
             "cause": rec.get("cause"),
             "step_end": rec.get("step_end"),
-            "requeued": None if rec.get("requeue_follows") else int(bool(rec.get("requeued"))),
             "decision": rec.get("message"),
         }
+        return fields if rec.get("requeue_follows") else {**fields, "requeued": int(bool(rec.get("requeued")))}
     if kind == "idle_cancel":  # the GPU sampler's decision (hpctrain.runtime.idle_cancel): final
         return {"cause": "idle", "requeued": 0, "decision": rec.get("message")}
     if kind == "requeue":
-        fields: AttemptFields = {"cause": rec.get("cause"), "requeued": None, "decision": rec.get("message")}
+        fields = {"cause": rec.get("cause"), "decision": rec.get("message")}
         return {**fields, "step_end": rec.get("step")} if rec.get("checkpointed") else fields
     if kind == "requeued":
         return {"requeued": 1}
-    return {"requeued": None, "decision": f"requeue failed: {rec.get('message')}"}  # reconcile may try again
+    return {"decision": f"requeue failed: {rec.get('message')}"}  # reconcile may try again
 
 
 def _attempt(ledger: Ledger, rec: dict[str, Any]) -> None:

@@ -556,15 +556,22 @@ def test_a_run_whose_trainer_could_not_requeue_is_requeued_by_the_batch_script(j
 def test_a_requeue_is_decided_in_the_ledger_only_once_its_writer_says_it_was_made(tmp_path, trainer_said, undecided):
     """The trainer journals the stop before requeueing (`requeue`) and how that went after (`requeued`): a run
     with the first alone stays undecided, and once Slurm has ended the job (PREEMPTED, nobody requeued it) reconcile's
-    supervision decides it (here it can only try: the job has no batch script to submit again)."""
+    supervision decides it (here it can only try: the job has no batch script to submit again). A run decided
+    before its records are read (sacct listed the next run: requeued by Slurm) stays decided, its cause from them."""
     journal = Journal(tmp_path / "journal")
     with Ledger(tmp_path / "l.db") as ledger:
-        Table(ledger, "jobs").insert({"name": "a", "site": "dev", "slurm_job_id": "7", "state": "RUNNING",
-                                      "spec_json": "{}"})
-        for kind in trainer_said:
-            journal.write(kind, job_id=1, task_index=-1, attempt=0, cause="preemption", step=30, checkpointed=True,
-                          message=f"{kind} at step 30")
+        Table(ledger, "jobs").insert_all([{"name": n, "site": "dev", "slurm_job_id": str(7 + i), "state": "RUNNING",
+                                           "spec_json": "{}"} for i, n in enumerate(("a", "decided"))])
+        ledger.attempts.record(2, -1, 0, state="REQUEUED", requeued=1, decision="requeued by Slurm")
+        ledger.attempts.record(2, -1, 1, state="RUNNING")
+        for job_id, kind in [(1, k) for k in trainer_said] + [(2, "requeue")]:
+            journal.write(kind, job_id=job_id, task_index=-1, attempt=0, cause="preemption", step=30,
+                          checkpointed=True, message=f"{kind} at step 30")
         ingest_journal(ledger, journal)
+        assert [e["kind"] for e in ledger.events.of_job(2)] == ["requeue"]  # no journal_error
+        [decided, _] = ledger.attempts.of_job(2)
+        assert (decided["cause"], decided["requeued"]) == ("preemption", 1)
+        ledger.jobs.set_state(2, "COMPLETED")
         [run] = ledger.attempts.of_job(1)
         assert (run["cause"], run["step_end"], run["requeued"]) == ("preemption", 30, None if undecided else 1)
         ledger.jobs.set_state(1, "PREEMPTED")
