@@ -285,14 +285,15 @@ KILLED_BY_STOP = (143, 129)
 def _cause(exit_code: int, signal_name: str | None, restarts: int) -> tuple[str, bool]:
     """(completed, error, or after a stop signal timeout, cancelled or preemption told by the job's state;
     whether Slurm has requeued the job already). A step killed by SIGTERM or SIGHUP before the batch shell got its
-    own (scancel signals every process of the job, in no set order) ended by a cancel if the job is ending."""
+    own (scancel and `scontrol requeue` signal every process of the job, in no set order) ended by the cancel or
+    requeue if the job is ending, by its own failure if not."""
     if not signal_name and exit_code not in KILLED_BY_STOP:
         return ("completed" if exit_code == 0 else "error"), False
     from hpctrain.runtime.guard import stop_cause, timeout_margin_s
 
     now, requeued = _slurm_now(restarts)
     cause = stop_cause(now, restarts, timeout_margin_s())
-    if not signal_name:
+    if not signal_name and not requeued:
         return ("cancelled" if cause == "cancelled" else "error"), False
     return cause, requeued
 

@@ -78,6 +78,17 @@ def newest_step(journal: Journal) -> int:
     return journal.read(names[-1])["step"] if names else 0
 
 
+def progress(journal: Journal, job: dict) -> str:
+    """What a wait that timed out saw: the newest step, the journal's last records other than metrics (their kind and
+    step fields) and the tail of the job's log."""
+    others = [{k: v for k, v in r.items() if k in ("kind", "rank", "step", "step_restart", "resumed_from", "tier",
+                                                   "exit_code", "cause", "message")}
+              for _, r in journal.records() if r["kind"] not in ("metrics", "ranks", "gpu", "utilization")]
+    logs = sorted(Path(job["job_dir"]).glob("slurm-*.out"))
+    tail = logs[-1].read_text(errors="replace").splitlines()[-15:] if logs else []
+    return f"newest step {newest_step(journal)}; records {others[-12:]}; log tail {tail}"
+
+
 def submitted(ledger: Ledger, spec_file: Path, site: str = "dev") -> tuple[int, dict, Journal]:
     """Submit a spec file (through ``site``, a name or a file): the job's ledger id, its row and its journal."""
     sub = Submitter(load_site(site), ledger).submit(load_job_spec(spec_file), spec_file)
@@ -250,14 +261,14 @@ def test_a_hung_rank_a_killed_one_and_a_preemption(straight, isolated_ledger, tm
         job_id, job, journal = submitted(ledger, path)
         wait_until(lambda: records(journal, "step_restart") and any(
             r["step"] >= 95 for r in records(journal, "metrics")[-3:]), RESTART_WAIT_S, 0.5,
-                       "the restarted step past 95")
+                       "the restarted step past 95", lambda: progress(journal, job))
         pid = rank_pid(job["slurm_job_id"], 2)
         assert pid is not None
         os.kill(pid, 9)
         seen_at_kill = records(journal, "metrics")[-1]["step"]
         wait_until(lambda: len(records(journal, "startup")) == 3 and any(
             r["step"] >= seen_at_kill + 20 for r in records(journal, "metrics")[-3:]), RESTART_WAIT_S, 0.5,
-                       "the step past the kill")
+                       "the step past the kill", lambda: progress(journal, job))
         seen_at_stops = [stop_rank_2(job, journal, startups) for startups in (4, 5)]
         Submitter(load_site("dev"), ledger).submit(JobSpec.model_validate(HIGH), "<high>")
         wait_until(lambda: records(journal, "requeue"), RESTART_WAIT_S, 0.5, "the preemption's checkpoint and requeue")
@@ -346,7 +357,7 @@ def stop_rank_2(job: dict, journal: Journal, startups: int) -> int:
         os.kill(launcher, signal.SIGCONT)
     wait_until(lambda: len(records(journal, "startup")) == startups and any(
         r["step"] >= seen + 10 for r in records(journal, "metrics")[-3:]), RESTART_WAIT_S, 0.5,
-               f"the step past the stop at {seen}")
+               f"the step past the stop at {seen}", lambda: progress(journal, job))
     return seen
 
 

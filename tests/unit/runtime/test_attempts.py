@@ -371,16 +371,21 @@ def test_a_second_poll_with_nothing_new_writes_no_row(tmp_path):
         assert ledger.jobs.task_states(1)[1] == "REQUEUED"
 
 
-@pytest.mark.parametrize("exit_code, signal_name, state, want", [
-    (143, None, "CANCELLED", ("cancelled", False)),  # scancel's SIGTERM reached the step before the batch shell
-    (129, None, "COMPLETING", ("cancelled", False)),
-    (143, None, "RUNNING", ("error", False)),  # killed by someone else while the job runs on: its own failure
-    (1, None, "CANCELLED", ("error", False)),
-    (0, None, "CANCELLED", ("completed", False)),
-    (143, "TERM", "CANCELLED", ("cancelled", False)),
+@pytest.mark.parametrize("exit_code, signal_name, state, restarts, want", [
+    (143, None, "CANCELLED", 0, ("cancelled", False)),  # scancel's SIGTERM reached the step before the batch shell
+    (129, None, "COMPLETING", 0, ("cancelled", False)),
+    (143, None, "RUNNING", 0, ("error", False)),  # killed by someone else while the job runs on: its own failure
+    (1, None, "CANCELLED", 0, ("error", False)),
+    (0, None, "CANCELLED", 0, ("completed", False)),
+    (143, "TERM", "CANCELLED", 0, ("cancelled", False)),
+    # `scontrol requeue`'s SIGTERM reached the step first: Slurm raised Restarts with the requeue (the job shows
+    # COMPLETING until its processes end); nothing is forgotten (an "error" here once removed the secrets file the
+    # next run needed).
+    (143, None, "COMPLETING", 1, ("preemption", True)),
+    (143, "TERM", "COMPLETING", 1, ("preemption", True)),
 ])
 def test_a_step_killed_by_the_cancel_before_the_shell_saw_it_ended_by_the_cancel(monkeypatch, exit_code, signal_name,
-                                                                                 state, want):
+                                                                                 state, restarts, want):
     import time
 
     import hpctrain.runtime
@@ -388,7 +393,7 @@ def test_a_step_killed_by_the_cancel_before_the_shell_saw_it_ended_by_the_cancel
     from hpctrain.runtime.guard import JobNow
 
     asked = []
-    monkeypatch.setattr(hpctrain.runtime, "job_now", lambda client: asked.append(1) or JobNow(state, 0, time.time() + 3600))
+    monkeypatch.setattr(hpctrain.runtime, "job_now", lambda client: asked.append(1) or JobNow(state, restarts, time.time() + 3600))
     assert _cause(exit_code, signal_name, 0) == want
     assert bool(asked) == (exit_code in (143, 129) or signal_name is not None)  # Slurm asked only when it may matter
 
