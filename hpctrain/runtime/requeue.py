@@ -28,9 +28,9 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
     """State, requeue count and time-limit end of this run (one `scontrol show job`); None when unknown.
 
     The end is this run's start + its time limit, not Slurm's EndTime: preemption with a GraceTime
-    moves that to the end of the grace. A job ending (COMPLETING) with its PreemptTime set is asked its QOS's preempt
-    mode too (`requeues_on_preemption`): under CANCEL its preemption ends it, as a scancel would look, and Slurm does
-    not requeue it (measured on 22.05 and 24.11, docs/slurm.md)."""
+    moves that to the end of the grace. A job that its preemption is ending (`_ended_by_its_preemption`) is asked its
+    QOS's preempt mode too (`requeues_on_preemption`): under CANCEL its preemption ends it, as a scancel would look,
+    and Slurm does not requeue it (measured on 22.05 and 24.11, docs/slurm.md)."""
     from hpctrain.config.types import parse_slurm_time  # pydantic: not on 22.05's requeue path
 
     try:
@@ -42,19 +42,29 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
             if limit in ("UNLIMITED", "Partition_Limit")
             else datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
         )
-        now = JobNow(
-            job.get("JobState"),
-            int(job.get("Restarts", 0)),
-            end,
-            preempted=job.get("PreemptTime", "None") not in ("None", "Unknown", ""),
-            qos=job.get("QOS"),
-        )
+        preempted_at = _slurm_time(job.get("PreemptTime"))
+        now = JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end, preempted_at is not None, job.get("QOS"))
+        ended_by_preemption = _ended_by_its_preemption(now, preempted_at, _slurm_time(job.get("EndTime")))
     except (KeyError, ValueError, SlurmError):
         return None
-    now.cancelled_by_preemption = (
-        now.preempted and now.state in ("COMPLETING", "CANCELLED") and not requeues_on_preemption(client, now.qos)
-    )
+    now.cancelled_by_preemption = ended_by_preemption and not requeues_on_preemption(client, now.qos)
     return now
+
+
+def _slurm_time(value: str | None) -> float | None:
+    """An `scontrol show job` time (local ISO, to the second) as epoch seconds; None where unset."""
+    return None if value in (None, "None", "Unknown", "") else datetime.fromisoformat(value).timestamp()
+
+
+def _ended_by_its_preemption(now: JobNow, preempted_at: float | None, ended_at: float | None) -> bool:
+    """Whether the job is ending because its preemption ends it, not a scancel inside the preemption's grace. Slurm
+    sets PreemptTime again to the moment the preemption kills the job (at once without a GraceTime, else once the
+    grace is out), the moment that kill gives EndTime; a scancel in the grace gives EndTime the moment of the cancel,
+    after the notice's PreemptTime (slurmctld's preempt and job_signal, alike on 22.05 to 26.05). The two are a
+    second apart at most when both are the kill's: a cancel that close to the notice counts as the preemption."""
+    if preempted_at is None or now.state not in ("COMPLETING", "CANCELLED"):
+        return False
+    return ended_at is None or ended_at - preempted_at <= 1
 
 
 def requeues_on_preemption(client: SlurmClient, qos: str | None) -> bool:

@@ -133,9 +133,10 @@ def test_a_loop_reads_its_hyperparameters_with_its_trials_parameters_applied(tmp
 
 
 def slurm_stubs(tmp_path, monkeypatch, qos_mode: str | None, cluster_mode: str = "REQUEUE", state: str = "RUNNING",
-                preempt_time: str = "2026-12-06T07:05:00") -> tuple[SlurmClient, Path]:
+                preempt_time: str = "2026-12-06T07:05:00", end_time: str | None = None) -> tuple[SlurmClient, Path]:
     """A client of Slurm 24.11 whose `scontrol` and `sacctmgr` are stubs: job 77 in QOS lowc of preempt mode
-    ``qos_mode`` (None: sacctmgr does not answer), the cluster's ``cluster_mode``; and the file of the calls made."""
+    ``qos_mode`` (None: sacctmgr does not answer), the cluster's ``cluster_mode``, its EndTime ``end_time`` (by default
+    its PreemptTime's, as when the preemption killed it); and the file of the calls made."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     stubs = {
@@ -143,7 +144,7 @@ def slurm_stubs(tmp_path, monkeypatch, qos_mode: str | None, cluster_mode: str =
 case "$1 $2 $3" in
   "show config "*) printf 'SLURM_VERSION = 24.11.5\\nPreemptMode = {cluster_mode}\\n' ;;
   "-o show job") echo "JobId=77 JobState={state} Restarts=0 StartTime=2026-12-06T07:00:00 TimeLimit=UNLIMITED \\
-PreemptTime={preempt_time} QOS=lowc" ;;
+PreemptTime={preempt_time} EndTime={end_time or preempt_time} QOS=lowc" ;;
 esac""",
         "sacctmgr": f'echo "sacctmgr $*" >> {log}\n'
         + ('echo "sacctmgr: error: slurmdbd: no answer" >&2; exit 1' if qos_mode is None else f'echo "lowc|{qos_mode}"'),
@@ -172,16 +173,21 @@ def test_from_24_11_a_preempted_job_is_left_to_slurm_only_where_slurm_requeues_i
     assert ("requeue 77" in log.read_text().splitlines()) == (not left_to_slurm)
 
 
-@pytest.mark.parametrize("qos_mode, preempt_time, cause", [
+@pytest.mark.parametrize("qos_mode, preempt_time, end_time, cause", [
     # PreemptMode=CANCEL without grace: SIGTERM with the job COMPLETING, Restarts unchanged, as after a scancel, but
     # PreemptTime set (measured on 22.05.8 and 24.11.5); its own `scontrol requeue` then runs it again.
-    ("cancel", "2026-12-06T07:05:00", "preemption"),
-    (None, "2026-12-06T07:05:00", "preemption"),  # the mode unknown: a requeue is the side that loses nothing
-    ("requeue", "2026-12-06T07:05:00", "cancelled"),  # Slurm requeues its preempted jobs: a scancel in the grace
-    ("cancel", "None", "cancelled"),  # never preempted: a scancel
+    ("cancel", "2026-12-06T07:05:00", None, "preemption"),
+    ("cancel", "2026-12-06T07:05:00", "2026-12-06T07:05:01", "preemption"),  # the kill a second past the notice
+    (None, "2026-12-06T07:05:00", None, "preemption"),  # the mode unknown: a requeue is the side that loses nothing
+    ("requeue", "2026-12-06T07:05:00", None, "cancelled"),  # Slurm requeues its preempted jobs: a scancel in the grace
+    ("cancel", "None", None, "cancelled"),  # never preempted: a scancel
+    # A scancel 7 s into a CANCEL-mode grace: PreemptTime stays the notice's, EndTime is the cancel's.
+    ("cancel", "2026-12-06T07:05:00", "2026-12-06T07:05:07", "cancelled"),
 ])
-def test_a_job_its_preemption_cancels_stops_for_a_preemption(tmp_path, monkeypatch, qos_mode, preempt_time, cause):
-    client, log = slurm_stubs(tmp_path, monkeypatch, qos_mode, state="COMPLETING", preempt_time=preempt_time)
+def test_a_job_its_preemption_cancels_stops_for_a_preemption(tmp_path, monkeypatch, qos_mode, preempt_time, end_time,
+                                                             cause):
+    client, log = slurm_stubs(tmp_path, monkeypatch, qos_mode, state="COMPLETING", preempt_time=preempt_time,
+                              end_time=end_time)
     assert stop_cause(job_now(client, env={"SLURM_JOB_ID": "77"}), 0, 120) == cause
-    # The QOS's preempt mode is asked only of a job ending with its PreemptTime set.
-    assert ("sacctmgr" in log.read_text()) == (preempt_time != "None")
+    # The QOS's preempt mode is asked only of a job that its preemption is ending.
+    assert ("sacctmgr" in log.read_text()) == (preempt_time != "None" and end_time in (None, "2026-12-06T07:05:01"))
