@@ -20,7 +20,10 @@ class HangPolicy(StrictModel):
         None,
         ge=0,
         le=MAX_TIMEOUT_S,
-        description=("process start to the first training step (imports, rendezvous, checkpoint load)"),
+        description=(
+            "process start to the end of the first training step (imports, rendezvous, checkpoint load, the first "
+            "step's set-up)"
+        ),
     )
     step_s: FiniteFloat | None = Field(
         None, ge=0, le=MAX_TIMEOUT_S, description=("one training step, a synchronous checkpoint save included")

@@ -122,3 +122,23 @@ def test_hang_timeouts_the_spec_leaves_unset_come_from_the_jobs_site_config(tmp_
     assert watchdog.hang_timeouts(spec({"step_s": 30})).model_dump() == {"startup_s": 600, "step_s": 30, "output_s": 900, "buffered_output": False}
     # 0: off
     assert watchdog.hang_timeouts(spec({"startup_s": 0})).model_dump() == {"startup_s": 0, "step_s": 120, "output_s": 900, "buffered_output": False}
+
+
+def test_the_trainers_first_step_is_timed_as_start_up(tmp_path):
+    """The reference trainer's first step (its collectives' set-up, the loader's first batch) is start-up's: a first
+    step 6 s long under `step_s = 1` is no hang (a restart under CI's load was once called hung at its first step);
+    a later step that long is (its stacks written at 1 s, the rank ended 3 s later)."""
+    from helpers.train import tiny_spec, torchrun
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({**tiny_spec().model_dump(mode="json", by_alias=True, exclude_none=True),
+                                "hang": {"startup_s": 120, "step_s": 1}}))
+    env = {"HPCTRAIN_SPEC": str(spec), "HPCTRAIN_JOB_DIR": str(tmp_path)}
+    torchrun(1, "-m", "helpers.patched_run", "3", "if calls[0] == 1: time.sleep(6)", env=env)
+    (stacks,) = (tmp_path / "stacks").glob("*rank0.txt")
+    text = stacks.read_text()
+    assert [ln.split(",")[0] for ln in text.splitlines() if ln.startswith("phase ")] == [
+        "phase start-up", "phase step"] and "Timeout" not in text
+    with pytest.raises(AssertionError, match="failed"):
+        torchrun(1, "-m", "helpers.patched_run", "3", "if calls[0] == 2: time.sleep(6)", env=env)
+    assert "Timeout" in stacks.read_text()
