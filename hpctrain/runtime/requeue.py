@@ -30,7 +30,7 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
     The end is this run's start + its time limit, not Slurm's EndTime: preemption with a GraceTime
     moves that to the end of the grace. A job that its preemption is ending (`_ended_by_its_preemption`) is asked its
     QOS's preempt mode too (`requeues_on_preemption`): under CANCEL its preemption ends it, as a scancel would look,
-    and Slurm does not requeue it (measured on 22.05 and 24.11, docs/slurm.md)."""
+    and Slurm does not requeue it (measured on 22.05, 24.11 and 26.05, docs/slurm.md)."""
     from hpctrain.config.types import parse_slurm_time  # pydantic: not on 22.05's requeue path
 
     try:

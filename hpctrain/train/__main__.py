@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(max(args.steps - start, 0)):
             # The first step is start-up's, as `journal_startup` counts it and as a user's loop under the guard is
             # timed: its collectives' set-up and the loader's first batch (on GPUs kernels' tuning and compilation)
-            # may take many steps' time. Under [hang] step_s it was called hung after each restart under CI's load.
+            # may take many steps' time (after a restart under CI's load, a third of the hung-rank test's step_s).
             if n:
                 watchdog.phase("step")
             (result,) = train(engine, batches, 1, hooks=hooks)
