@@ -22,6 +22,7 @@ from hpctrain.ledger.journal import Journal
 from hpctrain.runtime import secret_file
 from hpctrain.runtime.guard import JobNow, PreemptionGuard, stop_signals_ignored
 from hpctrain.slurm.client import SlurmClient
+from hpctrain.slurm.sacct import parse_time
 
 
 def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow | None:
@@ -42,27 +43,22 @@ def job_now(client: SlurmClient, env: Mapping[str, str] = os.environ) -> JobNow 
             if limit in ("UNLIMITED", "Partition_Limit")
             else datetime.fromisoformat(job["StartTime"]).timestamp() + parse_slurm_time(limit)
         )
-        preempted_at = _slurm_time(job.get("PreemptTime"))
+        preempted_at = parse_time(job.get("PreemptTime", ""))
         now = JobNow(job.get("JobState"), int(job.get("Restarts", 0)), end, preempted_at is not None, job.get("QOS"))
-        ended_by_preemption = _ended_by_its_preemption(now, preempted_at, _slurm_time(job.get("EndTime")))
+        ended_by_preemption = _ended_by_its_preemption(now.state, preempted_at, parse_time(job.get("EndTime", "")))
     except (KeyError, ValueError, SlurmError):
         return None
     now.cancelled_by_preemption = ended_by_preemption and not requeues_on_preemption(client, now.qos)
     return now
 
 
-def _slurm_time(value: str | None) -> float | None:
-    """An `scontrol show job` time (local ISO, to the second) as epoch seconds; None where unset."""
-    return None if value in (None, "None", "Unknown", "") else datetime.fromisoformat(value).timestamp()
-
-
-def _ended_by_its_preemption(now: JobNow, preempted_at: float | None, ended_at: float | None) -> bool:
+def _ended_by_its_preemption(state: str | None, preempted_at: float | None, ended_at: float | None) -> bool:
     """Whether the job is ending because its preemption ends it, not a scancel inside the preemption's grace. Slurm
     sets PreemptTime again to the moment the preemption kills the job (at once without a GraceTime, else once the
     grace is out), the moment that kill gives EndTime; a scancel in the grace gives EndTime the moment of the cancel,
     after the notice's PreemptTime (slurmctld's preempt and job_signal, alike on 22.05 to 26.05). The two are a
     second apart at most when both are the kill's: a cancel that close to the notice counts as the preemption."""
-    if preempted_at is None or now.state not in ("COMPLETING", "CANCELLED"):
+    if preempted_at is None or state not in ("COMPLETING", "CANCELLED"):
         return False
     return ended_at is None or ended_at - preempted_at <= 1
 
